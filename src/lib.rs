@@ -2,4 +2,8 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod controller;
+pub mod request;
+pub mod server;
+pub mod telemetry;
 pub mod workflow;
