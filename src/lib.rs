@@ -3,6 +3,7 @@
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
 pub mod controller;
+pub mod delete;
 pub mod request;
 pub mod server;
 pub mod telemetry;

@@ -1,0 +1,312 @@
+//! Deciding how to delete a plan's pods exactly: one bulk DeleteCollection
+//! where it provably selects nothing outside the plan, single deletes with a
+//! UID precondition for the rest.
+//!
+//! Pure: it reads a fresh list of the workflow's pods and returns the work.
+//! Rule 3 of the design lives here: no pod outside the plan is ever deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::workflow::labels;
+
+/// Pod phases a bulk field selector can exclude; Argo's pods end in one of these.
+const SUCCEEDED: &str = "Succeeded";
+
+/// One unit of deletion work, each one API request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeleteWork {
+    /// DeleteCollection of the workflow's pods with this field selector; the
+    /// label selector is always `workflows.argoproj.io/workflow=<workflow>`.
+    Bulk { workflow: String, field_selector: String, pods: Vec<String> },
+    /// Delete one pod, only if it still has this UID.
+    Pod { name: String, uid: String },
+    /// Remove Argo's `workflows.argoproj.io/status` finalizer (at `index` in
+    /// the pod's finalizers) from a pod that is already being deleted, only if
+    /// the pod still has this UID and the finalizer is still at that index.
+    Finalizer { name: String, uid: String, index: usize },
+}
+
+impl DeleteWork {
+    /// The pod names this work deletes or releases.
+    pub fn pods(&self) -> Vec<&str> {
+        match self {
+            DeleteWork::Bulk { pods, .. } => pods.iter().map(String::as_str).collect(),
+            DeleteWork::Pod { name, .. } | DeleteWork::Finalizer { name, .. } => vec![name.as_str()],
+        }
+    }
+}
+
+/// What a fresh list says about the plan's pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assessment {
+    /// Requests to send now.
+    pub work: Vec<DeleteWork>,
+    /// Plan pods that no longer exist.
+    pub gone: BTreeSet<String>,
+    /// Plan pods being deleted (deletionTimestamp set) that hold no finalizer
+    /// of Argo's: the kubelet or the API server will remove them; wait.
+    pub terminating: BTreeSet<String>,
+}
+
+impl Assessment {
+    /// True once every plan pod is gone: the reset workflow may be written.
+    pub fn all_gone(&self, plan_len: usize) -> bool {
+        self.gone.len() == plan_len
+    }
+}
+
+/// A plan pod that came back: after the tracker saw it gone, or under a new
+/// UID. Someone else created it; deleting it would break rule 3 and resetting
+/// the workflow over it would break rule 2, so the request must stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod} was recreated (new UID {uid}) while its workflow was being retried; rewind deletes only the pods it planned to delete, so it stopped: find out what recreates it, then request the retry again")]
+pub struct Recreated {
+    pub pod: String,
+    pub uid: String,
+}
+
+/// Follows one request's plan pods across successive lists: the UID each had
+/// when first seen, and which are gone.
+#[derive(Clone, Debug, Default)]
+pub struct Tracker {
+    plan: BTreeSet<String>,
+    /// Plan pods by name: `Some(uid)` as first seen, `None` once seen gone.
+    seen: BTreeMap<String, Option<String>>,
+}
+
+impl Tracker {
+    pub fn new(plan: impl IntoIterator<Item = String>) -> Self {
+        Tracker { plan: plan.into_iter().collect(), seen: BTreeMap::new() }
+    }
+
+    pub fn plan(&self) -> &BTreeSet<String> {
+        &self.plan
+    }
+
+    /// Adds pods a re-plan found (after the workflow changed under us).
+    pub fn extend(&mut self, pods: impl IntoIterator<Item = String>) {
+        self.plan.extend(pods);
+    }
+
+    /// Assesses a fresh list (see [`assess`]), first checking that no plan
+    /// pod was recreated since an earlier list.
+    pub fn assess(&mut self, workflow: &str, listed: &[Pod], allow_bulk: bool) -> Result<Assessment, Recreated> {
+        let assessment = assess(workflow, &self.plan, listed, allow_bulk);
+        let uids: BTreeMap<&str, &str> = listed
+            .iter()
+            .filter_map(|p| Some((p.metadata.name.as_deref()?, p.metadata.uid.as_deref().unwrap_or_default())))
+            .collect();
+        for name in &self.plan {
+            let now = if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).copied() };
+            match (self.seen.get(name), now) {
+                (Some(None), Some(uid)) => return Err(Recreated { pod: name.clone(), uid: uid.to_owned() }),
+                (Some(Some(before)), Some(uid)) if before != uid => {
+                    return Err(Recreated { pod: name.clone(), uid: uid.to_owned() });
+                }
+                _ => {}
+            }
+        }
+        for name in &self.plan {
+            let now = if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).map(|u| u.to_string()) };
+            self.seen.insert(name.clone(), now);
+        }
+        Ok(assessment)
+    }
+}
+
+/// Decides the work for `plan_pods` given `listed`, every pod currently
+/// labelled with the workflow's name (from one list, not a cache).
+///
+/// `allow_bulk` lets the caller turn off DeleteCollection (tests, benchmarks,
+/// or clusters that forbid it).
+pub fn assess(workflow: &str, plan_pods: &BTreeSet<String>, listed: &[Pod], allow_bulk: bool) -> Assessment {
+    let listed: BTreeMap<&str, &Pod> = listed
+        .iter()
+        .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKFLOW)).map(String::as_str) == Some(workflow))
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+        .collect();
+
+    let mut out = Assessment::default();
+    let mut deletable: Vec<(&str, &str, &Pod)> = Vec::new();
+    for name in plan_pods {
+        let Some(pod) = listed.get(name.as_str()) else {
+            out.gone.insert(name.clone());
+            continue;
+        };
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if pod.metadata.deletion_timestamp.is_some() {
+            if let Some(index) = status_finalizer_index(pod) {
+                out.work.push(DeleteWork::Finalizer { name: name.clone(), uid: uid.to_owned(), index });
+            } else {
+                out.terminating.insert(name.clone());
+            }
+        } else {
+            deletable.push((name.as_str(), uid, pod));
+        }
+    }
+
+    // A bulk delete is exact when every pod it would select (terminating or
+    // not) is a plan pod. The planner only plans terminal workflows, for which
+    // Argo creates no pods, so nothing new can match between list and delete.
+    let bulk_selects = |p: &Pod| phase(p) != SUCCEEDED;
+    let outsiders = listed.iter().any(|(name, p)| bulk_selects(p) && !plan_pods.contains(*name));
+    let in_bulk: Vec<String> = deletable
+        .iter()
+        .filter(|(_, _, p)| bulk_selects(p))
+        .map(|(n, _, _)| n.to_string())
+        .collect();
+    // One request for one pod gains nothing over a precise single delete.
+    let use_bulk = allow_bulk && !outsiders && in_bulk.len() > 1;
+    if use_bulk {
+        out.work.push(DeleteWork::Bulk {
+            workflow: workflow.to_owned(),
+            field_selector: format!("status.phase!={SUCCEEDED}"),
+            pods: in_bulk,
+        });
+    }
+    for (name, uid, pod) in deletable {
+        if !(use_bulk && bulk_selects(pod)) {
+            out.work.push(DeleteWork::Pod { name: name.to_owned(), uid: uid.to_owned() });
+        }
+    }
+    out
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default()
+}
+
+fn status_finalizer_index(pod: &Pod) -> Option<usize> {
+    pod.metadata.finalizers.as_ref()?.iter().position(|f| f == labels::POD_STATUS_FINALIZER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn pod(wf: &str, name: &str, phase: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                labels: Some([(labels::WORKFLOW.to_string(), wf.to_string())].into()),
+                ..Default::default()
+            },
+            status: Some(PodStatus { phase: Some(phase.into()), ..Default::default() }),
+            ..Default::default()
+        }
+    }
+
+    fn terminating(mut p: Pod, finalizer: bool) -> Pod {
+        p.metadata.deletion_timestamp = Some(Time(Default::default()));
+        if finalizer {
+            p.metadata.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
+        }
+        p
+    }
+
+    fn names(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn bulk_when_the_selector_selects_only_plan_pods() {
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), pod("wf", "ok", "Succeeded")];
+        let got = assess("wf", &names(&["a", "b", "gone"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![DeleteWork::Bulk {
+                workflow: "wf".into(),
+                field_selector: "status.phase!=Succeeded".into(),
+                pods: vec!["a".into(), "b".into()]
+            }]
+        );
+        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn an_outsider_matching_the_selector_forces_single_deletes() {
+        // "keep" failed but is not in the plan (e.g. a retried attempt whose retry succeeded).
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Error"), pod("wf", "keep", "Failed")];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![
+                DeleteWork::Pod { name: "a".into(), uid: "uid-a".into() },
+                DeleteWork::Pod { name: "b".into(), uid: "uid-b".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn succeeded_plan_pods_are_deleted_singly_beside_a_bulk() {
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), pod("wf", "s", "Succeeded")];
+        let got = assess("wf", &names(&["a", "b", "s"]), &listed, true);
+        assert!(matches!(&got.work[0], DeleteWork::Bulk { pods, .. } if pods == &["a", "b"]));
+        assert_eq!(got.work[1], DeleteWork::Pod { name: "s".into(), uid: "uid-s".into() });
+        assert_eq!(got.work.len(), 2);
+    }
+
+    #[test]
+    fn pods_of_other_workflows_are_ignored() {
+        // Only the label decides membership: a similar name in another workflow is not ours.
+        let listed = [pod("wf", "wf-1", "Failed"), pod("wf-2", "wf-1x", "Failed")];
+        let got = assess("wf", &names(&["wf-1"]), &listed, true);
+        assert_eq!(got.work, vec![DeleteWork::Pod { name: "wf-1".into(), uid: "uid-wf-1".into() }]);
+    }
+
+    #[test]
+    fn terminating_pods_are_released_or_awaited() {
+        let listed = [
+            terminating(pod("wf", "held", "Failed"), true),
+            terminating(pod("wf", "going", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["held", "going"]), &listed, true);
+        assert_eq!(got.work, vec![DeleteWork::Finalizer { name: "held".into(), uid: "uid-held".into(), index: 1 }]);
+        assert_eq!(got.terminating, names(&["going"]));
+        assert!(!got.all_gone(2));
+    }
+
+    #[test]
+    fn a_terminating_outsider_still_blocks_bulk() {
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), terminating(pod("wf", "x", "Failed"), false)];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert!(got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })), "{:?}", got.work);
+    }
+
+    #[test]
+    fn bulk_can_be_disabled() {
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed")];
+        let got = assess("wf", &names(&["a", "b"]), &listed, false);
+        assert!(got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })));
+    }
+
+    #[test]
+    fn tracker_stops_on_a_recreated_pod() {
+        let mut t = Tracker::new(names(&["a", "b"]));
+        let first = t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        assert_eq!(first.gone, names(&["b"]));
+        // Same pod again: fine.
+        t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        // "b" was gone and is back.
+        let err = t.assess("wf", &[pod("wf", "a", "Failed"), pod("wf", "b", "Failed")], true).unwrap_err();
+        assert_eq!(err.pod, "b");
+        // "a" under a new UID.
+        let mut t = Tracker::new(names(&["a"]));
+        t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        let mut again = pod("wf", "a", "Failed");
+        again.metadata.uid = Some("new".into());
+        assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
+    }
+
+    #[test]
+    fn everything_gone_means_commit() {
+        let got = assess("wf", &names(&["a", "b"]), &[], true);
+        assert!(got.work.is_empty());
+        assert!(got.all_gone(2));
+    }
+}
