@@ -1,11 +1,15 @@
-//! The controller: watches Workflow metadata and keeps an in-memory index of it.
+//! The controller: watches Workflow metadata and starts a retry for each new
+//! request it sees.
 //!
-//! Only metadata is watched, so memory does not grow with
-//! the size of workflow statuses: a 10,000-node workflow costs the same as an
-//! empty one. Retry requests are annotations, which metadata carries.
+//! Only metadata is watched, so memory does not grow with the size of
+//! workflow statuses: a 10,000-node workflow costs the same as an empty one.
+//! Retry requests are annotations, which metadata carries. Every list, relist
+//! and event re-checks the annotations, so a request seen while the
+//! controller was down is picked up at start (rule 4).
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
@@ -14,12 +18,11 @@ use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
+use crate::request;
+use crate::retry::{self, Target};
 use crate::workflow::{Workflow, labels};
-
-/// The annotation a user sets (to any new value) to request a retry.
-pub const RETRY_ANNOTATION: &str = "rewind.dev/retry";
 
 /// Which workflows this controller serves.
 #[derive(Clone, Debug, Default)]
@@ -54,8 +57,11 @@ impl State {
     }
 }
 
-/// Watches workflow metadata until `shutdown` is cancelled.
-pub async fn run(client: Client, scope: Scope, state: State, shutdown: CancellationToken) {
+/// Watches workflow metadata and runs retries until `shutdown` is cancelled.
+pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
+    let client: Client = ctx.client.clone();
+    let ctx = Arc::new(ctx);
+    let active: Arc<Mutex<HashSet<Target>>> = Arc::default();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
     let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
         vec![Api::all(client)]
@@ -85,16 +91,12 @@ pub async fn run(client: Client, scope: Scope, state: State, shutdown: Cancellat
         }
     };
 
-    let events = stream::select_all(streams).for_each(|event| async move {
+    let events = stream::select_all(streams).for_each(|event| {
         match event {
-            Ok(meta) => {
-                if let Some(token) = meta.annotations().get(RETRY_ANNOTATION) {
-                    debug!(workflow = %meta.name_any(), namespace = meta.namespace().unwrap_or_default(),
-                        token, "workflow carries a retry request");
-                }
-            }
+            Ok(meta) => start_pending(&ctx, &active, &meta),
             Err(error) => warn!(%error, "workflow watch failed; retrying with backoff"),
         }
+        future::ready(())
     });
 
     tokio::select! {
@@ -102,4 +104,28 @@ pub async fn run(client: Client, scope: Scope, state: State, shutdown: Cancellat
         _ = readiness => {}
         _ = events => warn!("workflow watch ended"),
     }
+}
+
+/// Starts a retry for the request `meta` carries, unless none is pending or
+/// one for the same workflow UID and token runs already.
+fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>, meta: &PartialObjectMeta<Workflow>) {
+    if request::pending(meta.annotations()).is_none() {
+        return;
+    }
+    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else { return };
+    let token = meta.annotations()[request::annotations::RETRY].trim().to_owned();
+    let target = Target { namespace, name: meta.name_any(), uid, token };
+    if !active.lock().unwrap_or_else(PoisonError::into_inner).insert(target.clone()) {
+        return;
+    }
+    let span = info_span!("retry", workflow = target.name, namespace = target.namespace, token = target.token);
+    let (ctx, active) = (ctx.clone(), active.clone());
+    tokio::spawn(
+        async move {
+            // Errors were reported to the user and logged by `retry::run`.
+            let _ = retry::run(&ctx, &target).await;
+            active.lock().unwrap_or_else(PoisonError::into_inner).remove(&target);
+        }
+        .instrument(span),
+    );
 }

@@ -1,0 +1,143 @@
+//! Prometheus metrics, served on `/metrics` in the text exposition format.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use http::StatusCode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::budget::{Bucket, BudgetObserver, Verb};
+use crate::queue::QueueStats;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: &'static str,
+    /// The HTTP status, or "error" when no response came.
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    bucket: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// Every metric rewind exports.
+pub struct Metrics {
+    registry: Registry,
+    queue_depth: Family<ClassLabels, Gauge>,
+    api_requests: Family<RequestLabels, Counter>,
+    token_wait: Family<BucketLabels, Counter<f64, AtomicU64>>,
+    pauses: Family<BucketLabels, Counter>,
+    in_flight: Gauge,
+    pods_deleted: Counter,
+    retry_duration: Family<ResultLabels, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("rewind");
+        let queue_depth = Family::<ClassLabels, Gauge>::default();
+        registry.register("queue_depth", "Items queued, by class (interactive, background, waiting for backoff, leased)", queue_depth.clone());
+        let api_requests = Family::<RequestLabels, Counter>::default();
+        registry.register("api_requests", "Kubernetes API requests sent, by verb and response code", api_requests.clone());
+        let token_wait = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
+        registry.register("api_token_wait_seconds", "Time requests spent waiting for a budget token, by bucket", token_wait.clone());
+        let pauses = Family::<BucketLabels, Counter>::default();
+        registry.register("api_pauses", "Pauses of a bucket ordered by the API server (429/503 with Retry-After)", pauses.clone());
+        let in_flight = Gauge::default();
+        registry.register("api_requests_in_flight", "Kubernetes API requests in flight (watches excluded)", in_flight.clone());
+        let pods_deleted = Counter::default();
+        registry.register("pods_deleted", "Pods deleted (or released from Argo's finalizer) for retries and GC", pods_deleted.clone());
+        let retry_duration = Family::<ResultLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0])
+        });
+        registry.register("retry_duration_seconds", "Time from picking up a retry request to its end, by result", retry_duration.clone());
+        Metrics { registry, queue_depth, api_requests, token_wait, pauses, in_flight, pods_deleted, retry_duration }
+    }
+}
+
+impl Metrics {
+    /// The text exposition, with queue depths as of `queue`.
+    pub fn encode(&self, queue: QueueStats) -> String {
+        for (class, depth) in [
+            ("interactive", queue.interactive),
+            ("background", queue.background),
+            ("waiting", queue.waiting),
+            ("leased", queue.leased),
+        ] {
+            self.queue_depth.get_or_create(&ClassLabels { class }).set(depth as i64);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+
+    pub fn observe_retry(&self, result: &'static str, elapsed: Duration) {
+        self.retry_duration.get_or_create(&ResultLabels { result }).observe(elapsed.as_secs_f64());
+    }
+
+    pub fn pods_deleted(&self, n: usize) {
+        self.pods_deleted.inc_by(n as u64);
+    }
+}
+
+impl BudgetObserver for Metrics {
+    fn token_wait(&self, bucket: Bucket, waited: Duration) {
+        self.token_wait.get_or_create(&BucketLabels { bucket: bucket.as_str() }).inc_by(waited.as_secs_f64());
+    }
+
+    fn in_flight(&self, requests: usize) {
+        self.in_flight.set(requests as i64);
+    }
+
+    fn response(&self, verb: Verb, status: Option<StatusCode>) {
+        let code = status.map_or_else(|| "error".to_owned(), |s| s.as_u16().to_string());
+        self.api_requests.get_or_create(&RequestLabels { verb: verb.as_str(), code }).inc();
+    }
+
+    fn paused(&self, bucket: Bucket, _pause: Duration) {
+        self.pauses.get_or_create(&BucketLabels { bucket: bucket.as_str() }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_every_family() {
+        let m = Metrics::default();
+        m.response(Verb::Delete, Some(StatusCode::OK));
+        m.response(Verb::Delete, None);
+        m.token_wait(Bucket::Write, Duration::from_millis(250));
+        m.observe_retry("succeeded", Duration::from_secs(3));
+        m.pods_deleted(5);
+        let text = m.encode(QueueStats { interactive: 2, ..Default::default() });
+        for needle in [
+            r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,
+            r#"rewind_api_requests_total{verb="DELETE",code="error"} 1"#,
+            r#"rewind_api_token_wait_seconds_total{bucket="write"} 0.25"#,
+            r#"rewind_queue_depth{class="interactive"} 2"#,
+            "rewind_pods_deleted_total 5",
+            r#"rewind_retry_duration_seconds_count{result="succeeded"} 1"#,
+            "rewind_api_requests_in_flight 0",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Delete workers: take items from the queue, send one API request each, and
+//! report the outcome to the request that queued the item.
+//!
+//! Every request goes through the budgeted client, so the number of workers
+//! bounds concurrency while the token bucket bounds the rate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::{Client, core::ErrorResponse};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::delete::DeleteWork;
+use crate::queue::{Lease, WorkQueue};
+use crate::workflow::labels;
+
+/// A queued unit of work: one API request in one namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkItem {
+    pub namespace: String,
+    pub work: DeleteWork,
+}
+
+/// Identifies the request (a retry, or a GC sweep) that queued an item.
+pub type RequestKey = Arc<str>;
+
+pub type Queue = WorkQueue<WorkItem, RequestKey>;
+
+/// What happened to one item.
+#[derive(Debug)]
+pub struct Outcome {
+    pub item: WorkItem,
+    pub result: Result<Done, WorkError>,
+}
+
+/// An item that needs no more work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// The request removed this many pods (or released their finalizers).
+    Deleted(usize),
+    /// The pod was already gone.
+    AlreadyGone,
+    /// The pod under that name has another UID now: the planned pod is gone
+    /// and the new one must not be touched.
+    Replaced,
+}
+
+/// An item that failed for good (after retries, or at once for errors that
+/// retrying cannot fix, such as missing RBAC).
+#[derive(Debug, thiserror::Error)]
+#[error("{action} in namespace {namespace} failed: {source}")]
+pub struct WorkError {
+    pub action: String,
+    pub namespace: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Where workers send outcomes: one channel per request.
+#[derive(Clone, Default)]
+pub struct Outcomes {
+    senders: Arc<Mutex<HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>>>,
+}
+
+impl Outcomes {
+    /// Registers a request; its outcomes arrive on the returned receiver
+    /// until [`Outcomes::unregister`].
+    pub fn register(&self, key: RequestKey) -> mpsc::UnboundedReceiver<Outcome> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().insert(key, tx);
+        rx
+    }
+
+    pub fn unregister(&self, key: &RequestKey) {
+        self.lock().remove(key);
+    }
+
+    fn send(&self, key: &RequestKey, outcome: Outcome) {
+        if let Some(tx) = self.lock().get(key) {
+            // A request that stopped listening has nothing left to learn.
+            let _ = tx.send(outcome);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>> {
+        self.senders.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Attempts per item before a transient error is reported as a failure.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// Runs one worker until the queue shuts down.
+pub async fn run(client: Client, queue: Queue, outcomes: Outcomes) {
+    while let Some(lease) = queue.next().await {
+        let result = execute(&client, &lease.item).await;
+        match result {
+            Err(e) if is_transient(&e) && lease.failures + 1 < MAX_ATTEMPTS => {
+                debug!(namespace = lease.item.namespace, work = ?lease.item.work, error = %e, "transient failure; requeued");
+                queue.requeue(lease);
+            }
+            result => {
+                queue.forget(&lease.item);
+                let Lease { item, request, .. } = &lease;
+                let result = result.map_err(|source| WorkError {
+                    action: describe(&item.work),
+                    namespace: item.namespace.clone(),
+                    source,
+                });
+                if let Err(e) = &result {
+                    warn!(error = %e, "delete work failed");
+                }
+                outcomes.send(request, Outcome { item: item.clone(), result });
+                queue.done(lease);
+            }
+        }
+    }
+}
+
+async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
+    match &item.work {
+        DeleteWork::Bulk { workflow, field_selector, .. } => {
+            let lp = ListParams::default()
+                .labels(&format!("{}={workflow}", labels::WORKFLOW))
+                .fields(field_selector);
+            let deleted = pods.delete_collection(&DeleteParams::default(), &lp).await?;
+            Ok(Done::Deleted(deleted.left().map_or(0, |list| list.items.len())))
+        }
+        DeleteWork::Pod { name, uid } => {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match pods.delete(name, &dp).await {
+                Ok(_) => Ok(Done::Deleted(1)),
+                Err(e) => gone_or(e),
+            }
+        }
+        DeleteWork::Finalizer { name, uid, index } => {
+            // JSON patch `test` ops make this exact: only this pod, and only
+            // Argo's finalizer, even if others were added or removed meanwhile.
+            let path = format!("/metadata/finalizers/{index}");
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": path, "value": labels::POD_STATUS_FINALIZER},
+                {"op": "remove", "path": path},
+            ]))
+            .expect("a well-formed JSON patch");
+            match pods.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+                Ok(_) => Ok(Done::Deleted(1)),
+                Err(e) => gone_or(e),
+            }
+        }
+    }
+}
+
+/// NotFound means done; a failed UID precondition (409) or `test` op (422)
+/// means the pod under that name is not the one planned.
+fn gone_or(e: kube::Error) -> Result<Done, kube::Error> {
+    match &e {
+        kube::Error::Api(ErrorResponse { code: 404, .. }) => Ok(Done::AlreadyGone),
+        kube::Error::Api(ErrorResponse { code: 409 | 422, .. }) => Ok(Done::Replaced),
+        _ => Err(e),
+    }
+}
+
+/// Errors worth another try: throttling, server trouble, the network.
+pub fn is_transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(ErrorResponse { code, .. }) => *code == 429 || *code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+fn describe(work: &DeleteWork) -> String {
+    match work {
+        DeleteWork::Bulk { workflow, field_selector, pods } => format!(
+            "deleting the {} pods of workflow {workflow} with {field_selector}",
+            pods.len()
+        ),
+        DeleteWork::Pod { name, .. } => format!("deleting pod {name}"),
+        DeleteWork::Finalizer { name, .. } => format!("removing finalizer {} from pod {name}", labels::POD_STATUS_FINALIZER),
+    }
+}
