@@ -2,5 +2,6 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod budget;
 pub mod queue;
 pub mod workflow;
