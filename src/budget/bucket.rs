@@ -24,7 +24,8 @@ impl Rate {
     }
 }
 
-/// A token bucket (leaky-bucket's `RateLimiter`) plus a pause the server can order with
+/// A token bucket (leaky-bucket's `RateLimiter`, chosen over governor because its waits run on
+/// tokio's clock, so tests can use a paused clock) plus a pause the server can order with
 /// Retry-After.
 ///
 /// The bucket starts full (`burst` tokens, like client-go's limiter) and holds at most `burst`;

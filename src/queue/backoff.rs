@@ -29,7 +29,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The delay after `failures` earlier failures (0 for the first failure).
-    pub fn delay(&self, failures: u32, rng: &mut fastrand::Rng) -> Duration {
+    pub(super) fn delay(&self, failures: u32, rng: &mut fastrand::Rng) -> Duration {
         let factor = 2u32.checked_pow(failures).unwrap_or(u32::MAX);
         let exponential = self.base.saturating_mul(factor).min(self.cap);
         let cut = self.jitter.clamp(0.0, 1.0) * rng.f64();

@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -302,6 +303,62 @@ async fn shutdown_wakes_every_waiting_worker() {
     );
     assert_eq!(q.add("retry", Class::Interactive, 2), Added::ShutDown);
     assert!(q.next().await.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_workers_finish_every_item_and_never_share_one() {
+    let q: Queue = WorkQueue::new(QueueConfig::default());
+    let active = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (q, active, finished) = (q.clone(), active.clone(), finished.clone());
+            tokio::spawn(async move {
+                while let Some(lease) = q.next().await {
+                    assert!(
+                        active.lock().unwrap().insert(lease.item),
+                        "two workers on {}",
+                        lease.item
+                    );
+                    tokio::time::sleep(Duration::from_millis(u64::from(lease.item % 3))).await;
+                    active.lock().unwrap().remove(&lease.item);
+                    // Every fifth item fails twice before it succeeds.
+                    if lease.item % 5 == 0 && lease.failures < 2 {
+                        q.requeue(lease);
+                    } else {
+                        finished.lock().unwrap().push(lease.item);
+                        q.done(lease);
+                    }
+                }
+            })
+        })
+        .collect();
+    for item in 0..1_000 {
+        let (request, class) = match item % 3 {
+            0 => ("gc", Class::Background),
+            1 => ("big", Class::Interactive),
+            _ => ("small", Class::Interactive),
+        };
+        q.add(request, class, item);
+        if item % 100 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(3600), async {
+        while finished.lock().unwrap().len() < 1_000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("workers stalled");
+    q.shutdown();
+    for worker in workers {
+        worker.await.expect("a worker panicked");
+    }
+    let mut finished = finished.lock().unwrap().clone();
+    finished.sort();
+    assert_eq!(finished, (0..1_000).collect::<Vec<_>>());
+    assert_eq!(q.stats(), QueueStats::default());
 }
 
 #[derive(Debug, Clone)]
