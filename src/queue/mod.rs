@@ -210,7 +210,8 @@ where
     }
 
     pub fn stats(&self) -> QueueStats {
-        let state = self.state();
+        let mut state = self.state();
+        state.fire_timers(Instant::now());
         QueueStats {
             interactive: state.interactive.ready(),
             background: state.background.ready(),
