@@ -2,8 +2,10 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod budget;
 pub mod controller;
 pub mod delete;
+pub mod queue;
 pub mod request;
 pub mod server;
 pub mod telemetry;

@@ -1,0 +1,108 @@
+//! The budget as tower middleware around kube's HTTP stack.
+
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use http::header::RETRY_AFTER;
+use http::{Request, Response};
+use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
+use tower::{Layer, Service, ServiceExt};
+
+use super::{Budget, Verb};
+
+/// Requests queued in front of kube's (single, not clonable) HTTP service; kube's own client
+/// uses the same bound.
+const BUFFER: usize = 1024;
+
+/// A `kube::Client` whose every request goes through `budget`.
+///
+/// Stack, outermost first: kube's retry policy (429, 503, 504, honouring Retry-After), the
+/// budget, a buffer, kube's default HTTP stack. The retry sits outside the budget so that every
+/// retried attempt takes a token too; kube's built-in retry (inside the stack, where it would
+/// bypass the budget) is turned off. Must be called inside a tokio runtime.
+pub fn client(mut config: kube::Config, budget: &Budget) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&BufferLayer::new(BUFFER))
+        .with_layer(&budget.layer())
+        .with_layer(&RetryLayer::new(RetryPolicy::server_retry()))
+        .build())
+}
+
+/// Puts every request through a [`Budget`]; see [`BudgetService`].
+#[derive(Clone)]
+pub struct BudgetLayer {
+    budget: Budget,
+}
+
+impl BudgetLayer {
+    pub fn new(budget: Budget) -> Self {
+        BudgetLayer { budget }
+    }
+}
+
+impl<S> Layer<S> for BudgetLayer {
+    type Service = BudgetService<S>;
+
+    fn layer(&self, inner: S) -> BudgetService<S> {
+        BudgetService {
+            inner,
+            budget: self.budget.clone(),
+        }
+    }
+}
+
+/// Sends each request only after the budget admits it (a worker slot, then a token of the
+/// request's bucket), holds the slot until the response headers arrive, reports the outcome to
+/// the budget's observer and pauses the bucket when the server answers 429 or 503 with
+/// Retry-After.
+///
+/// The inner service must be `Clone` (put a buffer in front of kube's stack, as [`client`]
+/// does): the request waits for the budget in its own future, so each call drives a clone.
+#[derive(Clone)]
+pub struct BudgetService<S> {
+    inner: S,
+    budget: Budget,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for BudgetService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        // Readiness of the inner service is awaited in the call's future, after the budget.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let inner = self.inner.clone();
+        let budget = self.budget.clone();
+        Box::pin(async move {
+            let verb = Verb::of(&request);
+            let admission = budget.admit(verb).await;
+            let result = inner.oneshot(request).await;
+            match &result {
+                Ok(response) => {
+                    budget.obey(verb, response.status(), response.headers().get(RETRY_AFTER));
+                    budget
+                        .inner
+                        .observer
+                        .response(verb, Some(response.status()));
+                }
+                Err(_) => budget.inner.observer.response(verb, None),
+            }
+            drop(admission);
+            result
+        })
+    }
+}

@@ -1,0 +1,259 @@
+//! The API budget (rule 5): a token bucket for mutating requests, another for reads, a cap on
+//! requests in flight, and pauses the API server orders with 429 or 503 and Retry-After.
+//!
+//! [`BudgetLayer`] applies it to every request a `kube::Client` sends ([`client`] builds such a
+//! client), so nothing the controller does can bypass the budget.
+
+mod bucket;
+mod layer;
+
+pub use bucket::Rate;
+pub use layer::{BudgetLayer, BudgetService, client};
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use bucket::TokenBucket;
+
+/// Limits of a [`Budget`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetConfig {
+    /// POST, PUT, PATCH and DELETE (defaults: 20 QPS, burst 30, like Argo's controller).
+    pub writes: Rate,
+    /// GET, LIST and WATCH (defaults: 50 QPS, burst 100).
+    pub reads: Rate,
+    /// Requests in flight at once (watches, which stay open, are not counted).
+    pub workers: NonZeroUsize,
+    /// The longest pause a Retry-After can order, against a bogus header stopping us for hours
+    /// (API Priority and Fairness asks for at most 32 s).
+    pub max_pause: Duration,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig {
+            writes: Rate::new(20, 30).expect("non-zero"),
+            reads: Rate::new(50, 100).expect("non-zero"),
+            workers: NonZeroUsize::new(32).expect("non-zero"),
+            max_pause: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The two token buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bucket {
+    Read,
+    Write,
+}
+
+impl Bucket {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bucket::Read => "read",
+            Bucket::Write => "write",
+        }
+    }
+}
+
+/// What a request does, as far as the budget is concerned: its HTTP method, with a GET that
+/// watches (`watch=true`) told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verb {
+    Get,
+    Watch,
+    Post,
+    Put,
+    Patch,
+    Delete,
+    /// Any other method (kube sends none); budgeted as a write, to be safe.
+    Other,
+}
+
+impl Verb {
+    pub fn of<B>(request: &Request<B>) -> Verb {
+        match *request.method() {
+            Method::GET if is_watch(request.uri().query()) => Verb::Watch,
+            Method::GET => Verb::Get,
+            Method::POST => Verb::Post,
+            Method::PUT => Verb::Put,
+            Method::PATCH => Verb::Patch,
+            Method::DELETE => Verb::Delete,
+            _ => Verb::Other,
+        }
+    }
+
+    pub fn bucket(self) -> Bucket {
+        match self {
+            Verb::Get | Verb::Watch => Bucket::Read,
+            Verb::Post | Verb::Put | Verb::Patch | Verb::Delete | Verb::Other => Bucket::Write,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::Watch => "WATCH",
+            Verb::Post => "POST",
+            Verb::Put => "PUT",
+            Verb::Patch => "PATCH",
+            Verb::Delete => "DELETE",
+            Verb::Other => "OTHER",
+        }
+    }
+}
+
+/// The `watch` query parameter, read the way the API server parses booleans.
+fn is_watch(query: Option<&str>) -> bool {
+    query.is_some_and(|query| {
+        query.split('&').any(|pair| {
+            matches!(
+                pair.split_once('='),
+                Some(("watch", "1" | "t" | "T" | "true" | "TRUE" | "True"))
+            )
+        })
+    })
+}
+
+/// Receives what the metrics layer shows about the budget. Every method defaults to nothing.
+pub trait BudgetObserver: Send + Sync {
+    /// A request of `bucket` waited `waited` for a token (zero when one was there), pauses
+    /// included.
+    fn token_wait(&self, _bucket: Bucket, _waited: Duration) {}
+    /// Requests in flight changed to `requests`.
+    fn in_flight(&self, _requests: usize) {}
+    /// A request ended: with a response status, or `None` when no response came.
+    fn response(&self, _verb: Verb, _status: Option<StatusCode>) {}
+    /// The server's Retry-After paused `bucket` for `pause`.
+    fn paused(&self, _bucket: Bucket, _pause: Duration) {}
+}
+
+struct Silent;
+
+impl BudgetObserver for Silent {}
+
+/// The budget shared by every request of the controller; clones share it.
+#[derive(Clone)]
+pub struct Budget {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    reads: TokenBucket,
+    writes: TokenBucket,
+    workers: Arc<Semaphore>,
+    max_workers: usize,
+    max_pause: Duration,
+    observer: Arc<dyn BudgetObserver>,
+}
+
+impl Budget {
+    /// Must be called inside a tokio runtime (its clock times the buckets).
+    pub fn new(config: &BudgetConfig) -> Self {
+        Budget::with_observer(config, Arc::new(Silent))
+    }
+
+    pub fn with_observer(config: &BudgetConfig, observer: Arc<dyn BudgetObserver>) -> Self {
+        Budget {
+            inner: Arc::new(Inner {
+                reads: TokenBucket::new(config.reads),
+                writes: TokenBucket::new(config.writes),
+                workers: Arc::new(Semaphore::new(config.workers.get())),
+                max_workers: config.workers.get(),
+                max_pause: config.max_pause,
+                observer,
+            }),
+        }
+    }
+
+    /// The tower layer that puts requests through this budget.
+    pub fn layer(&self) -> BudgetLayer {
+        BudgetLayer::new(self.clone())
+    }
+
+    /// Requests in flight now (watches not counted).
+    pub fn in_flight(&self) -> usize {
+        self.inner.max_workers - self.inner.workers.available_permits()
+    }
+
+    /// Waits until a request of `verb` may be sent: a worker slot (except for watches), then a
+    /// token. The slot is held until the returned admission is dropped.
+    async fn admit(&self, verb: Verb) -> Admission {
+        let slot = match verb {
+            Verb::Watch => None,
+            _ => Some(
+                Arc::clone(&self.inner.workers)
+                    .acquire_owned()
+                    .await
+                    .expect("the workers semaphore is never closed"),
+            ),
+        };
+        let bucket = verb.bucket();
+        let waited = self.bucket(bucket).acquire().await;
+        let observer = &self.inner.observer;
+        observer.token_wait(bucket, waited);
+        if slot.is_some() {
+            observer.in_flight(self.in_flight());
+        }
+        Admission {
+            budget: self.clone(),
+            slot,
+        }
+    }
+
+    /// Obeys a throttling answer: a 429 or 503 with Retry-After pauses the bucket the request
+    /// came from. The other bucket goes on: the API server limits reads and writes separately
+    /// (max-inflight filter), and a read that is throttled too pauses the read bucket itself.
+    fn obey(&self, verb: Verb, status: StatusCode, retry_after: Option<&http::HeaderValue>) {
+        if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+            return;
+        }
+        let Some(seconds) = retry_after
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+        else {
+            return;
+        };
+        let pause = Duration::from_secs(seconds).min(self.inner.max_pause);
+        let bucket = verb.bucket();
+        self.bucket(bucket).pause(pause);
+        self.inner.observer.paused(bucket, pause);
+        tracing::info!(
+            bucket = bucket.as_str(),
+            status = status.as_u16(),
+            pause_seconds = pause.as_secs(),
+            "API server asked to slow down; pausing requests"
+        );
+    }
+
+    fn bucket(&self, bucket: Bucket) -> &TokenBucket {
+        match bucket {
+            Bucket::Read => &self.inner.reads,
+            Bucket::Write => &self.inner.writes,
+        }
+    }
+}
+
+/// A request's right to be in flight; dropping it frees the worker slot.
+struct Admission {
+    budget: Budget,
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.slot.take().is_some() {
+            self.budget
+                .inner
+                .observer
+                .in_flight(self.budget.in_flight());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,460 @@
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+use super::*;
+
+#[derive(Default)]
+struct Recorder {
+    waits: Mutex<Vec<(Bucket, Duration)>>,
+    responses: Mutex<Vec<(Verb, Option<StatusCode>)>>,
+    pauses: Mutex<Vec<(Bucket, Duration)>>,
+    max_in_flight: AtomicUsize,
+}
+
+impl BudgetObserver for Recorder {
+    fn token_wait(&self, bucket: Bucket, waited: Duration) {
+        self.waits.lock().unwrap().push((bucket, waited));
+    }
+    fn in_flight(&self, requests: usize) {
+        self.max_in_flight.fetch_max(requests, Ordering::SeqCst);
+    }
+    fn response(&self, verb: Verb, status: Option<StatusCode>) {
+        self.responses.lock().unwrap().push((verb, status));
+    }
+    fn paused(&self, bucket: Bucket, pause: Duration) {
+        self.pauses.lock().unwrap().push((bucket, pause));
+    }
+}
+
+fn budget(writes: (u32, u32), reads: (u32, u32), workers: usize) -> (Budget, Arc<Recorder>) {
+    let recorder = Arc::new(Recorder::default());
+    let config = BudgetConfig {
+        writes: Rate::new(writes.0, writes.1).unwrap(),
+        reads: Rate::new(reads.0, reads.1).unwrap(),
+        workers: NonZeroUsize::new(workers).unwrap(),
+        ..BudgetConfig::default()
+    };
+    (Budget::with_observer(&config, recorder.clone()), recorder)
+}
+
+fn request(method: Method, uri: &str) -> Request<()> {
+    Request::builder().method(method).uri(uri).body(()).unwrap()
+}
+
+fn post() -> Request<()> {
+    request(Method::POST, "/api/v1/namespaces/argo/pods")
+}
+
+fn get() -> Request<()> {
+    request(Method::GET, "/api/v1/namespaces/argo/pods/p")
+}
+
+type Sent = Arc<Mutex<Vec<(Verb, Duration)>>>;
+
+/// A server that records when each request arrived (since `start`) and answers with `answer`.
+fn server(
+    start: Instant,
+    answer: impl Fn(Verb) -> Response<()> + Clone + Send + 'static,
+) -> (
+    impl Service<Request<()>, Response = Response<()>, Error = Infallible, Future: Send> + Clone + Send,
+    Sent,
+) {
+    let sent: Sent = Arc::default();
+    let log = sent.clone();
+    let service = tower::service_fn(move |request: Request<()>| {
+        let verb = Verb::of(&request);
+        log.lock().unwrap().push((verb, start.elapsed()));
+        let response = answer(verb);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    (service, sent)
+}
+
+fn ok(_: Verb) -> Response<()> {
+    Response::new(())
+}
+
+fn status(code: StatusCode, retry_after: Option<&str>) -> Response<()> {
+    let mut response = Response::builder().status(code);
+    if let Some(seconds) = retry_after {
+        response = response.header("Retry-After", seconds);
+    }
+    response.body(()).unwrap()
+}
+
+/// Sends every request at once, each from its own task, and waits for all answers.
+async fn send_all<S>(service: &S, requests: Vec<Request<()>>) -> Vec<StatusCode>
+where
+    S: Service<Request<()>, Response = Response<()>, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| tokio::spawn(service.clone().oneshot(request)))
+        .collect();
+    let mut codes = Vec::new();
+    for task in tasks {
+        codes.push(task.await.unwrap().unwrap().status());
+    }
+    codes
+}
+
+/// The most requests sent in any half-open window `[t, t + width)`.
+fn busiest_window(sent: &[(Verb, Duration)], width: Duration) -> usize {
+    let mut times: Vec<_> = sent.iter().map(|(_, at)| *at).collect();
+    times.sort();
+    (0..times.len())
+        .map(|i| {
+            times[i..]
+                .iter()
+                .take_while(|t| **t < times[i] + width)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn times_of(sent: &Sent, verb: Verb) -> Vec<Duration> {
+    sent.lock()
+        .unwrap()
+        .iter()
+        .filter(|(v, _)| *v == verb)
+        .map(|(_, at)| *at)
+        .collect()
+}
+
+#[test]
+fn verbs_are_read_from_method_and_watch_parameter() {
+    let cases = [
+        (Method::GET, "/api/v1/pods", Verb::Get, Bucket::Read),
+        (
+            Method::GET,
+            "/api/v1/pods?labelSelector=a%3Db&watch=true",
+            Verb::Watch,
+            Bucket::Read,
+        ),
+        (
+            Method::GET,
+            "/api/v1/pods?watch=1",
+            Verb::Watch,
+            Bucket::Read,
+        ),
+        (
+            Method::GET,
+            "/api/v1/pods?watch=false",
+            Verb::Get,
+            Bucket::Read,
+        ),
+        (
+            Method::GET,
+            "/api/v1/pods?allowWatchBookmarks=true",
+            Verb::Get,
+            Bucket::Read,
+        ),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/pods",
+            Verb::Post,
+            Bucket::Write,
+        ),
+        (
+            Method::PUT,
+            "/apis/argoproj.io/v1alpha1/namespaces/a/workflows/w",
+            Verb::Put,
+            Bucket::Write,
+        ),
+        (
+            Method::PATCH,
+            "/api/v1/namespaces/a/pods/p",
+            Verb::Patch,
+            Bucket::Write,
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/namespaces/a/pods?labelSelector=x",
+            Verb::Delete,
+            Bucket::Write,
+        ),
+        (Method::HEAD, "/api/v1/pods", Verb::Other, Bucket::Write),
+    ];
+    for (method, uri, verb, bucket) in cases {
+        let got = Verb::of(&request(method.clone(), uri));
+        assert_eq!((got, got.bucket()), (verb, bucket), "{method} {uri}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_second_has_more_writes_than_burst_plus_qps() {
+    let start = Instant::now();
+    let (budget, recorder) = budget((20, 30), (50, 100), 1000);
+    let (server, sent) = server(start, ok);
+    let service = budget.layer().layer(server);
+    send_all(&service, (0..200).map(|_| post()).collect()).await;
+
+    let sent = sent.lock().unwrap();
+    assert_eq!(sent.len(), 200);
+    // The bound is burst + qps = 50; the busiest second here is the first: the 30 saved tokens
+    // plus the refills at 50 ms .. 950 ms.
+    assert_eq!(busiest_window(&sent, Duration::from_secs(1)), 49);
+    // Once the saved tokens are spent, exactly qps: any 5 s hold 100 writes.
+    assert_eq!(busiest_window(&sent[30..], Duration::from_secs(5)), 100);
+    // 30 at once, then one per 50 ms: the budget is used, not wasted.
+    let last = sent.iter().map(|(_, at)| *at).max().unwrap();
+    assert_eq!(last, Duration::from_millis(170 * 50));
+    let waits = recorder.waits.lock().unwrap();
+    assert_eq!(waits.iter().filter(|(_, w)| w.is_zero()).count(), 30);
+    assert!(waits.iter().all(|(bucket, _)| *bucket == Bucket::Write));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_with_retry_after_stops_every_write_for_that_long() {
+    let start = Instant::now();
+    let first = Arc::new(AtomicUsize::new(0));
+    let (budget, recorder) = budget((20, 30), (50, 100), 1000);
+    let (server, sent) = server(start, move |verb| {
+        if verb == Verb::Post && first.fetch_add(1, Ordering::SeqCst) == 0 {
+            status(StatusCode::TOO_MANY_REQUESTS, Some("2"))
+        } else {
+            Response::new(())
+        }
+    });
+    let service = budget.layer().layer(server);
+    let codes = send_all(&service, vec![post()]).await;
+    assert_eq!(codes, [StatusCode::TOO_MANY_REQUESTS]);
+    let throttled_at = start.elapsed();
+
+    let mut requests: Vec<_> = (0..20).map(|_| post()).collect();
+    requests.extend((0..5).map(|_| get()));
+    send_all(&service, requests).await;
+
+    let writes = times_of(&sent, Verb::Post);
+    assert_eq!(writes.len(), 21);
+    let resumed = throttled_at + Duration::from_secs(2);
+    assert!(
+        writes[1..].iter().all(|at| *at >= resumed),
+        "a write went out during the pause: {writes:?}"
+    );
+    assert!(
+        writes[1..].contains(&resumed),
+        "writes did not resume when the pause ended"
+    );
+    assert!(
+        times_of(&sent, Verb::Get)
+            .iter()
+            .all(|at| *at == throttled_at),
+        "reads were paused too"
+    );
+    assert_eq!(
+        *recorder.pauses.lock().unwrap(),
+        [(Bucket::Write, Duration::from_secs(2))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_waiting_for_a_token_when_the_pause_begins_waits_for_the_pause_too() {
+    let start = Instant::now();
+    let (budget, _) = budget((1, 1), (50, 100), 10);
+    let answered = Arc::new(AtomicUsize::new(0));
+    let inner = tower::service_fn(move |_: Request<()>| {
+        let n = answered.fetch_add(1, Ordering::SeqCst);
+        let at = start.elapsed();
+        async move {
+            if n == 0 {
+                // The first write is answered late, after the second began waiting.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Ok::<_, Infallible>((status(StatusCode::TOO_MANY_REQUESTS, Some("2")), at))
+            } else {
+                Ok((Response::new(()), at))
+            }
+        }
+    })
+    .map_response(|(response, at): (Response<()>, Duration)| response.map(|()| at));
+    let service = budget.layer().layer(inner);
+    let first = tokio::spawn(service.clone().oneshot(post()));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = tokio::spawn(service.clone().oneshot(post()));
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+    let second_sent_at = *second.await.unwrap().unwrap().body();
+    // The refill at 1 s would have let it out in the middle of the pause (10 ms to 2.01 s).
+    assert_eq!(second_sent_at, Duration::from_millis(2010));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_429_and_503_with_retry_after_pause_and_no_longer_than_max_pause() {
+    let cases = [
+        (StatusCode::SERVICE_UNAVAILABLE, Some("3"), Some(3)),
+        (StatusCode::TOO_MANY_REQUESTS, Some("3600"), Some(60)),
+        (StatusCode::TOO_MANY_REQUESTS, None, None),
+        (StatusCode::TOO_MANY_REQUESTS, Some("soon"), None),
+        (StatusCode::INTERNAL_SERVER_ERROR, Some("3"), None),
+        (StatusCode::OK, Some("3"), None),
+    ];
+    for (code, retry_after, paused) in cases {
+        let (budget, recorder) = budget((20, 30), (50, 100), 10);
+        let (server, _) = server(Instant::now(), move |_| status(code, retry_after));
+        send_all(
+            &budget.layer().layer(server),
+            vec![request(Method::DELETE, "/x")],
+        )
+        .await;
+        let expected: Vec<_> = paused
+            .into_iter()
+            .map(|s| (Bucket::Write, Duration::from_secs(s)))
+            .collect();
+        assert_eq!(
+            *recorder.pauses.lock().unwrap(),
+            expected,
+            "{code} {retry_after:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_do_not_take_write_tokens() {
+    let start = Instant::now();
+    let (budget, recorder) = budget((1, 1), (50, 100), 1000);
+    let (server, sent) = server(start, ok);
+    let service = budget.layer().layer(server);
+    send_all(&service, vec![post()]).await;
+    send_all(&service, (0..100).map(|_| get()).collect()).await;
+    send_all(&service, vec![post()]).await;
+
+    assert!(
+        times_of(&sent, Verb::Get).iter().all(|at| at.is_zero()),
+        "reads waited"
+    );
+    assert_eq!(
+        times_of(&sent, Verb::Post),
+        [Duration::ZERO, Duration::from_secs(1)]
+    );
+    let waits = recorder.waits.lock().unwrap();
+    assert!(
+        waits
+            .iter()
+            .filter(|(b, _)| *b == Bucket::Read)
+            .all(|(_, w)| w.is_zero())
+    );
+    assert_eq!(
+        waits.iter().filter(|(b, _)| *b == Bucket::Read).count(),
+        100
+    );
+    let responses = recorder.responses.lock().unwrap();
+    assert_eq!(
+        responses.iter().filter(|(v, _)| *v == Verb::Get).count(),
+        100
+    );
+    assert!(
+        responses
+            .iter()
+            .all(|(_, code)| *code == Some(StatusCode::OK))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_in_flight_never_exceed_workers() {
+    let (budget, recorder) = budget((1000, 1000), (1000, 1000), 3);
+    let now = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (now_in, most_in) = (now.clone(), most.clone());
+    let slow = tower::service_fn(move |_: Request<()>| {
+        let (now, most) = (now_in.clone(), most_in.clone());
+        async move {
+            most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            Ok::<_, Infallible>(Response::new(()))
+        }
+    });
+    let service = budget.layer().layer(slow);
+    let start = Instant::now();
+    let mut requests: Vec<_> = (0..15).map(|_| get()).collect();
+    requests.extend((0..15).map(|_| post()));
+    send_all(&service, requests).await;
+
+    assert_eq!(most.load(Ordering::SeqCst), 3);
+    assert_eq!(recorder.max_in_flight.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_millis(1000),
+        "30 requests, 3 at a time"
+    );
+    assert_eq!(budget.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn open_watches_take_no_worker_slot() {
+    let (budget, _) = budget((20, 30), (50, 100), 1);
+    let never = tower::service_fn(|request: Request<()>| async move {
+        if Verb::of(&request) == Verb::Watch {
+            std::future::pending::<()>().await;
+        }
+        Ok::<_, Infallible>(Response::new(()))
+    });
+    let service = budget.layer().layer(never);
+    let watch = tokio::spawn(
+        service
+            .clone()
+            .oneshot(request(Method::GET, "/api/v1/pods?watch=true")),
+    );
+    tokio::task::yield_now().await;
+    let codes = tokio::time::timeout(
+        Duration::from_secs(10),
+        send_all(&service, vec![get(), post()]),
+    )
+    .await
+    .expect("the open watch held the only worker slot");
+    assert_eq!(codes, [StatusCode::OK, StatusCode::OK]);
+    assert!(!watch.is_finished());
+    watch.abort();
+}
+
+/// kube's retry runs outside the budget, so a retried request is budgeted (and observed) twice.
+#[tokio::test]
+async fn the_kube_client_sends_every_attempt_through_the_budget() {
+    use axum::http::StatusCode as AxumStatus;
+    use k8s_openapi::api::core::v1::Pod;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().fallback({
+        let calls = calls.clone();
+        move || {
+            let calls = calls.clone();
+            async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    (AxumStatus::SERVICE_UNAVAILABLE, String::new())
+                } else {
+                    let list = r#"{"apiVersion":"v1","kind":"PodList","metadata":{},"items":[]}"#;
+                    (AxumStatus::OK, list.to_owned())
+                }
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let (budget, recorder) = budget((20, 30), (50, 100), 4);
+    let config = kube::Config::new(url.parse().unwrap());
+    let client = client(config, &budget).unwrap();
+    let pods: kube::Api<Pod> = kube::Api::all(client);
+    let list = pods.list(&Default::default()).await.unwrap();
+    assert!(list.items.is_empty());
+
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        *recorder.responses.lock().unwrap(),
+        [
+            (Verb::Get, Some(StatusCode::SERVICE_UNAVAILABLE)),
+            (Verb::Get, Some(StatusCode::OK))
+        ]
+    );
+    assert_eq!(recorder.waits.lock().unwrap().len(), 2);
+    server.abort();
+}
