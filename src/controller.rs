@@ -1,131 +1,122 @@
-//! The controller: watches Workflow metadata and starts a retry for each new
-//! request it sees.
-//!
-//! Only metadata is watched, so memory does not grow with the size of
-//! workflow statuses: a 10,000-node workflow costs the same as an empty one.
-//! Retry requests are annotations, which metadata carries. Every list, relist
-//! and event re-checks the annotations, so a request seen while the
-//! controller was down is picked up at start (rule 4).
+//! The controller: wires the watch, the queue, the delete workers, the API
+//! budget, garbage collection and the HTTP endpoints together.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use futures::{StreamExt, future, stream};
-use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher::{self, watcher};
-use kube::runtime::WatchStreamExt;
-use kube::{Client, ResourceExt};
+use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::info;
 
-use crate::request;
-use crate::retry::{self, Target};
-use crate::workflow::{Workflow, labels};
+use crate::budget::{self, Budget, BudgetConfig};
+use crate::metrics::Metrics;
+use crate::queue::{QueueConfig, WorkQueue};
+use crate::retry::{self, RetryConfig};
+use crate::watch::{self, Scope, State};
+use crate::workers::{self, Outcomes};
 
-/// Which workflows this controller serves.
-#[derive(Clone, Debug, Default)]
-pub struct Scope {
-    /// Namespaces to watch; empty means all namespaces.
-    pub namespaces: Vec<String>,
-    /// Serve only workflows labelled with this Argo controller instance ID;
-    /// `None` serves only workflows without the label, as Argo does.
-    pub instance_id: Option<String>,
+/// Everything the controller can be told.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub scope: Scope,
+    pub budget: BudgetConfig,
+    /// Delete workers (each sends one request at a time).
+    pub workers: usize,
+    pub queue: QueueConfig,
+    pub retry: RetryConfig,
+    /// Sweep for orphan pods this often; `None` turns garbage collection off.
+    pub pod_gc: Option<Duration>,
+    /// Where to serve /healthz, /readyz and /metrics; `None` serves nothing.
+    pub http_addr: Option<SocketAddr>,
+    /// Names this controller in Events (`reportingController`).
+    pub reporter: String,
 }
 
-impl Scope {
-    /// The label selector that picks this instance's workflows.
-    pub fn label_selector(&self) -> String {
-        match &self.instance_id {
-            Some(id) => format!("{}={id}", labels::CONTROLLER_INSTANCE_ID),
-            None => format!("!{}", labels::CONTROLLER_INSTANCE_ID),
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            scope: Scope::default(),
+            budget: BudgetConfig::default(),
+            workers: BudgetConfig::default().workers.get(),
+            queue: QueueConfig::default(),
+            retry: RetryConfig::default(),
+            pod_gc: None,
+            http_addr: None,
+            reporter: "rewind".into(),
         }
     }
 }
 
-/// Shared state the HTTP endpoints read.
-#[derive(Clone, Debug, Default)]
-pub struct State {
-    ready: Arc<AtomicBool>,
+/// A configured controller; [`Controller::run`] starts it.
+pub struct Controller {
+    options: Options,
+    ctx: retry::Context,
+    state: State,
 }
 
-impl State {
-    /// True once every watched namespace has been listed once.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+impl Controller {
+    /// Builds the budgeted client. Must be called inside a tokio runtime.
+    pub fn new(config: kube::Config, options: Options) -> Result<Self, kube::Error> {
+        let metrics = Arc::new(Metrics::default());
+        let budget = Budget::with_observer(&options.budget, metrics.clone());
+        let client = budget::client(config, &budget)?;
+        let reporter = Reporter { controller: options.reporter.clone(), instance: std::env::var("POD_NAME").ok() };
+        let ctx = retry::Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            queue: WorkQueue::new(options.queue),
+            outcomes: Outcomes::default(),
+            config: options.retry.clone(),
+            metrics,
+        };
+        Ok(Controller { options, ctx, state: State::default() })
     }
-}
 
-/// Watches workflow metadata and runs retries until `shutdown` is cancelled.
-pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
-    let client: Client = ctx.client.clone();
-    let ctx = Arc::new(ctx);
-    let active: Arc<Mutex<HashSet<Target>>> = Arc::default();
-    // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
-    let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
-        vec![Api::all(client)]
-    } else {
-        scope.namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
-    };
-    let config = watcher::Config::default().labels(&scope.label_selector());
-    let (stores, streams): (Vec<Store<PartialObjectMeta<Workflow>>>, Vec<_>) = apis
-        .into_iter()
-        .map(|api| {
-            let (store, writer) = reflector::store();
-            let stream = reflector::reflector(writer, watcher(api, config.clone()))
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            (store, stream)
-        })
-        .unzip();
+    /// The metrics this controller updates (for the demo's report).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.ctx.metrics.clone()
+    }
 
-    let readiness = {
-        let state = state.clone();
-        async move {
-            future::join_all(stores.iter().map(|s| s.wait_until_ready())).await;
-            state.ready.store(true, Ordering::Relaxed);
-            info!(namespaces = ?scope.namespaces, "workflow metadata cache synced");
-            future::pending::<()>().await
+    /// True once the workflow cache has synced.
+    pub fn state(&self) -> State {
+        self.state.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled. Requests in progress stay pending
+    /// in their annotations and resume at the next start.
+    pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let Controller { options, ctx, state } = self;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..options.workers.max(1) {
+            tasks.spawn(workers::run(ctx.client.clone(), ctx.queue.clone(), ctx.outcomes.clone()));
         }
-    };
-
-    let events = stream::select_all(streams).for_each(|event| {
-        match event {
-            Ok(meta) => start_pending(&ctx, &active, &meta),
-            Err(error) => warn!(%error, "workflow watch failed; retrying with backoff"),
+        if let Some(interval) = options.pod_gc {
+            tasks.spawn(crate::gc::run(
+                ctx.client.clone(),
+                options.scope.namespaces.clone(),
+                ctx.queue.clone(),
+                ctx.outcomes.clone(),
+                interval,
+                shutdown.clone(),
+            ));
         }
-        future::ready(())
-    });
-
-    tokio::select! {
-        _ = shutdown.cancelled() => info!("controller stopping"),
-        _ = readiness => {}
-        _ = events => warn!("workflow watch ended"),
-    }
-}
-
-/// Starts a retry for the request `meta` carries, unless none is pending or
-/// one for the same workflow UID and token runs already.
-fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>, meta: &PartialObjectMeta<Workflow>) {
-    if request::pending(meta.annotations()).is_none() {
-        return;
-    }
-    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else { return };
-    let token = meta.annotations()[request::annotations::RETRY].trim().to_owned();
-    let target = Target { namespace, name: meta.name_any(), uid, token };
-    if !active.lock().unwrap_or_else(PoisonError::into_inner).insert(target.clone()) {
-        return;
-    }
-    let span = info_span!("retry", workflow = target.name, namespace = target.namespace, token = target.token);
-    let (ctx, active) = (ctx.clone(), active.clone());
-    tokio::spawn(
-        async move {
-            // Errors were reported to the user and logged by `retry::run`.
-            let _ = retry::run(&ctx, &target).await;
-            active.lock().unwrap_or_else(PoisonError::into_inner).remove(&target);
+        let server = match options.http_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                info!(addr = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+                let endpoints = crate::server::Endpoints { state: state.clone(), metrics: ctx.metrics.clone(), queue: ctx.queue.clone() };
+                Some(tokio::spawn(crate::server::serve(listener, endpoints, shutdown.clone())))
+            }
+            None => None,
+        };
+        let queue = ctx.queue.clone();
+        watch::run(ctx, options.scope, state, shutdown.clone()).await;
+        queue.shutdown();
+        while tasks.join_next().await.is_some() {}
+        if let Some(server) = server {
+            server.await.expect("the HTTP server does not panic")?;
         }
-        .instrument(span),
-    );
+        Ok(())
+    }
 }

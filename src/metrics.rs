@@ -1,6 +1,6 @@
 //! Prometheus metrics, served on `/metrics` in the text exposition format.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::StatusCode;
@@ -46,6 +46,24 @@ pub struct Metrics {
     in_flight: Gauge,
     pods_deleted: Counter,
     retry_duration: Family<ResultLabels, Histogram>,
+    /// Plain totals beside the families, which are costly to sum.
+    requests_total: AtomicU64,
+    mutating_total: AtomicU64,
+}
+
+/// API requests answered (or failed) so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    pub total: u64,
+    pub mutating: u64,
+}
+
+impl std::ops::Sub for RequestCounts {
+    type Output = RequestCounts;
+
+    fn sub(self, earlier: RequestCounts) -> RequestCounts {
+        RequestCounts { total: self.total - earlier.total, mutating: self.mutating - earlier.mutating }
+    }
 }
 
 impl Default for Metrics {
@@ -67,7 +85,18 @@ impl Default for Metrics {
             Histogram::new([0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0])
         });
         registry.register("retry_duration_seconds", "Time from picking up a retry request to its end, by result", retry_duration.clone());
-        Metrics { registry, queue_depth, api_requests, token_wait, pauses, in_flight, pods_deleted, retry_duration }
+        Metrics {
+            registry,
+            queue_depth,
+            api_requests,
+            token_wait,
+            pauses,
+            in_flight,
+            pods_deleted,
+            retry_duration,
+            requests_total: AtomicU64::new(0),
+            mutating_total: AtomicU64::new(0),
+        }
     }
 }
 
@@ -91,6 +120,13 @@ impl Metrics {
         self.retry_duration.get_or_create(&ResultLabels { result }).observe(elapsed.as_secs_f64());
     }
 
+    pub fn api_requests(&self) -> RequestCounts {
+        RequestCounts {
+            total: self.requests_total.load(Ordering::Relaxed),
+            mutating: self.mutating_total.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn pods_deleted(&self, n: usize) {
         self.pods_deleted.inc_by(n as u64);
     }
@@ -108,6 +144,10 @@ impl BudgetObserver for Metrics {
     fn response(&self, verb: Verb, status: Option<StatusCode>) {
         let code = status.map_or_else(|| "error".to_owned(), |s| s.as_u16().to_string());
         self.api_requests.get_or_create(&RequestLabels { verb: verb.as_str(), code }).inc();
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        if verb.bucket() == Bucket::Write {
+            self.mutating_total.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn paused(&self, bucket: Bucket, _pause: Duration) {
@@ -127,6 +167,7 @@ mod tests {
         m.token_wait(Bucket::Write, Duration::from_millis(250));
         m.observe_retry("succeeded", Duration::from_secs(3));
         m.pods_deleted(5);
+        assert_eq!(m.api_requests(), RequestCounts { total: 2, mutating: 2 });
         let text = m.encode(QueueStats { interactive: 2, ..Default::default() });
         for needle in [
             r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,

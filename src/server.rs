@@ -1,32 +1,49 @@
-//! The controller's HTTP endpoints: liveness and readiness probes.
+//! The controller's HTTP endpoints: liveness and readiness probes, metrics.
 
-use std::net::SocketAddr;
+use std::sync::Arc;
 
-use axum::{Router, extract::State as AxumState, http::StatusCode, routing::get};
+use axum::{Router, extract::State as AxumState, http::StatusCode, http::header, response::IntoResponse, routing::get};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::State;
+use crate::metrics::Metrics;
+use crate::watch::State;
+use crate::workers::Queue;
 
-/// Serves `/healthz` and `/readyz` on `addr` until `shutdown` is cancelled.
-pub async fn serve(addr: SocketAddr, state: State, shutdown: CancellationToken) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /healthz and /readyz");
-    axum::serve(listener, router(state))
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct Endpoints {
+    pub state: State,
+    pub metrics: Arc<Metrics>,
+    pub queue: Queue,
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` until `shutdown` is cancelled.
+pub async fn serve(listener: TcpListener, endpoints: Endpoints, shutdown: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, router(endpoints))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
 
-fn router(state: State) -> Router {
+fn router(endpoints: Endpoints) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(state)
+        .route("/metrics", get(metrics))
+        .with_state(endpoints)
 }
 
-async fn readyz(AxumState(state): AxumState<State>) -> (StatusCode, &'static str) {
-    if state.is_ready() {
+async fn readyz(AxumState(e): AxumState<Endpoints>) -> (StatusCode, &'static str) {
+    if e.state.is_ready() {
         (StatusCode::OK, "ok")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "workflow cache not synced yet")
     }
+}
+
+async fn metrics(AxumState(e): AxumState<Endpoints>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        e.metrics.encode(e.queue.stats()),
+    )
 }

@@ -1,0 +1,139 @@
+//! `rewind demo`: the whole job on a local control plane it starts itself.
+//!
+//! Starts etcd and kube-apiserver, creates a failed workflow with N failed
+//! pods (and some succeeded ones that must survive), starts the controller,
+//! asks for a retry with `rewind.dev/retry`, shows progress from
+//! `rewind.dev/retry-status`, then checks and reports the result.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use indicatif::{ProgressBar, ProgressStyle};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use tokio_util::sync::CancellationToken;
+
+use rewind::controller::Controller;
+use rewind::localcluster::{LocalCluster, Role};
+use rewind::request::{RetryPhase, RetryStatus, annotations};
+use rewind::watch::Scope;
+use rewind::workflow::{Workflow, labels};
+use rewind::workload::FailedDag;
+
+use crate::Tuning;
+
+const NAMESPACE: &str = "demo";
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Failed pods the retry must delete.
+    #[arg(long, default_value = "8000")]
+    pods: usize,
+    /// Succeeded pods that must survive the retry.
+    #[arg(long, default_value = "200")]
+    succeeded: usize,
+    /// Keep the control plane running afterwards, until Ctrl-C.
+    #[arg(long)]
+    keep: bool,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    println!("Starting a local control plane (etcd, kube-apiserver)...");
+    let cluster = LocalCluster::start(Default::default()).await.context("starting the local control plane")?;
+    println!("  ready in {:.1}s at {}", started.elapsed().as_secs_f64(), cluster.server_url());
+    let result = scenario(&cluster, &args).await;
+    if args.keep && result.is_ok() {
+        println!("\nexport KUBECONFIG={}", cluster.kubeconfig_path(Role::Admin).display());
+        println!("The control plane keeps running; press Ctrl-C to stop it.");
+        tokio::signal::ctrl_c().await?;
+    }
+    cluster.stop().await.context("stopping the local control plane")?;
+    result
+}
+
+async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
+    let admin = cluster.admin_client().await?;
+    let dag = FailedDag { name: "big-retry".into(), failed: args.pods, succeeded: args.succeeded };
+
+    let total = (args.pods + args.succeeded) as u64;
+    let bar = bar(total, "creating pods");
+    let setup = Instant::now();
+    dag.create(&admin, NAMESPACE, 64, || bar.inc(1)).await.context("creating the demo workflow and its pods")?;
+    bar.finish_with_message(format!("created {total} pods in {:.1}s", setup.elapsed().as_secs_f64()));
+
+    let scope = Scope { namespaces: vec![NAMESPACE.into()], instance_id: None };
+    let controller = Controller::new(cluster.config(Role::Admin).await?, args.tuning.options(scope, None))?;
+    let (metrics, state) = (controller.metrics(), controller.state());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(controller.run(shutdown.clone()));
+    while !state.is_ready() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = metrics.api_requests();
+
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    let token = jiff::Timestamp::now().as_second().to_string();
+    println!("\nkubectl annotate workflow {} {}={token} --overwrite", dag.name, annotations::RETRY);
+    let asked = Instant::now();
+    let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+    workflows.patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+
+    let bar = bar(args.pods as u64, "deleting pods");
+    let status = loop {
+        let meta = workflows.get_metadata(&dag.name).await?;
+        let status = meta
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::STATUS))
+            .map(|s| serde_json::from_str::<RetryStatus>(s))
+            .transpose()
+            .context("reading rewind.dev/retry-status")?;
+        if let Some(status) = status.filter(|s| s.token == token) {
+            bar.set_length(status.pods_total.max(1));
+            bar.set_position(status.pods_deleted);
+            bar.set_message(format!("{:?}", status.phase));
+            if status.phase.is_finished() {
+                break status;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let elapsed = asked.elapsed();
+    bar.finish();
+    let used = metrics.api_requests() - before;
+    shutdown.cancel();
+    running.await??;
+    if status.phase != RetryPhase::Succeeded {
+        bail!("the retry failed: {}", status.message);
+    }
+
+    // Check the result as a user would: failed pods gone, succeeded pods kept, workflow reset.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let left = pods.list(&ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, dag.name))).await?.items;
+    let kept = left.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")).count();
+    ensure!(left.len() == args.succeeded && kept == args.succeeded, "expected exactly the {} succeeded pods to remain, found {} pods ({kept} succeeded)", args.succeeded, left.len());
+    let wf = workflows.get(&dag.name).await?;
+    ensure!(wf.label(labels::COMPLETED).is_none(), "the workflow was not reset");
+
+    let qps = args.tuning.qps.get() as f64;
+    println!("\nRetried {} failed pods in {:.2}s; {} succeeded pods kept.", status.pods_total, elapsed.as_secs_f64(), kept);
+    println!("API requests by rewind during the retry: {} ({} mutating), bulk delete {}",
+        used.total, used.mutating, if args.tuning.no_bulk { "off" } else { "on" });
+    println!("For comparison, one DELETE per pod within the budget needs {:.1}s (N/qps = {}/{qps}).",
+        args.pods as f64 / qps, args.pods);
+    Ok(())
+}
+
+fn bar(len: u64, message: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new(len).with_message(message);
+    bar.set_style(
+        ProgressStyle::with_template("  {msg:16} [{bar:40}] {pos}/{len} {elapsed_precise}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}

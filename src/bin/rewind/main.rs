@@ -1,0 +1,246 @@
+use std::io::Read;
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use rewind::budget::{BudgetConfig, Rate};
+use rewind::controller::{Controller, Options};
+use rewind::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
+use rewind::retry::RetryConfig;
+use rewind::telemetry::{self, LogFormat};
+use rewind::watch::Scope;
+use rewind::workflow::Workflow;
+
+mod demo;
+
+/// Retries failed Argo Workflows, live and archived, fast and politely.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t, env = "REWIND_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller (kubeconfig rules as kubectl's, or in-cluster config).
+    Controller(ControllerArgs),
+    /// Print the retry plan of a workflow, offline: what `argo retry` would reset and delete.
+    Plan(PlanArgs),
+    /// Start a local control plane (etcd, kube-apiserver, ...) until Ctrl-C.
+    LocalCluster(LocalClusterArgs),
+    /// Start a local control plane, create a failed workflow with many pods, retry it, report.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct ControllerArgs {
+    /// Namespace to watch (repeatable or comma-separated); all namespaces when omitted.
+    #[arg(long = "namespace", short = 'n', env = "REWIND_NAMESPACES", value_delimiter = ',')]
+    namespaces: Vec<String>,
+    /// Serve only workflows with this workflows.argoproj.io/controller-instanceid label.
+    #[arg(long, env = "REWIND_INSTANCE_ID")]
+    instance_id: Option<String>,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "REWIND_HTTP_ADDR")]
+    http_addr: SocketAddr,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+/// Budget and behaviour, shared by `controller` and `demo`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Tuning {
+    /// Mutating API requests per second (every POST, PUT, PATCH, DELETE).
+    #[arg(long, default_value = "20", env = "REWIND_QPS")]
+    qps: NonZeroU32,
+    /// Mutating API requests allowed in a burst.
+    #[arg(long, default_value = "30", env = "REWIND_BURST")]
+    burst: NonZeroU32,
+    /// Read API requests per second (GET, LIST, WATCH).
+    #[arg(long, default_value = "50", env = "REWIND_READ_QPS")]
+    read_qps: NonZeroU32,
+    /// Read API requests allowed in a burst.
+    #[arg(long, default_value = "100", env = "REWIND_READ_BURST")]
+    read_burst: NonZeroU32,
+    /// API requests in flight at most (and delete workers).
+    #[arg(long, default_value = "32", env = "REWIND_WORKERS")]
+    workers: NonZeroUsize,
+    /// Never use DeleteCollection; delete every pod with its own request.
+    #[arg(long, env = "REWIND_NO_BULK")]
+    no_bulk: bool,
+    /// Delete pods whose workflow no longer exists, in the background, this often (e.g. 60s).
+    #[arg(long, value_parser = parse_duration, env = "REWIND_POD_GC")]
+    pod_gc: Option<Duration>,
+    /// The Argo line the cluster runs: its retry rules differ ("v4" or "v3.7").
+    #[arg(long, default_value = "v4", env = "REWIND_ARGO_VERSION")]
+    argo_version: ArgoVersion,
+    /// Argo's MAX_WORKFLOW_SIZE: above it, nodes are written compressed.
+    #[arg(long, default_value_t = DEFAULT_MAX_WORKFLOW_SIZE, env = "MAX_WORKFLOW_SIZE")]
+    max_workflow_size: usize,
+}
+
+impl Tuning {
+    fn options(&self, scope: Scope, http_addr: Option<SocketAddr>) -> Options {
+        Options {
+            scope,
+            budget: BudgetConfig {
+                writes: Rate { qps: self.qps, burst: self.burst },
+                reads: Rate { qps: self.read_qps, burst: self.read_burst },
+                workers: self.workers,
+                ..BudgetConfig::default()
+            },
+            workers: self.workers.get(),
+            retry: RetryConfig {
+                allow_bulk: !self.no_bulk,
+                argo_version: self.argo_version,
+                max_workflow_size: self.max_workflow_size,
+                ..RetryConfig::default()
+            },
+            pod_gc: self.pod_gc,
+            http_addr,
+            ..Options::default()
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number.parse().map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 1h"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?} is not a duration like 30s, 5m or 1h")),
+    }
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// A Workflow as JSON or YAML (as `kubectl get wf NAME -o json` prints it), or - for stdin.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Also restart succeeded nodes the selector matches.
+    #[arg(long)]
+    restart_successful: bool,
+    /// Argo's node field selector, e.g. templateName=train.
+    #[arg(long, default_value = "")]
+    node_field_selector: String,
+    /// Override a workflow parameter (repeatable).
+    #[arg(short = 'p', long = "parameter", value_name = "NAME=VALUE")]
+    parameters: Vec<String>,
+    /// The Argo line whose retry rules apply ("v4" or "v3.7").
+    #[arg(long, default_value = "v4")]
+    argo_version: ArgoVersion,
+    /// Argo's MAX_WORKFLOW_SIZE: above it, nodes are written compressed.
+    #[arg(long, default_value_t = DEFAULT_MAX_WORKFLOW_SIZE, env = "MAX_WORKFLOW_SIZE")]
+    max_workflow_size: usize,
+}
+
+#[derive(clap::Args)]
+struct LocalClusterArgs {
+    /// Also run kube-controller-manager, kube-scheduler and kwok (fake nodes), so pods "run".
+    #[arg(long)]
+    scheduling: bool,
+    /// Write the API server's audit log (every request, metadata level).
+    #[arg(long)]
+    audit: bool,
+    /// Keep files here instead of a temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format, "info,kube=warn");
+    match cli.command {
+        // Offline: no runtime needed.
+        Command::Plan(args) => plan(args),
+        command => tokio::runtime::Runtime::new()?.block_on(async {
+            match command {
+                Command::Controller(args) => controller(args).await,
+                Command::LocalCluster(args) => local_cluster(args).await,
+                Command::Demo(args) => demo::run(args).await,
+                Command::Plan(_) => unreachable!("handled above"),
+            }
+        }),
+    }
+}
+
+async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let config = kube::Config::infer()
+        .await
+        .context("finding Kubernetes credentials (set KUBECONFIG, or run in a pod with a ServiceAccount)")?;
+    let scope = Scope { namespaces: args.namespaces, instance_id: args.instance_id };
+    let controller = Controller::new(config, args.tuning.options(scope, Some(args.http_addr)))
+        .context("building the Kubernetes client")?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    controller
+        .run(shutdown)
+        .await
+        .with_context(|| format!("serving HTTP on {}", args.http_addr))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn plan(args: PlanArgs) -> anyhow::Result<()> {
+    let text = if args.file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s).context("reading the workflow from stdin")?;
+        s
+    } else {
+        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+    };
+    // JSON is YAML too, but serde_json reports JSON mistakes more clearly.
+    let workflow: Workflow = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text).context("parsing the workflow as JSON")?
+    } else {
+        serde_yaml_ng::from_str(&text).context("parsing the workflow as YAML")?
+    };
+    let options = RetryOptions {
+        restart_successful: args.restart_successful,
+        node_field_selector: args.node_field_selector,
+        parameters: (!args.parameters.is_empty()).then_some(args.parameters),
+        argo_version: args.argo_version,
+        max_workflow_size: args.max_workflow_size,
+    };
+    match rewind::plan::plan_retry(&workflow, &options) {
+        Ok(plan) => {
+            println!("{}", serde_json::to_string_pretty(&plan)?);
+            Ok(())
+        }
+        Err(e) => bail!("{e}"),
+    }
+}
+
+async fn local_cluster(args: LocalClusterArgs) -> anyhow::Result<()> {
+    let options = rewind::localcluster::Options {
+        scheduling: args.scheduling,
+        audit: args.audit,
+        ..Default::default()
+    };
+    rewind::localcluster::run_until_signal(options, args.dir).await?;
+    Ok(())
+}
+
+/// Cancels `token` on SIGINT or SIGTERM, so Kubernetes' pod termination stops us cleanly.
+async fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("signal received, shutting down");
+    token.cancel();
+}

@@ -1,0 +1,130 @@
+//! Watches Workflow metadata and starts a retry for each new request it sees.
+//!
+//! Only metadata is watched, so memory does not grow with the size of
+//! workflow statuses: a 10,000-node workflow costs the same as an empty one.
+//! Retry requests are annotations, which metadata carries. Every list, relist
+//! and event re-checks the annotations, so a request seen while the
+//! controller was down is picked up at start (rule 4).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::{StreamExt, future, stream};
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, watcher};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::request;
+use crate::retry::{self, Target};
+use crate::workflow::{Workflow, labels};
+
+/// Which workflows this controller serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Namespaces to watch; empty means all namespaces.
+    pub namespaces: Vec<String>,
+    /// Serve only workflows labelled with this Argo controller instance ID;
+    /// `None` serves only workflows without the label, as Argo does.
+    pub instance_id: Option<String>,
+}
+
+impl Scope {
+    /// The label selector that picks this instance's workflows.
+    pub fn label_selector(&self) -> String {
+        match &self.instance_id {
+            Some(id) => format!("{}={id}", labels::CONTROLLER_INSTANCE_ID),
+            None => format!("!{}", labels::CONTROLLER_INSTANCE_ID),
+        }
+    }
+}
+
+/// Shared state the HTTP endpoints read.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    ready: Arc<AtomicBool>,
+}
+
+impl State {
+    /// True once every watched namespace has been listed once.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Watches workflow metadata and runs retries until `shutdown` is cancelled.
+pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
+    let client: Client = ctx.client.clone();
+    let ctx = Arc::new(ctx);
+    let active: Arc<Mutex<HashSet<Target>>> = Arc::default();
+    // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
+    let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
+        vec![Api::all(client)]
+    } else {
+        scope.namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+    };
+    let config = watcher::Config::default().labels(&scope.label_selector());
+    let (stores, streams): (Vec<Store<PartialObjectMeta<Workflow>>>, Vec<_>) = apis
+        .into_iter()
+        .map(|api| {
+            let (store, writer) = reflector::store();
+            let stream = reflector::reflector(writer, watcher(api, config.clone()))
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            (store, stream)
+        })
+        .unzip();
+
+    let readiness = {
+        let state = state.clone();
+        async move {
+            future::join_all(stores.iter().map(|s| s.wait_until_ready())).await;
+            state.ready.store(true, Ordering::Relaxed);
+            info!(namespaces = ?scope.namespaces, "workflow metadata cache synced");
+            future::pending::<()>().await
+        }
+    };
+
+    let events = stream::select_all(streams).for_each(|event| {
+        match event {
+            Ok(meta) => start_pending(&ctx, &active, &meta),
+            Err(error) => warn!(%error, "workflow watch failed; retrying with backoff"),
+        }
+        future::ready(())
+    });
+
+    tokio::select! {
+        _ = shutdown.cancelled() => info!("controller stopping"),
+        _ = readiness => {}
+        _ = events => warn!("workflow watch ended"),
+    }
+}
+
+/// Starts a retry for the request `meta` carries, unless none is pending or
+/// one for the same workflow UID and token runs already.
+fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>, meta: &PartialObjectMeta<Workflow>) {
+    if request::pending(meta.annotations()).is_none() {
+        return;
+    }
+    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else { return };
+    let token = meta.annotations()[request::annotations::RETRY].trim().to_owned();
+    let target = Target { namespace, name: meta.name_any(), uid, token };
+    if !active.lock().unwrap_or_else(PoisonError::into_inner).insert(target.clone()) {
+        return;
+    }
+    let span = info_span!("retry", workflow = target.name, namespace = target.namespace, token = target.token);
+    let (ctx, active) = (ctx.clone(), active.clone());
+    tokio::spawn(
+        async move {
+            // Errors were reported to the user and logged by `retry::run`.
+            let _ = retry::run(&ctx, &target).await;
+            active.lock().unwrap_or_else(PoisonError::into_inner).remove(&target);
+        }
+        .instrument(span),
+    );
+}

@@ -1,0 +1,222 @@
+//! Failed Argo workflows with real pods, as Argo's controller leaves them,
+//! for the demo, the cluster tests and the benchmarks.
+//!
+//! A workflow here is a DAG whose tasks each ran one pod; the pods carry
+//! Argo's names (pod-name format v2), labels, annotations and owner reference,
+//! and their phases match their nodes. No Argo controller is needed: the pods
+//! are created unscheduled and their phase is set through the status
+//! subresource, which is what a retry looks at.
+
+use std::collections::BTreeMap;
+
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+
+use crate::plan::ArgoVersion;
+use crate::plan::pod_name::{PodNameFormat, node_id, pod_name};
+use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
+
+const TEMPLATE: &str = "work";
+const TIME: &str = "2026-01-01T00:00:00Z";
+
+/// A failed DAG workflow: `failed` tasks whose pods failed and `succeeded`
+/// tasks whose pods succeeded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedDag {
+    pub name: String,
+    pub failed: usize,
+    pub succeeded: usize,
+}
+
+impl FailedDag {
+    fn tasks(&self) -> impl Iterator<Item = (String, &'static str)> + '_ {
+        let width = (self.failed + self.succeeded).to_string().len();
+        (0..self.failed + self.succeeded).map(move |i| {
+            let phase = if i < self.failed { "Failed" } else { "Succeeded" };
+            (format!("{}.task-{i:0width$}", self.name), phase)
+        })
+    }
+
+    /// The workflow as Argo's controller leaves it when it fails.
+    pub fn workflow(&self, namespace: &str) -> Workflow {
+        let mut nodes = BTreeMap::new();
+        let mut children = Vec::new();
+        for (node_name, phase) in self.tasks() {
+            let id = node_id(&self.name, &node_name);
+            children.push(id.clone());
+            nodes.insert(id.clone(), NodeStatus {
+                id,
+                display_name: Some(node_name.rsplit('.').next().unwrap_or_default().to_owned()),
+                name: node_name,
+                type_: "Pod".into(),
+                template_name: Some(TEMPLATE.into()),
+                phase: Some(phase.into()),
+                boundary_id: Some(self.name.clone()),
+                message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
+                started_at: Some(TIME.into()),
+                finished_at: Some(TIME.into()),
+                ..Default::default()
+            });
+        }
+        nodes.insert(self.name.clone(), NodeStatus {
+            id: self.name.clone(),
+            name: self.name.clone(),
+            display_name: Some(self.name.clone()),
+            type_: "DAG".into(),
+            template_name: Some("main".into()),
+            phase: Some(if self.failed > 0 { "Failed" } else { "Succeeded" }.into()),
+            started_at: Some(TIME.into()),
+            finished_at: Some(TIME.into()),
+            outbound_nodes: Some(children.clone()),
+            children: Some(children),
+            ..Default::default()
+        });
+        let tasks: Vec<_> = self
+            .tasks()
+            .map(|(n, _)| serde_json::json!({"name": n.rsplit('.').next(), "template": TEMPLATE}))
+            .collect();
+        let mut spec_other = serde_json::Map::new();
+        spec_other.insert("entrypoint".into(), "main".into());
+        spec_other.insert("templates".into(), serde_json::json!([
+            {"name": "main", "dag": {"tasks": tasks}},
+            {"name": TEMPLATE, "container": {"image": "argoproj/argosay:v2", "args": ["exit", "1"]}},
+        ]));
+        Workflow {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(namespace.into()),
+                labels: Some([
+                    (labels::COMPLETED.to_string(), "true".to_string()),
+                    (labels::PHASE.to_string(), "Failed".to_string()),
+                ].into()),
+                ..Default::default()
+            },
+            spec: WorkflowSpec { other: spec_other, ..Default::default() },
+            status: WorkflowStatus {
+                phase: Some(if self.failed > 0 { "Failed" } else { "Succeeded" }.into()),
+                started_at: Some(TIME.into()),
+                finished_at: Some(TIME.into()),
+                nodes: Some(nodes),
+                conditions: Some(vec![crate::workflow::Condition {
+                    type_: Some("Completed".into()),
+                    status: Some("True".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The pods the workflow's nodes ran, with the phase each ended in.
+    pub fn pods(&self, workflow: &Workflow) -> Vec<(Pod, &'static str)> {
+        let owner = OwnerReference {
+            api_version: Workflow::api_version(&()).into_owned(),
+            kind: Workflow::kind(&()).into_owned(),
+            name: self.name.clone(),
+            uid: workflow.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        };
+        self.tasks()
+            .map(|(node_name, phase)| {
+                let id = node_id(&self.name, &node_name);
+                let name = pod_name(&self.name, &node_name, TEMPLATE, &id, PodNameFormat::V2, ArgoVersion::V4)
+                    .expect("fixture names are short");
+                let pod = Pod {
+                    metadata: ObjectMeta {
+                        name: Some(name),
+                        namespace: workflow.metadata.namespace.clone(),
+                        labels: Some([
+                            (labels::WORKFLOW.to_string(), self.name.clone()),
+                            (labels::COMPLETED.to_string(), "true".to_string()),
+                        ].into()),
+                        annotations: Some([
+                            (labels::NODE_ID.to_string(), id),
+                            (labels::NODE_NAME.to_string(), node_name),
+                        ].into()),
+                        owner_references: workflow.metadata.uid.is_some().then(|| vec![owner.clone()]),
+                        ..Default::default()
+                    },
+                    spec: Some(PodSpec {
+                        containers: vec![Container {
+                            name: "main".into(),
+                            image: Some("argoproj/argosay:v2".into()),
+                            ..Default::default()
+                        }],
+                        restart_policy: Some("Never".into()),
+                        ..Default::default()
+                    }),
+                    status: None,
+                };
+                (pod, phase)
+            })
+            .collect()
+    }
+
+    /// Creates the workflow and its pods in `namespace` (created if missing),
+    /// `concurrency` requests at a time, calling `progress` after each pod.
+    pub async fn create(
+        &self,
+        client: &Client,
+        namespace: &str,
+        concurrency: usize,
+        progress: impl Fn() + Sync,
+    ) -> Result<Workflow, kube::Error> {
+        ensure_namespace(client, namespace).await?;
+        let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
+        let workflow = workflows.create(&PostParams::default(), &self.workflow(namespace)).await?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        stream::iter(self.pods(&workflow))
+            .map(|(pod, phase)| {
+                let (pods, progress) = (&pods, &progress);
+                async move {
+                    let created = pods.create(&PostParams::default(), &pod).await?;
+                    let status = serde_json::json!({"status": {"phase": phase}});
+                    let name = created.metadata.name.as_deref().unwrap_or_default();
+                    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                    progress();
+                    Ok::<_, kube::Error>(())
+                }
+            })
+            .buffer_unordered(concurrency.max(1))
+            .try_collect::<()>()
+            .await?;
+        Ok(workflow)
+    }
+}
+
+/// Creates `name` unless it exists.
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
+    match namespaces.create(&PostParams::default(), &ns).await {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{RetryOptions, plan_retry};
+
+    #[test]
+    fn the_plan_deletes_exactly_the_failed_pods() {
+        let dag = FailedDag { name: "wf".into(), failed: 7, succeeded: 3 };
+        let mut wf = dag.workflow("ns");
+        wf.metadata.uid = Some("u".into());
+        let plan = plan_retry(&wf, &RetryOptions::default()).unwrap();
+        let mut failed: Vec<String> = dag
+            .pods(&wf)
+            .into_iter()
+            .filter(|(_, phase)| *phase == "Failed")
+            .map(|(p, _)| p.metadata.name.unwrap())
+            .collect();
+        failed.sort();
+        assert_eq!(plan.pods_to_delete, failed);
+    }
+}
