@@ -65,7 +65,7 @@ fn build_command() -> String {
 
 fn build() -> Result<Binaries, Error> {
     let script = build_script();
-    tracing::info!(script = %script.display(), "locating control-plane binaries");
+    tracing::debug!(script = %script.display(), "locating control-plane binaries");
     // stderr is inherited so a cold build's progress (tens of minutes) is visible.
     let output = Command::new("bash")
         .arg(&script)
