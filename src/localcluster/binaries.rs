@@ -21,7 +21,9 @@ impl Binaries {
     /// (building the binaries on first use; a warm run takes about a second).
     pub fn locate(dir: Option<&Path>) -> Result<Self, Error> {
         if let Some(dir) = dir {
-            return Ok(Self { dir: dir.to_owned() });
+            return Ok(Self {
+                dir: dir.to_owned(),
+            });
         }
         if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
             return Ok(Self { dir: dir.into() });
@@ -94,9 +96,21 @@ mod tests {
         let binaries = Binaries::locate(Some(empty.path())).unwrap();
         let err = binaries.path(Component::ApiServer).unwrap_err();
         let message = err.to_string();
-        assert!(matches!(err, Error::BinaryMissing { name: "kube-apiserver", .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                Error::BinaryMissing {
+                    name: "kube-apiserver",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert!(message.contains("tools/controlplane/build.sh"), "{message}");
-        assert!(message.contains(&empty.path().display().to_string()), "{message}");
+        assert!(
+            message.contains(&empty.path().display().to_string()),
+            "{message}"
+        );
     }
 
     #[test]
@@ -104,6 +118,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("etcd"), "").unwrap();
         let binaries = Binaries::locate(Some(dir.path())).unwrap();
-        assert_eq!(binaries.path(Component::Etcd).unwrap(), dir.path().join("etcd"));
+        assert_eq!(
+            binaries.path(Component::Etcd).unwrap(),
+            dir.path().join("etcd")
+        );
     }
 }

@@ -1,8 +1,8 @@
 //! The cluster's PKI: a CA, the API server's serving certificate and the service-account signing key.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
 };
 
 /// Names the API server answers to: loopback for us, the in-cluster names and the first
@@ -30,13 +30,26 @@ pub(super) struct Pki {
 /// service-account token signer (ES256).
 pub(super) fn generate() -> Result<Pki, rcgen::Error> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.distinguished_name.push(DnType::CommonName, "rewind local CA");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "rewind local CA");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
 
-    let mut serving_params = CertificateParams::new(SERVING_NAMES.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-    serving_params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
+    let mut serving_params = CertificateParams::new(
+        SERVING_NAMES
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    )?;
+    serving_params
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
     serving_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     serving_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let serving_key = KeyPair::generate()?;
@@ -62,8 +75,14 @@ mod tests {
         assert!(pki.ca_cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(pki.serving_cert.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(pki.serving_key.starts_with("-----BEGIN PRIVATE KEY-----"));
-        assert!(pki.service_account_key.starts_with("-----BEGIN PRIVATE KEY-----"));
-        assert!(pki.service_account_public_key.starts_with("-----BEGIN PUBLIC KEY-----"));
+        assert!(
+            pki.service_account_key
+                .starts_with("-----BEGIN PRIVATE KEY-----")
+        );
+        assert!(
+            pki.service_account_public_key
+                .starts_with("-----BEGIN PUBLIC KEY-----")
+        );
         assert_ne!(pki.serving_key, pki.service_account_key);
     }
 }

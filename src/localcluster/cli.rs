@@ -26,7 +26,11 @@ pub async fn run_until_signal(options: Options, dir: Option<PathBuf>) -> Result<
     };
     let admin = cluster.kubeconfig_path(Role::Admin);
     let user = cluster.kubeconfig_path(Role::User);
-    println!("Local control plane ready in {:.1?} at {}", started.elapsed(), cluster.server_url());
+    println!(
+        "Local control plane ready in {:.1?} at {}",
+        started.elapsed(),
+        cluster.server_url()
+    );
     println!("Files and logs: {}", cluster.dir().display());
     println!("Admin kubeconfig: {}", admin.display());
     println!("User kubeconfig ({}): {}", super::USER_NAME, user.display());

@@ -33,7 +33,11 @@ impl Component {
     pub(super) fn needed(options: &Options) -> Vec<Component> {
         let mut needed = vec![Component::Etcd, Component::ApiServer];
         if options.scheduling {
-            needed.extend([Component::ControllerManager, Component::Scheduler, Component::Kwok]);
+            needed.extend([
+                Component::ControllerManager,
+                Component::Scheduler,
+                Component::Kwok,
+            ]);
         }
         needed
     }
@@ -60,7 +64,12 @@ rules:
 - level: Metadata
 ";
 
-pub(super) fn args(component: Component, layout: &Layout, ports: &Ports, options: &Options) -> Vec<String> {
+pub(super) fn args(
+    component: Component,
+    layout: &Layout,
+    ports: &Ports,
+    options: &Options,
+) -> Vec<String> {
     match component {
         Component::Etcd => etcd(layout, ports),
         Component::ApiServer => api_server(layout, ports, options),
@@ -103,9 +112,17 @@ fn api_server(layout: &Layout, ports: &Ports, options: &Options) -> Vec<String> 
         path("token-auth-file", layout.token_file()),
         "--authorization-mode=Node,RBAC".into(),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        path("service-account-key-file", layout.service_account_public_key()),
-        path("service-account-signing-key-file", layout.service_account_key()),
+        path(
+            "service-account-key-file",
+            layout.service_account_public_key(),
+        ),
+        path(
+            "service-account-signing-key-file",
+            layout.service_account_key(),
+        ),
         format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+        // The `kubernetes` Service cannot point at a loopback address; nothing here needs it.
+        "--endpoint-reconciler-type=none".into(),
         "--profiling=false".into(),
     ];
     if options.audit {
@@ -131,6 +148,8 @@ fn control_loop(layout: &Layout, port: u16) -> Vec<String> {
         path("authorization-kubeconfig", &kubeconfig),
         "--bind-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
+        // Our API server has no front-proxy (request-header) CA for them to look up.
+        "--authentication-skip-lookup=true".into(),
         "--leader-elect=false".into(),
     ]
 }
@@ -138,7 +157,10 @@ fn control_loop(layout: &Layout, port: u16) -> Vec<String> {
 fn controller_manager(layout: &Layout, ports: &Ports) -> Vec<String> {
     let mut args = control_loop(layout, ports.controller_manager);
     args.extend([
-        path("service-account-private-key-file", layout.service_account_key()),
+        path(
+            "service-account-private-key-file",
+            layout.service_account_key(),
+        ),
         path("root-ca-file", layout.ca_cert()),
     ]);
     args
@@ -153,7 +175,10 @@ fn kwok(layout: &Layout) -> Vec<String> {
         path("kubeconfig", layout.kubeconfig(Role::Admin)),
         path("config", layout.kwok_config()),
         "--manage-all-nodes=false".into(),
-        format!("--manage-nodes-with-annotation-selector={}", super::kwok::NODE_SELECTOR),
+        format!(
+            "--manage-nodes-with-annotation-selector={}",
+            super::kwok::NODE_SELECTOR
+        ),
         format!("--cidr={POD_CIDR}"),
         "--node-ip=127.0.0.1".into(),
         // Leases keep the fake nodes Ready between kwok's rare status heartbeats, as kwokctl does.
@@ -166,7 +191,13 @@ mod tests {
     use super::*;
 
     fn ports() -> Ports {
-        Ports { etcd_client: 1, etcd_peer: 2, api: 3, controller_manager: 4, scheduler: 5 }
+        Ports {
+            etcd_client: 1,
+            etcd_peer: 2,
+            api: 3,
+            controller_manager: 4,
+            scheduler: 5,
+        }
     }
 
     #[test]
@@ -178,16 +209,29 @@ mod tests {
         assert!(plain.contains(&"--etcd-servers=http://127.0.0.1:1".to_owned()));
         assert!(!plain.iter().any(|a| a.starts_with("--audit")));
 
-        let options = Options { audit: true, extra_apiserver_args: vec!["--max-requests-inflight=7".into()], ..Options::default() };
+        let options = Options {
+            audit: true,
+            extra_apiserver_args: vec!["--max-requests-inflight=7".into()],
+            ..Options::default()
+        };
         let audited = args(Component::ApiServer, &layout, &ports(), &options);
         assert!(audited.contains(&"--audit-log-path=/c/audit.log".to_owned()));
-        assert_eq!(audited.last().map(String::as_str), Some("--max-requests-inflight=7"));
+        assert_eq!(
+            audited.last().map(String::as_str),
+            Some("--max-requests-inflight=7")
+        );
     }
 
     #[test]
     fn scheduling_adds_the_control_loops_and_kwok() {
-        assert_eq!(Component::needed(&Options::default()), [Component::Etcd, Component::ApiServer]);
-        let options = Options { scheduling: true, ..Options::default() };
+        assert_eq!(
+            Component::needed(&Options::default()),
+            [Component::Etcd, Component::ApiServer]
+        );
+        let options = Options {
+            scheduling: true,
+            ..Options::default()
+        };
         assert_eq!(Component::needed(&options).len(), 5);
     }
 }

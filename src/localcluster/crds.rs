@@ -6,8 +6,14 @@ use kube::api::{Api, Patch, PatchParams};
 use super::Error;
 
 const FILES: &[(&str, &str)] = &[
-    ("argoproj.io_workflows.yaml", include_str!("../../deploy/crds/argo/argoproj.io_workflows.yaml")),
-    ("argoproj.io_workflowtemplates.yaml", include_str!("../../deploy/crds/argo/argoproj.io_workflowtemplates.yaml")),
+    (
+        "argoproj.io_workflows.yaml",
+        include_str!("../../deploy/crds/argo/argoproj.io_workflows.yaml"),
+    ),
+    (
+        "argoproj.io_workflowtemplates.yaml",
+        include_str!("../../deploy/crds/argo/argoproj.io_workflowtemplates.yaml"),
+    ),
     (
         "argoproj.io_clusterworkflowtemplates.yaml",
         include_str!("../../deploy/crds/argo/argoproj.io_clusterworkflowtemplates.yaml"),
@@ -17,18 +23,27 @@ const FILES: &[(&str, &str)] = &[
 pub(super) fn argo() -> Result<Vec<CustomResourceDefinition>, Error> {
     FILES
         .iter()
-        .map(|(file, yaml)| serde_yaml_ng::from_str(yaml).map_err(|source| Error::Crd { file, source }))
+        .map(|(file, yaml)| {
+            serde_yaml_ng::from_str(yaml).map_err(|source| Error::Crd { file, source })
+        })
         .collect()
 }
 
 /// Creates or updates each CRD (server-side apply, so a rerun is harmless).
-pub(super) async fn install(client: &kube::Client, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
+pub(super) async fn install(
+    client: &kube::Client,
+    crds: &[CustomResourceDefinition],
+) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in crds {
         let name = crd.metadata.name.as_deref().unwrap_or_default();
-        api.patch(name, &PatchParams::apply("rewind-localcluster"), &Patch::Apply(crd))
-            .await
-            .map_err(Error::kube(format!("installing CRD {name}")))?;
+        api.patch(
+            name,
+            &PatchParams::apply("rewind-localcluster"),
+            &Patch::Apply(crd),
+        )
+        .await
+        .map_err(Error::kube(format!("installing CRD {name}")))?;
     }
     Ok(())
 }
@@ -37,9 +52,14 @@ pub(super) async fn install(client: &kube::Client, crds: &[CustomResourceDefinit
 pub(super) async fn established(client: &kube::Client, names: &[String]) -> bool {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in names {
-        let Ok(crd) = api.get(name).await else { return false };
+        let Ok(crd) = api.get(name).await else {
+            return false;
+        };
         let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
-        if !conditions.iter().any(|c| c.type_ == "Established" && c.status == "True") {
+        if !conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+        {
             return false;
         }
     }
@@ -53,16 +73,30 @@ mod tests {
     #[test]
     fn argo_crds_are_the_minimal_form() {
         let crds = argo().unwrap();
-        let names: Vec<_> = crds.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
+        let names: Vec<_> = crds
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
         assert_eq!(
             names,
-            ["workflows.argoproj.io", "workflowtemplates.argoproj.io", "clusterworkflowtemplates.argoproj.io"]
+            [
+                "workflows.argoproj.io",
+                "workflowtemplates.argoproj.io",
+                "clusterworkflowtemplates.argoproj.io"
+            ]
         );
         for crd in &crds {
             let version = &crd.spec.versions[0];
             assert_eq!(version.name, "v1alpha1");
             // No status subresource: Argo writes status with plain updates.
-            assert!(version.subresources.as_ref().is_none_or(|s| s.status.is_none()), "{:?}", crd.metadata.name);
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .is_none_or(|s| s.status.is_none()),
+                "{:?}",
+                crd.metadata.name
+            );
         }
     }
 }

@@ -20,7 +20,9 @@ pub enum Error {
     #[error("building the control plane with `{command}` failed ({status}); its output is above")]
     Build { command: String, status: ExitStatus },
 
-    #[error("port {port} on 127.0.0.1, wanted for {component}, is already taken: stop whatever listens there or pick another port")]
+    #[error(
+        "port {port} on 127.0.0.1, wanted for {component}, is already taken: stop whatever listens there or pick another port"
+    )]
     PortTaken { port: u16, component: Component },
 
     #[error("cannot start {component} ({binary}): {source}")]
@@ -39,7 +41,9 @@ pub enum Error {
         log_tail: String,
     },
 
-    #[error("timed out after {waited:?} waiting for {what}; last lines of {component}'s log {log}:\n{log_tail}")]
+    #[error(
+        "timed out after {waited:?} waiting for {what}; last lines of {component}'s log {log}:\n{log_tail}"
+    )]
     Timeout {
         what: String,
         waited: Duration,
@@ -87,9 +91,16 @@ pub enum Error {
 }
 
 impl Error {
-    pub(super) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    pub(super) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
-        move |source| Error::Io { action, path, source }
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
     }
 
     pub(super) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {

@@ -77,9 +77,16 @@ mod tests {
     #[test]
     fn kubeconfig_parses_and_selects_the_user() {
         let credential = Credential::random(Role::User).unwrap();
-        let yaml = render("https://127.0.0.1:6443", Path::new("/x/ca.crt"), &credential);
+        let yaml = render(
+            "https://127.0.0.1:6443",
+            Path::new("/x/ca.crt"),
+            &credential,
+        );
         let parsed: kube::config::Kubeconfig = serde_yaml_ng::from_str(&yaml).unwrap();
-        assert_eq!(parsed.current_context.as_deref(), Some("rewind-local-rewind-user"));
+        assert_eq!(
+            parsed.current_context.as_deref(),
+            Some("rewind-local-rewind-user")
+        );
         let cluster = parsed.clusters[0].cluster.as_ref().unwrap();
         assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
         assert_eq!(cluster.certificate_authority.as_deref(), Some("/x/ca.crt"));
@@ -94,7 +101,15 @@ mod tests {
         let file = token_file(&[&admin, &user]);
         let lines: Vec<&str> = file.lines().collect();
         assert_eq!(lines.len(), 2);
-        assert!(lines[0].ends_with(",rewind-admin,rewind-admin,\"system:masters\""), "{}", lines[0]);
-        assert!(lines[1].ends_with(",rewind-user,rewind-user,\"\""), "{}", lines[1]);
+        assert!(
+            lines[0].ends_with(",rewind-admin,rewind-admin,\"system:masters\""),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].ends_with(",rewind-user,rewind-user,\"\""),
+            "{}",
+            lines[1]
+        );
     }
 }

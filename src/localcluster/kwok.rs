@@ -34,7 +34,12 @@ pub(super) fn fake_nodes() -> Vec<Node> {
                 ("node.alpha.kubernetes.io/ttl".to_owned(), "0".to_owned()),
             ]);
             Node {
-                metadata: ObjectMeta { name: Some(name), labels: Some(labels), annotations: Some(annotations), ..Default::default() },
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                },
                 ..Default::default()
             }
         })
@@ -59,8 +64,17 @@ mod tests {
 
     #[test]
     fn stages_cover_nodes_and_pods() {
-        for stage in ["node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-complete", "pod-delete"] {
-            assert!(STAGES.contains(&format!("name: {stage}\n")), "{stage} missing");
+        for stage in [
+            "node-initialize",
+            "node-heartbeat-with-lease",
+            "pod-ready",
+            "pod-complete",
+            "pod-delete",
+        ] {
+            assert!(
+                STAGES.contains(&format!("name: {stage}\n")),
+                "{stage} missing"
+            );
         }
     }
 }

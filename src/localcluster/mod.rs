@@ -100,7 +100,10 @@ impl LocalCluster {
         let dir = tempfile::Builder::new()
             .prefix("rewind-cluster-")
             .tempdir()
-            .map_err(Error::io("creating a temporary directory in", std::env::temp_dir()))?
+            .map_err(Error::io(
+                "creating a temporary directory in",
+                std::env::temp_dir(),
+            ))?
             .keep();
         Self::start_at(options, dir).await
     }
@@ -118,10 +121,11 @@ impl LocalCluster {
     }
 
     async fn start_at(options: Options, dir: PathBuf) -> Result<Self, Error> {
-        let deadline = Deadline::new(options.startup_timeout);
         // Owned from here on: any early return or cancellation removes the directory.
         let layout = Layout::new(dir);
         let (binaries, ports, admin, user) = prepare(&options, &layout).await?;
+        // Counted from here: a cold build of the binaries may take far longer than startup.
+        let deadline = Deadline::new(options.startup_timeout);
         let mut cluster = LocalCluster {
             processes: Processes::new()?,
             server_url: format!("https://127.0.0.1:{}", ports.api),
@@ -136,32 +140,58 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    async fn boot(&mut self, options: &Options, binaries: &Binaries, ports: &Ports, deadline: Deadline) -> Result<(), Error> {
+    async fn boot(
+        &mut self,
+        options: &Options,
+        binaries: &Binaries,
+        ports: &Ports,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
         self.spawn(Component::Etcd, binaries, ports, options)?;
         self.spawn(Component::ApiServer, binaries, ports, options)?;
         let admin = self.admin.clone();
-        wait_for("the API server's /readyz", Component::ApiServer, deadline, &mut self.processes, &self.layout, || {
-            readiness::api_ready(&admin)
-        })
+        wait_for(
+            "the API server's /readyz",
+            Component::ApiServer,
+            deadline,
+            &mut self.processes,
+            &self.layout,
+            || readiness::api_ready(&admin),
+        )
         .await?;
 
         if options.scheduling {
-            for component in [Component::ControllerManager, Component::Scheduler, Component::Kwok] {
+            for component in [
+                Component::ControllerManager,
+                Component::Scheduler,
+                Component::Kwok,
+            ] {
                 self.spawn(component, binaries, ports, options)?;
             }
             let nodes: Api<Node> = Api::all(admin.clone());
             for node in kwok::fake_nodes() {
                 let name = node.metadata.name.clone().unwrap_or_default();
-                nodes.create(&PostParams::default(), &node).await.map_err(Error::kube(format!("creating fake node {name}")))?;
+                nodes
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .map_err(Error::kube(format!("creating fake node {name}")))?;
             }
         }
 
         let crds = crds::argo()?;
         crds::install(&admin, &crds).await?;
-        let names: Vec<String> = crds.iter().filter_map(|crd| crd.metadata.name.clone()).collect();
-        wait_for("Argo's CRDs to be Established", Component::ApiServer, deadline, &mut self.processes, &self.layout, || {
-            crds::established(&admin, &names)
-        })
+        let names: Vec<String> = crds
+            .iter()
+            .filter_map(|crd| crd.metadata.name.clone())
+            .collect();
+        wait_for(
+            "Argo's CRDs to be Established",
+            Component::ApiServer,
+            deadline,
+            &mut self.processes,
+            &self.layout,
+            || crds::established(&admin, &names),
+        )
         .await?;
 
         if options.scheduling {
@@ -174,21 +204,33 @@ impl LocalCluster {
                 || readiness::default_service_account(&admin),
             )
             .await?;
-            wait_for("kwok's fake nodes to be Ready", Component::Kwok, deadline, &mut self.processes, &self.layout, || {
-                readiness::nodes_ready(&admin, NODE_COUNT)
-            })
+            wait_for(
+                "kwok's fake nodes to be Ready",
+                Component::Kwok,
+                deadline,
+                &mut self.processes,
+                &self.layout,
+                || readiness::nodes_ready(&admin, NODE_COUNT),
+            )
             .await?;
         }
         Ok(())
     }
 
-    fn spawn(&mut self, component: Component, binaries: &Binaries, ports: &Ports, options: &Options) -> Result<(), Error> {
+    fn spawn(
+        &mut self,
+        component: Component,
+        binaries: &Binaries,
+        ports: &Ports,
+        options: &Options,
+    ) -> Result<(), Error> {
         let mut command = Command::new(binaries.path(component)?);
         command.args(components::args(component, &self.layout, ports, options));
         if component == Component::Kwok {
             command.env("HOME", self.layout.kwok_home());
         }
-        self.processes.start(component, command, self.layout.log(component))
+        self.processes
+            .start(component, command, self.layout.log(component))
     }
 
     /// A client acting as the admin (system:masters).
@@ -234,18 +276,42 @@ impl LocalCluster {
     /// admitted, without waiting for kube-controller-manager (which may not run).
     pub async fn create_namespace(&self, name: &str) -> Result<(), Error> {
         let namespaces: Api<Namespace> = Api::all(self.admin.clone());
-        let metadata = ObjectMeta { name: Some(name.to_owned()), ..Default::default() };
+        let metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        };
         namespaces
-            .create(&PostParams::default(), &Namespace { metadata, ..Default::default() })
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata,
+                    ..Default::default()
+                },
+            )
             .await
             .map_err(Error::kube(format!("creating namespace {name}")))?;
         let accounts: Api<ServiceAccount> = Api::namespaced(self.admin.clone(), name);
-        let metadata = ObjectMeta { name: Some("default".to_owned()), ..Default::default() };
-        match accounts.create(&PostParams::default(), &ServiceAccount { metadata, ..Default::default() }).await {
+        let metadata = ObjectMeta {
+            name: Some("default".to_owned()),
+            ..Default::default()
+        };
+        match accounts
+            .create(
+                &PostParams::default(),
+                &ServiceAccount {
+                    metadata,
+                    ..Default::default()
+                },
+            )
+            .await
+        {
             // The controller manager's service-account controller may have been first.
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            Err(source) => Err(Error::Kube { action: format!("creating ServiceAccount {name}/default"), source }),
+            Err(source) => Err(Error::Kube {
+                action: format!("creating ServiceAccount {name}/default"),
+                source,
+            }),
         }
     }
 
@@ -253,17 +319,24 @@ impl LocalCluster {
     /// removes the cluster's directory.
     pub async fn stop(mut self) -> Result<(), Error> {
         let shutdown = tokio::task::spawn_blocking(move || self.shutdown());
-        shutdown.await.unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
+        shutdown
+            .await
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()))
     }
 
     fn shutdown(&mut self) -> Result<(), Error> {
         self.processes.stop_all(process::STOP_GRACE);
-        self.layout.remove().map_err(Error::io("removing", self.layout.root()))
+        self.layout
+            .remove()
+            .map_err(Error::io("removing", self.layout.root()))
     }
 }
 
 /// Everything before the first process starts: binaries, ports and the cluster's files.
-async fn prepare(options: &Options, layout: &Layout) -> Result<(Binaries, Ports, kube::Client, kube::Client), Error> {
+async fn prepare(
+    options: &Options,
+    layout: &Layout,
+) -> Result<(Binaries, Ports, kube::Client, kube::Client), Error> {
     let bin_dir = options.bin_dir.clone();
     // Blocking: it may run build.sh.
     let binaries = tokio::task::spawn_blocking(move || Binaries::locate(bin_dir.as_deref()))
@@ -286,12 +359,24 @@ async fn prepare(options: &Options, layout: &Layout) -> Result<(Binaries, Ports,
         (layout.serving_cert(), pki.serving_cert),
         (layout.serving_key(), pki.serving_key),
         (layout.service_account_key(), pki.service_account_key),
-        (layout.service_account_public_key(), pki.service_account_public_key),
-        (layout.token_file(), kubeconfig::token_file(&[&admin, &user])),
+        (
+            layout.service_account_public_key(),
+            pki.service_account_public_key,
+        ),
+        (
+            layout.token_file(),
+            kubeconfig::token_file(&[&admin, &user]),
+        ),
         (layout.audit_policy(), components::AUDIT_POLICY.to_owned()),
         (layout.kwok_config(), kwok::STAGES.to_owned()),
-        (layout.kubeconfig(Role::Admin), kubeconfig::render(&server_url, &layout.ca_cert(), &admin)),
-        (layout.kubeconfig(Role::User), kubeconfig::render(&server_url, &layout.ca_cert(), &user)),
+        (
+            layout.kubeconfig(Role::Admin),
+            kubeconfig::render(&server_url, &layout.ca_cert(), &admin),
+        ),
+        (
+            layout.kubeconfig(Role::User),
+            kubeconfig::render(&server_url, &layout.ca_cert(), &user),
+        ),
     ];
     for (path, contents) in files {
         write_private(&path, &contents)?;
@@ -311,15 +396,22 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
         .mode(0o600)
         .open(path)
         .map_err(Error::io("creating", path))?;
-    file.write_all(contents.as_bytes()).map_err(Error::io("writing", path))
+    file.write_all(contents.as_bytes())
+        .map_err(Error::io("writing", path))
 }
 
 /// A client built from a kubeconfig file, exactly as a user of that file would get.
 async fn client(path: &Path) -> Result<kube::Client, Error> {
-    let kubeconfig_error = |message: String| Error::Kubeconfig { path: path.to_owned(), message };
+    let kubeconfig_error = |message: String| Error::Kubeconfig {
+        path: path.to_owned(),
+        message,
+    };
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| kubeconfig_error(e.to_string()))?;
-    kube::Client::try_from(config).map_err(Error::kube(format!("building a client from {}", path.display())))
+    kube::Client::try_from(config).map_err(Error::kube(format!(
+        "building a client from {}",
+        path.display()
+    )))
 }

@@ -30,13 +30,23 @@ pub(super) fn reserve(api: Option<u16>) -> Result<Ports, Error> {
         *port = local_port(listener)?;
     }
     let [api, etcd_client, etcd_peer, controller_manager, scheduler] = ports;
-    Ok(Ports { etcd_client, etcd_peer, api, controller_manager, scheduler })
+    Ok(Ports {
+        etcd_client,
+        etcd_peer,
+        api,
+        controller_manager,
+        scheduler,
+    })
 }
 
 fn bind(port: u16, component: Component) -> Result<TcpListener, Error> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|source| match source.kind() {
         io::ErrorKind::AddrInUse => Error::PortTaken { port, component },
-        _ => Error::Io { action: "binding a port on", path: "127.0.0.1".into(), source },
+        _ => Error::Io {
+            action: "binding a port on",
+            path: "127.0.0.1".into(),
+            source,
+        },
     })
 }
 
@@ -44,7 +54,11 @@ fn local_port(listener: &TcpListener) -> Result<u16, Error> {
     listener
         .local_addr()
         .map(|addr| addr.port())
-        .map_err(|source| Error::Io { action: "reading the port of a listener on", path: "127.0.0.1".into(), source })
+        .map_err(|source| Error::Io {
+            action: "reading the port of a listener on",
+            path: "127.0.0.1".into(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -54,7 +68,13 @@ mod tests {
     #[test]
     fn reserves_distinct_ports() {
         let ports = reserve(None).unwrap();
-        let mut all = vec![ports.etcd_client, ports.etcd_peer, ports.api, ports.controller_manager, ports.scheduler];
+        let mut all = vec![
+            ports.etcd_client,
+            ports.etcd_peer,
+            ports.api,
+            ports.controller_manager,
+            ports.scheduler,
+        ];
         all.sort();
         all.dedup();
         assert_eq!(all.len(), 5);
@@ -65,7 +85,16 @@ mod tests {
         let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let port = taken.local_addr().unwrap().port();
         let err = reserve(Some(port)).unwrap_err();
-        assert!(matches!(err, Error::PortTaken { component: Component::ApiServer, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                Error::PortTaken {
+                    component: Component::ApiServer,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert!(err.to_string().contains(&port.to_string()), "{err}");
     }
 }

@@ -25,11 +25,19 @@ pub(super) struct Processes {
 
 impl Processes {
     pub fn new() -> Result<Self, Error> {
-        Ok(Self { spawner: Spawner::new()?, running: Vec::new() })
+        Ok(Self {
+            spawner: Spawner::new()?,
+            running: Vec::new(),
+        })
     }
 
     /// Starts `command` as `component`, its stdout and stderr going to `log`.
-    pub fn start(&mut self, component: Component, mut command: Command, log: PathBuf) -> Result<(), Error> {
+    pub fn start(
+        &mut self,
+        component: Component,
+        mut command: Command,
+        log: PathBuf,
+    ) -> Result<(), Error> {
         let file = File::create(&log).map_err(Error::io("creating", &log))?;
         let file2 = file.try_clone().map_err(Error::io("opening", &log))?;
         let binary = PathBuf::from(command.get_program());
@@ -40,19 +48,27 @@ impl Processes {
             // Its own process group, so a terminal's Ctrl-C reaches only us and we stop
             // the components in order instead of them all dying at once.
             .process_group(0);
-        let child = self
-            .spawner
-            .spawn(command)
-            .map_err(|source| Error::Spawn { component, binary, source })?;
+        let child = self.spawner.spawn(command).map_err(|source| Error::Spawn {
+            component,
+            binary,
+            source,
+        })?;
         tracing::debug!(%component, pid = child.id(), "started");
-        self.running.push(Process { component, child, log });
+        self.running.push(Process {
+            component,
+            child,
+            log,
+        });
         Ok(())
     }
 
     /// An error for the first component that has exited, quoting its log.
     pub fn check_running(&mut self) -> Result<(), Error> {
         for process in &mut self.running {
-            let status = process.child.try_wait().map_err(Error::io("waiting for", &process.log))?;
+            let status = process
+                .child
+                .try_wait()
+                .map_err(Error::io("waiting for", &process.log))?;
             if let Some(status) = status {
                 return Err(Error::Exited {
                     component: process.component,
@@ -66,14 +82,19 @@ impl Processes {
     }
 
     pub fn pids(&self) -> Vec<(Component, u32)> {
-        self.running.iter().map(|p| (p.component, p.child.id())).collect()
+        self.running
+            .iter()
+            .map(|p| (p.component, p.child.id()))
+            .collect()
     }
 
     /// Stops every process: first all that depend on etcd, together, then etcd, so the
     /// API server can finish its requests. Waits for each; kills any that outstays `grace`.
     pub fn stop_all(&mut self, grace: Duration) {
-        let (storage, clients): (Vec<Process>, Vec<Process>) =
-            self.running.drain(..).partition(|p| p.component == Component::Etcd);
+        let (storage, clients): (Vec<Process>, Vec<Process>) = self
+            .running
+            .drain(..)
+            .partition(|p| p.component == Component::Etcd);
         stop_together(clients, grace);
         stop_together(storage, grace);
     }
@@ -174,8 +195,14 @@ impl Spawner {
                     let _ = reply.send(command.spawn());
                 }
             })
-            .map_err(Error::io("starting a thread for", "the control plane's processes"))?;
-        Ok(Self { requests: Some(requests), thread: Some(thread) })
+            .map_err(Error::io(
+                "starting a thread for",
+                "the control plane's processes",
+            ))?;
+        Ok(Self {
+            requests: Some(requests),
+            thread: Some(thread),
+        })
     }
 
     fn spawn(&self, mut command: Command) -> io::Result<Child> {
@@ -195,9 +222,16 @@ impl Spawner {
             });
         }
         let (reply, response) = mpsc::channel();
-        let requests = self.requests.as_ref().expect("requests are open until drop");
-        requests.send((command, reply)).map_err(|_| io::Error::other("spawner thread has ended"))?;
-        response.recv().map_err(|_| io::Error::other("spawner thread has ended"))?
+        let requests = self
+            .requests
+            .as_ref()
+            .expect("requests are open until drop");
+        requests
+            .send((command, reply))
+            .map_err(|_| io::Error::other("spawner thread has ended"))?;
+        response
+            .recv()
+            .map_err(|_| io::Error::other("spawner thread has ended"))?
     }
 }
 
@@ -231,7 +265,9 @@ mod tests {
         let mut processes = Processes::new().unwrap();
         let mut command = Command::new("sh");
         command.args(["-c", "echo listen tcp: address already in use; exit 3"]);
-        processes.start(Component::Etcd, command, dir.path().join("etcd.log")).unwrap();
+        processes
+            .start(Component::Etcd, command, dir.path().join("etcd.log"))
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         let err = loop {
             match processes.check_running() {
@@ -241,7 +277,16 @@ mod tests {
             }
         };
         let message = err.to_string();
-        assert!(matches!(err, Error::Exited { component: Component::Etcd, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                Error::Exited {
+                    component: Component::Etcd,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert!(message.contains("address already in use"), "{message}");
     }
 
@@ -252,17 +297,24 @@ mod tests {
         let mut stubborn = Command::new("sh");
         // An ignored signal stays ignored across exec.
         stubborn.args(["-c", "trap '' TERM; exec sleep 30"]);
-        processes.start(Component::Kwok, stubborn, dir.path().join("kwok.log")).unwrap();
+        processes
+            .start(Component::Kwok, stubborn, dir.path().join("kwok.log"))
+            .unwrap();
         let mut polite = Command::new("sleep");
         polite.arg("30");
-        processes.start(Component::Etcd, polite, dir.path().join("etcd.log")).unwrap();
+        processes
+            .start(Component::Etcd, polite, dir.path().join("etcd.log"))
+            .unwrap();
         let pids = processes.pids();
         assert_eq!(pids.len(), 2);
         let started = Instant::now();
         processes.stop_all(Duration::from_millis(300));
         assert!(started.elapsed() < Duration::from_secs(5));
         for (component, pid) in pids {
-            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{component} ({pid}) still exists");
+            assert!(
+                !Path::new(&format!("/proc/{pid}")).exists(),
+                "{component} ({pid}) still exists"
+            );
         }
     }
 }

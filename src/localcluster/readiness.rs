@@ -21,7 +21,10 @@ pub(super) struct Deadline {
 
 impl Deadline {
     pub fn new(timeout: Duration) -> Self {
-        Self { started: Instant::now(), timeout }
+        Self {
+            started: Instant::now(),
+            timeout,
+        }
     }
 
     pub fn elapsed(&self) -> Duration {
@@ -66,7 +69,9 @@ where
 /// The API server answers /readyz with 200: storage, RBAC bootstrap and the other
 /// post-start hooks are done.
 pub(super) async fn api_ready(client: &kube::Client) -> bool {
-    let request = http::Request::get("/readyz").body(Vec::new()).expect("a static request is valid");
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .expect("a static request is valid");
     client.request_text(request).await.is_ok()
 }
 
@@ -80,7 +85,10 @@ pub(super) async fn default_service_account(client: &kube::Client) -> bool {
 /// Every fake node is Ready, i.e. kwok manages it and the scheduler may use it.
 pub(super) async fn nodes_ready(client: &kube::Client, count: usize) -> bool {
     let api: Api<Node> = Api::all(client.clone());
-    let Ok(nodes) = api.list(&ListParams::default().labels(super::kwok::NODE_LABEL_SELECTOR)).await else {
+    let Ok(nodes) = api
+        .list(&ListParams::default().labels(super::kwok::NODE_LABEL_SELECTOR))
+        .await
+    else {
         return false;
     };
     let ready = nodes.items.iter().filter(|node| {

@@ -31,7 +31,9 @@ macro_rules! tests {
 fn main() -> ExitCode {
     let args = Arguments::from_args();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("rewind=info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("rewind=info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let tests = tests![
@@ -47,14 +49,26 @@ fn main() -> ExitCode {
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
-    let listed: Vec<Trial> = tests.iter().map(|(name, _)| Trial::test(*name, || Ok(()))).collect();
-    let anything_to_run = !args.list && listed.iter().any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let listed: Vec<Trial> = tests
+        .iter()
+        .map(|(name, _)| Trial::test(*name, || Ok(())))
+        .collect();
+    let anything_to_run = !args.list
+        && listed
+            .iter()
+            .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
     let cluster = if anything_to_run {
-        let options = Options { scheduling: true, audit: true, ..Options::default() };
+        let options = Options {
+            scheduling: true,
+            audit: true,
+            ..Options::default()
+        };
         match runtime.block_on(LocalCluster::start(options)) {
             Ok(cluster) => Some(Arc::new(cluster)),
             Err(error) => {
-                eprintln!("error: the local control plane did not start, so every test fails:\n{error}");
+                eprintln!(
+                    "error: the local control plane did not start, so every test fails:\n{error}"
+                );
                 None
             }
         }
@@ -68,13 +82,16 @@ fn main() -> ExitCode {
             let cluster = cluster.clone();
             let handle = runtime.handle().clone();
             Trial::test(name, move || {
-                let cluster = cluster.ok_or_else(|| Failed::from("the local control plane did not start (see above)"))?;
-                handle.block_on(async {
-                    let namespace = namespace_for(name);
-                    cluster.create_namespace(&namespace).await?;
-                    test(cluster, namespace).await
-                })
-                .map_err(|error| Failed::from(format!("{error:#}")))
+                let cluster = cluster.ok_or_else(|| {
+                    Failed::from("the local control plane did not start (see above)")
+                })?;
+                handle
+                    .block_on(async {
+                        let namespace = namespace_for(name);
+                        cluster.create_namespace(&namespace).await?;
+                        test(cluster, namespace).await
+                    })
+                    .map_err(|error| Failed::from(format!("{error:#}")))
             })
         })
         .collect();

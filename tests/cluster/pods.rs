@@ -51,13 +51,22 @@ struct PlannedPod {
 
 fn plan(workflow: &'static str, count: usize) -> Vec<PlannedPod> {
     (0..count)
-        .map(|i| PlannedPod { workflow, index: i, name: format!("{workflow}-{i}"), phase: Phase::of(i) })
+        .map(|i| PlannedPod {
+            workflow,
+            index: i,
+            name: format!("{workflow}-{i}"),
+            phase: Phase::of(i),
+        })
         .collect()
 }
 
 fn argo_pod(planned: &PlannedPod) -> Pod {
     // Shaped like Argo's node IDs: the workflow name and a number derived from the node.
-    let node_id = format!("{}-{}", planned.workflow, 1_000_000_000 + planned.index * 7919);
+    let node_id = format!(
+        "{}-{}",
+        planned.workflow,
+        1_000_000_000 + planned.index * 7919
+    );
     let completed = planned.phase != Phase::Pending;
     Pod {
         metadata: ObjectMeta {
@@ -68,7 +77,10 @@ fn argo_pod(planned: &PlannedPod) -> Pod {
             ])),
             annotations: Some(BTreeMap::from([
                 (labels::NODE_ID.to_owned(), node_id),
-                (labels::NODE_NAME.to_owned(), format!("{}[0].step({})", planned.workflow, planned.index)),
+                (
+                    labels::NODE_NAME.to_owned(),
+                    format!("{}[0].step({})", planned.workflow, planned.index),
+                ),
             ])),
             ..Default::default()
         },
@@ -95,15 +107,20 @@ async fn create_all(pods: &Api<Pod>, planned: &[PlannedPod]) -> anyhow::Result<(
             let pods = pods.clone();
             async move {
                 let name = pod.metadata.name.clone().unwrap_or_default();
-                pods.create(&PostParams::default(), &pod).await.with_context(|| format!("creating pod {name}"))
+                pods.create(&PostParams::default(), &pod)
+                    .await
+                    .with_context(|| format!("creating pod {name}"))
             }
         })
         .buffer_unordered(CONCURRENCY)
         .try_for_each(|_| async { Ok(()) })
         .await?;
     // Through the status subresource, as a kubelet (or kwok) would.
-    let finished: Vec<(String, Phase)> =
-        planned.iter().filter(|p| p.phase != Phase::Pending).map(|p| (p.name.clone(), p.phase)).collect();
+    let finished: Vec<(String, Phase)> = planned
+        .iter()
+        .filter(|p| p.phase != Phase::Pending)
+        .map(|p| (p.name.clone(), p.phase))
+        .collect();
     stream::iter(finished)
         .map(|(name, phase)| {
             let pods = pods.clone();
@@ -135,26 +152,58 @@ pub async fn delete_collection_removes_exactly_the_unsucceeded_pods_at_once(
     let phases: BTreeMap<String, String> = before
         .items
         .iter()
-        .map(|p| (p.metadata.name.clone().unwrap_or_default(), p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()))
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default(),
+            )
+        })
         .collect();
     for p in retried.iter().chain(&other) {
-        ensure!(phases.get(&p.name).map(String::as_str) == Some(p.phase.as_str()), "pod {} is not {}: {:?}", p.name, p.phase.as_str(), phases.get(&p.name));
+        ensure!(
+            phases.get(&p.name).map(String::as_str) == Some(p.phase.as_str()),
+            "pod {} is not {}: {:?}",
+            p.name,
+            p.phase.as_str(),
+            phases.get(&p.name)
+        );
     }
-    if let Some(scheduled) = before.items.iter().find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()) {
-        bail!("pod {:?} was scheduled; these pods must stay unscheduled", scheduled.metadata.name);
+    if let Some(scheduled) = before
+        .items
+        .iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+    {
+        bail!(
+            "pod {:?} was scheduled; these pods must stay unscheduled",
+            scheduled.metadata.name
+        );
     }
 
     let selector = ListParams::default()
         .labels(&format!("{}=wf-retried", labels::WORKFLOW))
         .fields("status.phase!=Succeeded");
     let started = Instant::now();
-    let response = pods.delete_collection(&DeleteParams::default(), &selector).await?;
+    let response = pods
+        .delete_collection(&DeleteParams::default(), &selector)
+        .await?;
     tracing::info!(elapsed = ?started.elapsed(), "deletecollection");
 
-    let expected_deleted: BTreeSet<&str> =
-        retried.iter().filter(|p| p.phase != Phase::Succeeded).map(|p| p.name.as_str()).collect();
-    let Some(deleted) = response.left() else { bail!("deletecollection answered with a Status, not the deleted pods") };
-    let deleted: BTreeSet<String> = deleted.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
+    let expected_deleted: BTreeSet<&str> = retried
+        .iter()
+        .filter(|p| p.phase != Phase::Succeeded)
+        .map(|p| p.name.as_str())
+        .collect();
+    let Some(deleted) = response.left() else {
+        bail!("deletecollection answered with a Status, not the deleted pods")
+    };
+    let deleted: BTreeSet<String> = deleted
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
     ensure!(
         deleted.iter().map(String::as_str).collect::<BTreeSet<_>>() == expected_deleted,
         "deletecollection reports {} pods deleted, expected the {} non-succeeded ones",
@@ -164,7 +213,11 @@ pub async fn delete_collection_removes_exactly_the_unsucceeded_pods_at_once(
 
     // Listed right after the call: a pod waiting out a grace period would still be here, terminating.
     let after = pods.list(&ListParams::default()).await?;
-    let remaining: BTreeSet<&str> = after.items.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+    let remaining: BTreeSet<&str> = after
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.as_deref())
+        .collect();
     let expected_remaining: BTreeSet<&str> = retried
         .iter()
         .filter(|p| p.phase == Phase::Succeeded)
@@ -172,10 +225,27 @@ pub async fn delete_collection_removes_exactly_the_unsucceeded_pods_at_once(
         .map(|p| p.name.as_str())
         .collect();
     let lingering: Vec<_> = remaining.intersection(&expected_deleted).collect();
-    ensure!(lingering.is_empty(), "{} deleted pods are still present, e.g. {:?}", lingering.len(), lingering.first());
-    ensure!(remaining == expected_remaining, "remaining pods differ: {} present, {} expected", remaining.len(), expected_remaining.len());
-    if let Some(terminating) = after.items.iter().find(|p| p.metadata.deletion_timestamp.is_some()) {
-        bail!("pod {:?} is terminating but should be untouched", terminating.metadata.name);
+    ensure!(
+        lingering.is_empty(),
+        "{} deleted pods are still present, e.g. {:?}",
+        lingering.len(),
+        lingering.first()
+    );
+    ensure!(
+        remaining == expected_remaining,
+        "remaining pods differ: {} present, {} expected",
+        remaining.len(),
+        expected_remaining.len()
+    );
+    if let Some(terminating) = after
+        .items
+        .iter()
+        .find(|p| p.metadata.deletion_timestamp.is_some())
+    {
+        bail!(
+            "pod {:?} is terminating but should be untouched",
+            terminating.metadata.name
+        );
     }
     Ok(())
 }

@@ -15,7 +15,17 @@ pub fn namespace_for(test: &str) -> String {
         .next()
         .unwrap_or(test)
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
-    name.chars().take(63).collect::<String>().trim_end_matches('-').to_owned()
+    name.chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches('-')
+        .to_owned()
 }

@@ -16,13 +16,25 @@ const MAX_BYTES: usize = 1_400_000;
 const ANNOTATION: &str = "rewind.dev/retry-status";
 
 /// Metadata the API server sets or changes on every write.
-const SERVER_SET: &[&str] = &["uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"];
+const SERVER_SET: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+];
 
-pub async fn typed_replace_loses_nothing_of_a_large_workflow(cluster: Arc<LocalCluster>, namespace: String) -> anyhow::Result<()> {
+pub async fn typed_replace_loses_nothing_of_a_large_workflow(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
     let client = cluster.admin_client();
     let original = large_workflow(&namespace, "wf-large");
     let size = serde_json::to_vec(&original)?.len();
-    ensure!(size < MAX_BYTES, "fixture is {size} bytes, too large for etcd");
+    ensure!(
+        size < MAX_BYTES,
+        "fixture is {size} bytes, too large for etcd"
+    );
     let node_count = original["status"]["nodes"].as_object().map_or(0, Map::len);
     tracing::info!(size, node_count, "large workflow");
 
@@ -30,27 +42,53 @@ pub async fn typed_replace_loses_nothing_of_a_large_workflow(cluster: Arc<LocalC
     let create = http::Request::post(&path)
         .header("content-type", "application/json")
         .body(serde_json::to_vec(&original)?)?;
-    let created: Value = client.request(create).await.context("creating the workflow (raw JSON)")?;
+    let created: Value = client
+        .request(create)
+        .await
+        .context("creating the workflow (raw JSON)")?;
 
     let workflows: Api<Workflow> = Api::namespaced(client.clone(), &namespace);
-    let mut typed = workflows.get("wf-large").await.context("reading the workflow typed")?;
+    let mut typed = workflows
+        .get("wf-large")
+        .await
+        .context("reading the workflow typed")?;
     let nodes = typed.status.nodes.as_ref().map_or(0, |n| n.len());
-    ensure!(nodes == node_count, "typed read has {nodes} nodes, expected {node_count}");
+    ensure!(
+        nodes == node_count,
+        "typed read has {nodes} nodes, expected {node_count}"
+    );
     // One change, as a retry's progress report would make, so the replace is a real write
     // (the API server skips writing an unchanged object).
-    typed.metadata.annotations.get_or_insert_default().insert(ANNOTATION.to_owned(), "{}".to_owned());
-    workflows.replace("wf-large", &PostParams::default(), &typed).await.context("replacing the workflow typed")?;
+    typed
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(ANNOTATION.to_owned(), "{}".to_owned());
+    workflows
+        .replace("wf-large", &PostParams::default(), &typed)
+        .await
+        .context("replacing the workflow typed")?;
 
     let get = http::Request::get(format!("{path}/wf-large")).body(Vec::new())?;
-    let reread: Value = client.request(get).await.context("reading the workflow (raw JSON)")?;
+    let reread: Value = client
+        .request(get)
+        .await
+        .context("reading the workflow (raw JSON)")?;
     ensure!(
         reread["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"],
         "the replace did not reach the server"
     );
     let mut expected = original;
     expected["metadata"]["annotations"][ANNOTATION] = json!("{}");
-    let differences = differences(&without_server_fields(expected), &without_server_fields(reread));
-    ensure!(differences.is_empty(), "fields changed by the typed round trip:\n{}", differences.join("\n"));
+    let differences = differences(
+        &without_server_fields(expected),
+        &without_server_fields(reread),
+    );
+    ensure!(
+        differences.is_empty(),
+        "fields changed by the typed round trip:\n{}",
+        differences.join("\n")
+    );
     Ok(())
 }
 
@@ -72,7 +110,12 @@ fn differences(a: &Value, b: &Value) -> Vec<String> {
         match (a, b) {
             (Value::Object(a), Value::Object(b)) => {
                 for key in a.keys().chain(b.keys().filter(|k| !a.contains_key(*k))) {
-                    walk(&format!("{path}.{key}"), a.get(key).unwrap_or(&Value::Null), b.get(key).unwrap_or(&Value::Null), out);
+                    walk(
+                        &format!("{path}.{key}"),
+                        a.get(key).unwrap_or(&Value::Null),
+                        b.get(key).unwrap_or(&Value::Null),
+                        out,
+                    );
                 }
             }
             (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
@@ -104,9 +147,16 @@ fn large_workflow(namespace: &str, name: &str) -> Value {
         let failed = task % 7 == 0;
         let mut pod_ids = Vec::new();
         for attempt in 0..attempts {
-            let pod_id = format!("{name}-{}", 3_000_000_000u64 + (task * 31 + attempt) as u64 * 104_729);
+            let pod_id = format!(
+                "{name}-{}",
+                3_000_000_000u64 + (task * 31 + attempt) as u64 * 104_729
+            );
             let last = attempt + 1 == attempts;
-            let phase = if !last || failed { "Failed" } else { "Succeeded" };
+            let phase = if !last || failed {
+                "Failed"
+            } else {
+                "Succeeded"
+            };
             let mut pod = json!({
                 "id": pod_id,
                 "name": format!("{task_name}({attempt})"),
