@@ -69,8 +69,12 @@ pub enum Error {
     #[error("random tokens for the cluster's users: {0}")]
     Random(#[from] getrandom::Error),
 
-    #[error("loading kubeconfig {path}: {message}")]
-    Kubeconfig { path: PathBuf, message: String },
+    #[error("loading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
 
     #[error("{action}: {source}")]
     Kube {

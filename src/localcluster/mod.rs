@@ -402,14 +402,14 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
 
 /// A client built from a kubeconfig file, exactly as a user of that file would get.
 async fn client(path: &Path) -> Result<kube::Client, Error> {
-    let kubeconfig_error = |message: String| Error::Kubeconfig {
+    let kubeconfig_error = |source| Error::Kubeconfig {
         path: path.to_owned(),
-        message,
+        source,
     };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| kubeconfig_error(e.to_string()))?;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| kubeconfig_error(e.to_string()))?;
+        .map_err(kubeconfig_error)?;
     kube::Client::try_from(config).map_err(Error::kube(format!(
         "building a client from {}",
         path.display()
