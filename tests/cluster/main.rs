@@ -32,7 +32,8 @@ fn main() -> ExitCode {
     let args = Arguments::from_args();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("rewind=info,cluster=info")),
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("rewind=info,cluster=info")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _, stream};
@@ -125,6 +125,7 @@ async fn create_all(pods: &Api<Pod>, planned: &[PlannedPod]) -> anyhow::Result<(
         .buffer_unordered(CONCURRENCY)
         .try_for_each(|_| async { Ok(()) })
         .await?;
+    wait_until_bound_pods_run(pods, planned).await?;
     // Through the status subresource, as a kubelet (or kwok) would.
     let finished: Vec<(String, Phase)> = planned
         .iter()
@@ -144,6 +145,33 @@ async fn create_all(pods: &Api<Pod>, planned: &[PlannedPod]) -> anyhow::Result<(
         .buffer_unordered(CONCURRENCY)
         .try_for_each(|_| async { Ok(()) })
         .await
+}
+
+/// kwok marks pods on its nodes Running; that write must land before ours marks them
+/// finished, or it would overwrite the finished phase (the API server does not forbid
+/// leaving a terminal phase; kubelets simply never do).
+async fn wait_until_bound_pods_run(pods: &Api<Pod>, planned: &[PlannedPod]) -> anyhow::Result<()> {
+    let workflow = planned.first().map_or("", |p| p.workflow);
+    let bound = planned.iter().filter(|p| p.node.is_some()).count();
+    let selector = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let running = pods
+            .list(&selector)
+            .await?
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if running == bound {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{running} of {bound} pods bound to fake nodes are Running after 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 pub async fn delete_collection_removes_exactly_the_unsucceeded_pods_at_once(
