@@ -5,8 +5,15 @@
 pub mod budget;
 pub mod controller;
 pub mod delete;
+pub mod gc;
+pub mod localcluster;
+pub mod metrics;
 pub mod queue;
 pub mod request;
+pub mod retry;
 pub mod server;
 pub mod telemetry;
+pub mod watch;
+pub mod workers;
 pub mod workflow;
+pub mod workload;

@@ -1,0 +1,113 @@
+//! Integration tests on a real local control plane (see `rewind::localcluster`).
+//!
+//! One control plane (with scheduling and audit logging) serves the whole binary; every
+//! test gets a fresh namespace. The control plane is stopped when the tests are done. If it
+//! cannot be built or started, every test fails: these tests are never skipped.
+
+mod lifecycle;
+mod pods;
+mod rbac;
+mod scheduling;
+mod support;
+mod workflow_roundtrip;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use rewind::localcluster::{LocalCluster, Options};
+use tracing_subscriber::EnvFilter;
+
+use support::{Test, namespace_for};
+
+macro_rules! tests {
+    ($($module:ident :: $test:ident),* $(,)?) => {
+        vec![$((concat!(stringify!($module), "::", stringify!($test)), (|cluster, namespace| {
+            Box::pin($module::$test(cluster, namespace))
+        }) as Test)),*]
+    };
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("rewind=info,cluster=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let tests = tests![
+        pods::delete_collection_removes_exactly_the_unsucceeded_pods_at_once,
+        rbac::user_can_patch_workflows_but_not_touch_pods,
+        workflow_roundtrip::typed_replace_loses_nothing_of_a_large_workflow,
+        scheduling::a_pod_is_scheduled_onto_a_fake_node_and_runs,
+        scheduling::audit_log_has_one_line_per_request,
+        lifecycle::stop_leaves_no_process_and_no_directory,
+        lifecycle::a_taken_port_is_a_clear_error,
+        lifecycle::a_missing_binary_is_a_clear_error,
+        lifecycle::a_component_exiting_at_startup_is_a_clear_error_with_its_log,
+    ];
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+
+    let listed: Vec<Trial> = tests
+        .iter()
+        .map(|(name, _)| Trial::test(*name, || Ok(())))
+        .collect();
+    let anything_to_run = !args.list
+        && listed
+            .iter()
+            .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let cluster = if anything_to_run {
+        let options = Options {
+            scheduling: true,
+            audit: true,
+            ..Options::default()
+        };
+        match runtime.block_on(LocalCluster::start(options)) {
+            Ok(cluster) => Some(Arc::new(cluster)),
+            Err(error) => {
+                eprintln!(
+                    "error: the local control plane did not start, so every test fails:\n{error}"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            let cluster = cluster.clone();
+            let handle = runtime.handle().clone();
+            Trial::test(name, move || {
+                let cluster = cluster.ok_or_else(|| {
+                    Failed::from("the local control plane did not start (see above)")
+                })?;
+                handle
+                    .block_on(async {
+                        let namespace = namespace_for(name);
+                        cluster.create_namespace(&namespace).await?;
+                        test(cluster, namespace).await
+                    })
+                    .map_err(|error| Failed::from(format!("{error:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+
+    if let Some(cluster) = cluster {
+        // Every trial (and its clone) is dropped once `run` returns.
+        let Ok(cluster) = Arc::try_unwrap(cluster) else {
+            eprintln!("error: a test kept the local control plane alive");
+            return ExitCode::FAILURE;
+        };
+        if let Err(error) = runtime.block_on(cluster.stop()) {
+            eprintln!("error: stopping the local control plane: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    conclusion.exit_code()
+}
