@@ -2,4 +2,5 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod plan;
 pub mod workflow;
