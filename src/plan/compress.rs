@@ -3,17 +3,19 @@
 //! runs them around a retry.
 //!
 //! Reading detects the algorithm as Argo v4.1 does: zstd and gzip by their
-//! magic bytes, anything else is taken as brotli. Writing uses gzip, Argo's
-//! default `WORKFLOW_COMPRESSION_ALGORITHM`.
+//! magic bytes, anything else is taken as brotli; v3.7 reads gzip only.
+//! Writing uses gzip, Argo's default `WORKFLOW_COMPRESSION_ALGORITHM`.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use thiserror::Error;
 
-use crate::workflow::{NodeStatus, Workflow};
+use crate::plan::ArgoVersion;
+use crate::workflow::{NodeStatus, Workflow, WorkflowStatus};
 
 /// Argo's default `MAX_WORKFLOW_SIZE`.
 pub const DEFAULT_MAX_WORKFLOW_SIZE: usize = 1024 * 1024;
@@ -21,17 +23,37 @@ pub const DEFAULT_MAX_WORKFLOW_SIZE: usize = 1024 * 1024;
 const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 
+/// Go's `base64.StdEncoding`: padded, but lenient about the unused bits of
+/// the last symbol.
+const GO_STD_ENCODING: GeneralPurpose =
+    GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true));
+
 /// The node map of a workflow status.
 pub type Nodes = BTreeMap<String, NodeStatus>;
 
+/// Why `status.compressedNodes` cannot be read. The base64 and gzip header
+/// messages are Go's; deeper decoder and JSON errors are worded by the Rust
+/// decoders.
 #[derive(Debug, Error)]
 pub enum CompressError {
-    #[error("illegal base64 data in status.compressedNodes: {0}")]
-    Base64(#[from] base64::DecodeError),
+    #[error("illegal base64 data at input byte {offset}")]
+    Base64 { offset: usize },
     #[error("failed to decompress: {0}")]
-    Decompress(std::io::Error),
-    #[error("status.compressedNodes does not hold a node map: {0}")]
+    Decompress(String),
+    #[error("{0}")]
     Json(#[from] serde_json::Error),
+}
+
+impl From<base64::DecodeError> for CompressError {
+    fn from(e: base64::DecodeError) -> Self {
+        use base64::DecodeError::*;
+        let offset = match e {
+            InvalidByte(offset, _) | InvalidLastSymbol { offset, .. } => offset,
+            InvalidLength(len) => len,
+            InvalidPadding => 0,
+        };
+        Self::Base64 { offset }
+    }
 }
 
 /// Which compression a blob uses, by Argo's detection rule.
@@ -56,23 +78,40 @@ impl Algorithm {
 
 /// `file.DecodeDecompressString` followed by the JSON decode of
 /// `packer.DecompressWorkflow`. JSON `null` is an empty map, as in Go.
-pub fn decode_nodes(compressed: &str) -> Result<Nodes, CompressError> {
+pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, CompressError> {
     // Go's StdEncoding skips line breaks inside the data.
     let cleaned: Vec<u8> = compressed.bytes().filter(|b| !matches!(b, b'\r' | b'\n')).collect();
-    let raw = STANDARD.decode(cleaned)?;
-    let json = decompress(&raw).map_err(CompressError::Decompress)?;
+    let raw = GO_STD_ENCODING.decode(cleaned)?;
+    let json = match version {
+        ArgoVersion::V4 => decompress(&raw),
+        ArgoVersion::V3_7 => gunzip(&raw),
+    }
+    .map_err(CompressError::Decompress)?;
     let nodes: Option<Nodes> = serde_json::from_slice(&json)?;
     Ok(nodes.unwrap_or_default())
 }
 
-/// `file.DecompressContent`.
-pub fn decompress(content: &[u8]) -> std::io::Result<Vec<u8>> {
+/// v4's `file.DecompressContent`.
+pub fn decompress(content: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(content.len() * 8);
     match Algorithm::detect(content) {
-        Algorithm::Zstd => return zstd::stream::decode_all(content),
-        Algorithm::Gzip => flate2::read::MultiGzDecoder::new(content).read_to_end(&mut out)?,
-        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024).read_to_end(&mut out)?,
+        Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(|e| e.to_string()),
+        Algorithm::Gzip => return gunzip(content),
+        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024).read_to_end(&mut out).map_err(|e| e.to_string())?,
     };
+    Ok(out)
+}
+
+/// Gzip, with Go's messages for a missing or wrong header.
+fn gunzip(content: &[u8]) -> Result<Vec<u8>, String> {
+    if content.is_empty() {
+        return Err("EOF".into());
+    }
+    if !content.starts_with(GZIP_MAGIC) || content.get(2).is_some_and(|&cm| cm != 8) {
+        return Err("gzip: invalid header".into());
+    }
+    let mut out = Vec::with_capacity(content.len() * 8);
+    flate2::read::MultiGzDecoder::new(content).read_to_end(&mut out).map_err(|e| e.to_string())?;
     Ok(out)
 }
 
@@ -85,21 +124,11 @@ pub fn encode_nodes(nodes: &Nodes) -> String {
     STANDARD.encode(gz.finish().unwrap_or_default())
 }
 
-/// Hydrate's first step: nodes come from `compressedNodes` when `nodes` is
-/// empty. When both are set Argo keeps both, and so does this.
-pub fn hydrate(wf: &mut Workflow) -> Result<(), CompressError> {
-    let status = &mut wf.status;
+/// The `compressedNodes` Argo's hydrator decodes: only when `nodes` is
+/// empty. With both set, Argo works on `nodes` and keeps the stale blob.
+pub fn blob_to_hydrate(status: &WorkflowStatus) -> Option<&str> {
     let has_nodes = status.nodes.as_ref().is_some_and(|n| !n.is_empty());
-    match status.compressed_nodes.as_deref() {
-        Some(c) if !c.is_empty() && !has_nodes => {
-            let nodes = decode_nodes(c);
-            // Argo clears the field before it reports a JSON error.
-            status.compressed_nodes = None;
-            status.nodes = Some(nodes?);
-        }
-        _ => {}
-    }
-    Ok(())
+    status.compressed_nodes.as_deref().filter(|c| !c.is_empty() && !has_nodes)
 }
 
 /// Why the retried workflow cannot be stored.
@@ -176,6 +205,9 @@ pub fn go_json_size(wf: &Workflow) -> usize {
 mod tests {
     use super::*;
 
+    const V4: ArgoVersion = ArgoVersion::V4;
+    const V3: ArgoVersion = ArgoVersion::V3_7;
+
     fn nodes() -> Nodes {
         let node = NodeStatus { id: "wf".into(), name: "wf".into(), type_: "DAG".into(), ..Default::default() };
         [("wf".to_owned(), node)].into()
@@ -203,7 +235,13 @@ mod tests {
     fn decodes_every_algorithm_argo_writes() {
         let json = serde_json::to_vec(&nodes()).unwrap();
         for algorithm in [Algorithm::Gzip, Algorithm::Zstd, Algorithm::Brotli] {
-            assert_eq!(decode_nodes(&encode_with(algorithm, &json)).unwrap(), nodes(), "{algorithm:?}");
+            assert_eq!(decode_nodes(&encode_with(algorithm, &json), V4).unwrap(), nodes(), "{algorithm:?}");
+        }
+        // v3.7 reads gzip only.
+        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, &json), V3).unwrap(), nodes());
+        for algorithm in [Algorithm::Zstd, Algorithm::Brotli] {
+            let err = decode_nodes(&encode_with(algorithm, &json), V3).unwrap_err();
+            assert_eq!(err.to_string(), "failed to decompress: gzip: invalid header");
         }
     }
 
@@ -211,31 +249,32 @@ mod tests {
     fn round_trips_and_ignores_line_breaks() {
         let encoded = encode_nodes(&nodes());
         let wrapped: String = encoded.chars().enumerate().flat_map(|(i, c)| (i % 10 == 9).then_some('\n').into_iter().chain([c])).collect();
-        assert_eq!(decode_nodes(&wrapped).unwrap(), nodes());
-        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, b"null")).unwrap(), Nodes::new());
+        assert_eq!(decode_nodes(&wrapped, V4).unwrap(), nodes());
+        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, b"null"), V4).unwrap(), Nodes::new());
     }
 
     #[test]
     fn corrupt_input_is_an_error() {
-        assert!(matches!(decode_nodes("%%%"), Err(CompressError::Base64(_))));
-        assert!(matches!(decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0])), Err(CompressError::Decompress(_))));
-        assert!(matches!(decode_nodes(&encode_with(Algorithm::Zstd, b"[1]")), Err(CompressError::Json(_))));
+        assert_eq!(decode_nodes("ab%%", V4).unwrap_err().to_string(), "illegal base64 data at input byte 2");
+        assert_eq!(
+            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4).unwrap_err().to_string(),
+            "failed to decompress: gzip: invalid header"
+        );
+        assert!(matches!(decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4), Err(CompressError::Decompress(_))));
+        assert!(matches!(decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4), Err(CompressError::Json(_))));
     }
 
     #[test]
-    fn hydrate_prefers_plain_nodes() {
-        let mut wf = Workflow::default();
-        wf.status.compressed_nodes = Some(encode_nodes(&nodes()));
-        hydrate(&mut wf).unwrap();
-        assert_eq!(wf.status.nodes, Some(nodes()));
-        assert_eq!(wf.status.compressed_nodes, None);
-
-        let mut other = nodes();
-        other.get_mut("wf").unwrap().phase = Some("Failed".into());
-        wf.status.compressed_nodes = Some(encode_nodes(&other));
-        hydrate(&mut wf).unwrap();
-        assert_eq!(wf.status.nodes, Some(nodes()), "plain nodes win");
-        assert!(wf.status.compressed_nodes.is_some(), "and the stale blob stays");
+    fn hydrates_only_without_plain_nodes() {
+        let mut status = WorkflowStatus { compressed_nodes: Some("blob".into()), ..Default::default() };
+        assert_eq!(blob_to_hydrate(&status), Some("blob"));
+        status.nodes = Some(Nodes::new());
+        assert_eq!(blob_to_hydrate(&status), Some("blob"));
+        status.nodes = Some(nodes());
+        assert_eq!(blob_to_hydrate(&status), None);
+        status.compressed_nodes = Some(String::new());
+        status.nodes = None;
+        assert_eq!(blob_to_hydrate(&status), None);
     }
 
     #[test]
@@ -254,7 +293,7 @@ mod tests {
         assert!(wf.status.compressed_nodes.is_none());
         dehydrate(&mut wf, size - 1).unwrap();
         assert!(wf.status.nodes.is_none());
-        assert_eq!(decode_nodes(wf.status.compressed_nodes.as_deref().unwrap()).unwrap(), many);
+        assert_eq!(decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(), many);
     }
 
     #[test]

@@ -175,10 +175,9 @@ pub fn plan_retry_at(wf: &Workflow, opts: &RetryOptions, now: Timestamp) -> Resu
     let version = opts.argo_version;
 
     // Hydrate, as the Argo server does before it formulates the retry.
-    let has_nodes = wf.status.nodes.as_ref().is_some_and(|n| !n.is_empty());
-    let compressed = wf.status.compressed_nodes.as_deref().filter(|c| !c.is_empty() && !has_nodes);
+    let compressed = compress::blob_to_hydrate(&wf.status);
     let nodes: Cow<'_, Nodes> = match compressed {
-        Some(c) => Cow::Owned(compress::decode_nodes(c)?),
+        Some(c) => Cow::Owned(compress::decode_nodes(c, version)?),
         None => wf.status.nodes.as_ref().map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
     };
     if wf.status.offload_node_status_version.as_deref().is_some_and(|v| !v.is_empty()) {
