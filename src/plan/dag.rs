@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use crate::plan::PlanError;
+use crate::plan::{ChooseParent, PlanError};
 use crate::plan::compress::Nodes;
 use crate::workflow::NodeStatus;
 
@@ -52,25 +52,35 @@ pub(crate) struct Graph<'a> {
 
 impl<'a> Graph<'a> {
     /// A node listed as a child by several nodes (a DAG task with several
-    /// dependencies) gets the last of them in node-ID order as its parent, as
-    /// in Argo v4. (v3.7 takes them in Go's random map order; the planner uses
-    /// v4's rule for both.) Of several faults, Argo reports whichever its
-    /// random map order meets first; the planner reports the first in node-ID
-    /// order.
-    pub fn build(nodes: &'a Nodes, workflow_name: &str) -> Result<Self, PlanError> {
+    /// dependencies) gets the parent `choose` picks from the listing nodes'
+    /// IDs, in ID order (see [`crate::plan::ChooseParent`]). Of several
+    /// faults, Argo reports whichever its random map order meets first; the
+    /// planner reports the first in node-ID order.
+    pub fn build(nodes: &'a Nodes, workflow_name: &str, choose: ChooseParent<'_>) -> Result<Self, PlanError> {
         let list: Vec<&NodeStatus> = nodes.values().collect();
         let index: HashMap<&str, usize> = list.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
-        let mut parent_of: HashMap<&str, usize> = HashMap::with_capacity(list.len());
+        let mut listers: HashMap<&str, Vec<usize>> = HashMap::with_capacity(list.len());
         for (i, node) in list.iter().enumerate() {
             for child in node.children() {
-                parent_of.insert(child.as_str(), i);
+                let l = listers.entry(child.as_str()).or_default();
+                if l.last() != Some(&i) {
+                    l.push(i);
+                }
             }
         }
+        let parent_of = |id: &str| -> Option<usize> {
+            let l = listers.get(id)?;
+            if l.len() == 1 {
+                return Some(l[0]);
+            }
+            let ids: Vec<&str> = l.iter().map(|&i| list[i].id.as_str()).collect();
+            Some(l[choose(id, &ids).min(l.len() - 1)])
+        };
         let on_exit = format!("{workflow_name}.onExit");
         let mut parent = vec![None; list.len()];
         let mut children = Vec::with_capacity(list.len());
         for (i, node) in list.iter().enumerate() {
-            let p = parent_of.get(node.id.as_str()).copied();
+            let p = parent_of(node.id.as_str());
             if p.is_none() && node.name != workflow_name && !node.name.starts_with(&on_exit) {
                 return Err(PlanError::MissingParent { node: node.id.clone() });
             }

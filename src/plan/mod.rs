@@ -171,6 +171,30 @@ pub fn plan_retry(wf: &Workflow, opts: &RetryOptions) -> Result<Plan, PlanError>
 
 /// [`plan_retry`] with "now" given, for the timestamps Argo sets.
 pub fn plan_retry_at(wf: &Workflow, opts: &RetryOptions, now: Timestamp) -> Result<Plan, PlanError> {
+    plan_retry_with_parents(wf, opts, now, &last_listed)
+}
+
+/// Picks, for a node listed as a child by several nodes, the one Argo
+/// records as its parent: given the node's ID and the listing nodes' IDs in
+/// ID order, the index of the chosen one.
+pub type ChooseParent<'f> = &'f dyn Fn(&str, &[&str]) -> usize;
+
+/// Argo v4's rule: the last listing node in ID order.
+pub fn last_listed(_child: &str, listers: &[&str]) -> usize {
+    listers.len().saturating_sub(1)
+}
+
+/// [`plan_retry_at`] with the parent choice given. Argo v3.7 takes a random
+/// listing node (Go map order) as the parent, and as the node to check for a
+/// retried node, so its retry of such a workflow can differ from run to run;
+/// this shows each possible outcome. [`plan_retry`] uses v4's deterministic
+/// rule ([`last_listed`]) for both lines.
+pub fn plan_retry_with_parents(
+    wf: &Workflow,
+    opts: &RetryOptions,
+    now: Timestamp,
+    choose: ChooseParent<'_>,
+) -> Result<Plan, PlanError> {
     let now = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let version = opts.argo_version;
 
@@ -194,9 +218,9 @@ pub fn plan_retry_at(wf: &Workflow, opts: &RetryOptions, now: Timestamp) -> Resu
 
     let mut new_wf = new_retry_workflow(wf, compressed.is_some(), opts, &now)?;
     let mut seeds = selected_nodes(&nodes, opts)?;
-    seeds.extend(failed_nodes(&nodes, &seeds, version)?);
+    seeds.extend(failed_nodes(&nodes, &seeds, version, choose)?);
 
-    let graph = Graph::build(&nodes, wf.name())?;
+    let graph = Graph::build(&nodes, wf.name(), choose)?;
     let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
 
     let format = PodNameFormat::of(wf);
@@ -388,7 +412,12 @@ fn selected_nodes<'a>(nodes: &'a Nodes, opts: &RetryOptions) -> Result<HashSet<&
 
 /// The failed execution nodes (by map key) that no succeeded node below them,
 /// or below their Retry parent for a retried node, makes unnecessary to rerun.
-fn failed_nodes<'a>(nodes: &'a Nodes, selected: &HashSet<&str>, version: ArgoVersion) -> Result<Vec<&'a str>, PlanError> {
+fn failed_nodes<'a>(
+    nodes: &'a Nodes,
+    selected: &HashSet<&str>,
+    version: ArgoVersion,
+    choose: ChooseParent<'_>,
+) -> Result<Vec<&'a str>, PlanError> {
     let mut parents_of: Option<HashMap<&str, Vec<&NodeStatus>>> = None;
     let mut memo = HashMap::new();
     let mut failed = Vec::new();
@@ -400,26 +429,31 @@ fn failed_nodes<'a>(nodes: &'a Nodes, selected: &HashSet<&str>, version: ArgoVer
         if node.node_flag.as_ref().is_some_and(|f| f.retried) {
             let parents = parents_of.get_or_insert_with(|| index_parents(nodes));
             let candidates = parents.get(key.as_str()).map(Vec::as_slice).unwrap_or_default();
-            // Go's `Find` takes the first match in random map order; here the first in ID order.
+            // Go's `Find` takes the first match in random map order.
             match version {
+                // Several Retry nodes with one child do not occur: the first in ID order.
                 ArgoVersion::V4 => {
                     if let Some(retry) = candidates.iter().find(|p| p.type_ == node_type::RETRY) {
                         check = retry;
                     }
                 }
-                ArgoVersion::V3_7 => match candidates.first() {
-                    Some(p) => check = p,
-                    None => {
+                ArgoVersion::V3_7 => match candidates {
+                    [] => {
                         return Err(PlanError::ArgoPanics {
                             reason: format!(
-                                "invalid memory address or nil pointer dereference (retried node {key} has no parent)"
+                                "runtime error: invalid memory address or nil pointer dereference (retried node {key} has no parent)"
                             ),
                         });
+                    }
+                    [only] => check = only,
+                    several => {
+                        let ids: Vec<&str> = several.iter().map(|p| p.id.as_str()).collect();
+                        check = several[choose(key, &ids).min(several.len() - 1)];
                     }
                 },
             }
         }
-        if !descendant_succeeded(nodes, check, selected, &mut memo)? {
+        if !descendant_succeeded(nodes, check, selected, &mut memo, version)? {
             failed.push(key.as_str());
         }
     }
@@ -431,7 +465,10 @@ fn index_parents(nodes: &Nodes) -> HashMap<&str, Vec<&NodeStatus>> {
     let mut parents: HashMap<&str, Vec<&NodeStatus>> = HashMap::new();
     for node in nodes.values() {
         for child in node.children() {
-            parents.entry(child.as_str()).or_default().push(node);
+            let listers = parents.entry(child.as_str()).or_default();
+            if !listers.last().is_some_and(|&last| std::ptr::eq(last, node)) {
+                listers.push(node);
+            }
         }
     }
     parents
@@ -445,6 +482,7 @@ fn descendant_succeeded<'a>(
     node: &'a NodeStatus,
     selected: &HashSet<&str>,
     memo: &mut HashMap<&'a str, bool>,
+    version: ArgoVersion,
 ) -> Result<bool, PlanError> {
     // Frames of (node, index of the next child); `on_stack` finds recursion into itself.
     let mut stack: Vec<(&NodeStatus, usize)> = vec![(node, 0)];
@@ -469,9 +507,11 @@ fn descendant_succeeded<'a>(
         };
         *next += 1;
         let Some(child) = nodes.get(child_id) else {
-            return Err(PlanError::ArgoPanics {
-                reason: format!("invalid memory address or nil pointer dereference (child {child_id} is missing)"),
-            });
+            let reason = match version {
+                ArgoVersion::V4 => format!("runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"),
+                ArgoVersion::V3_7 => format!("Coudn't obtain child for {child_id}, panicking"),
+            };
+            return Err(PlanError::ArgoPanics { reason });
         };
         if !selected.contains(child_id.as_str()) && child.phase() == "Succeeded" {
             returned = Some(true);
