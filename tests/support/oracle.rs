@@ -83,7 +83,10 @@ fn build_oracles() -> [PathBuf; 2] {
     let paths: Vec<PathBuf> = stdout.lines().map(PathBuf::from).collect();
     match <[PathBuf; 2]>::try_from(paths) {
         Ok(paths) => paths,
-        Err(paths) => panic!("{} printed {paths:?}, want two binary paths (v4, v3)", script.display()),
+        Err(paths) => panic!(
+            "{} printed {paths:?}, want two binary paths (v4, v3)",
+            script.display()
+        ),
     }
 }
 
@@ -200,22 +203,38 @@ mod tests {
     fn failed_workflow_is_reset_and_its_failed_pod_deleted() {
         for line in [ArgoLine::V4, ArgoLine::V3] {
             let results = run_oracle(line, &[case("failed", failed_workflow("Failed"))]);
-            let [result] = results.as_slice() else { panic!("one result per case") };
+            let [result] = results.as_slice() else {
+                panic!("one result per case")
+            };
             assert_eq!(result.error, None, "{line:?}");
             // Pod name format v2: <workflow>-<template>-<FNV-1a 32 of the node name>.
             assert_eq!(result.pods_to_delete.len(), 1, "{line:?}");
-            assert!(result.pods_to_delete[0].starts_with("wf-step-"), "{line:?}: {:?}", result.pods_to_delete);
+            assert!(
+                result.pods_to_delete[0].starts_with("wf-step-"),
+                "{line:?}: {:?}",
+                result.pods_to_delete
+            );
             let wf = result.workflow.as_ref().expect("a reset workflow");
-            let nodes = wf["status"]["nodes"].as_object().expect("nodes stay uncompressed");
-            assert!(!nodes.contains_key("wf-2"), "{line:?}: the failed pod node is deleted");
+            let nodes = wf["status"]["nodes"]
+                .as_object()
+                .expect("nodes stay uncompressed");
+            assert!(
+                !nodes.contains_key("wf-2"),
+                "{line:?}: the failed pod node is deleted"
+            );
             assert_eq!(nodes["wf"]["phase"], "Running", "{line:?}");
-            assert_eq!(wf["metadata"]["labels"].get("workflows.argoproj.io/completed"), None);
+            assert_eq!(
+                wf["metadata"]["labels"].get("workflows.argoproj.io/completed"),
+                None
+            );
         }
         // The lines differ on the workflow phase: v4 sets Unknown (""), which
         // Go omits; v3.7 sets Running.
         let phase = |line| {
             let results = run_oracle(line, &[case("phase", failed_workflow("Failed"))]);
-            results[0].workflow.as_ref().expect("a reset workflow")["status"].get("phase").cloned()
+            results[0].workflow.as_ref().expect("a reset workflow")["status"]
+                .get("phase")
+                .cloned()
         };
         assert_eq!(phase(ArgoLine::V4), None);
         assert_eq!(phase(ArgoLine::V3), Some(json!("Running")));
@@ -231,7 +250,10 @@ mod tests {
         let mut offloaded = failed_workflow("Failed");
         offloaded["status"]["offloadNodeStatusVersion"] = json!("fnv:1");
         let mut no_root = failed_workflow("Failed");
-        no_root["status"]["nodes"].as_object_mut().unwrap().remove("wf");
+        no_root["status"]["nodes"]
+            .as_object_mut()
+            .unwrap()
+            .remove("wf");
         let cases = [
             case("running", failed_workflow("Running")),
             case("succeeded", failed_workflow("Succeeded")),
@@ -244,15 +266,44 @@ mod tests {
         for line in [ArgoLine::V4, ArgoLine::V3] {
             let results = run_oracle(line, &cases);
             let ids: Vec<&str> = results.iter().map(|r| r.id.as_str()).collect();
-            assert_eq!(ids, ["running", "succeeded", "bad-selector", "bad-parameter", "offloaded", "no-root", "ok"]);
-            let error = |i: usize| results[i].error.as_deref().unwrap_or_else(|| panic!("{line:?}: case {} succeeded", ids[i]));
+            assert_eq!(
+                ids,
+                [
+                    "running",
+                    "succeeded",
+                    "bad-selector",
+                    "bad-parameter",
+                    "offloaded",
+                    "no-root",
+                    "ok"
+                ]
+            );
+            let error = |i: usize| {
+                results[i]
+                    .error
+                    .as_deref()
+                    .unwrap_or_else(|| panic!("{line:?}: case {} succeeded", ids[i]))
+            };
             assert_eq!(error(0), "Cannot retry a workflow in phase Running");
-            assert_eq!(error(1), "To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector");
-            assert_eq!(error(2), "invalid selector: 'phase'; can't understand 'phase'");
-            assert_eq!(error(3), "expected parameter of the form: NAME=VALUE. Received: no-equals-sign");
+            assert_eq!(
+                error(1),
+                "To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector"
+            );
+            assert_eq!(
+                error(2),
+                "invalid selector: 'phase'; can't understand 'phase'"
+            );
+            assert_eq!(
+                error(3),
+                "expected parameter of the form: NAME=VALUE. Received: no-equals-sign"
+            );
             assert_eq!(error(4), "offload node status is not supported");
             assert_eq!(error(5), "couldn't find parent node for wf-1");
-            assert!(results[..6].iter().all(|r| r.workflow.is_none() && r.pods_to_delete.is_empty()));
+            assert!(
+                results[..6]
+                    .iter()
+                    .all(|r| r.workflow.is_none() && r.pods_to_delete.is_empty())
+            );
             assert_eq!(results[6].error, None, "{line:?}");
         }
     }
@@ -261,27 +312,69 @@ mod tests {
     fn a_panic_in_argo_fails_only_its_case() {
         // v3.7 writes the phase label into metadata.labels without checking for nil.
         let mut unlabelled = failed_workflow("Failed");
-        unlabelled["metadata"].as_object_mut().unwrap().remove("labels");
-        let results = run_oracle(ArgoLine::V3, &[case("unlabelled", unlabelled), case("next", failed_workflow("Failed"))]);
-        assert_eq!(results[0].error.as_deref(), Some("panic: assignment to entry in nil map"));
-        assert_eq!(results[1].error, None);
+        unlabelled["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("labels");
+        // A failed pod listing a child that is not in the node map: v4 dereferences
+        // nil, v3.7 panics through logrus (reported by its message only).
+        let mut missing_child = failed_workflow("Failed");
+        missing_child["status"]["nodes"]["wf-2"]["children"] = json!(["wf-3"]);
+        let cases = [
+            case("unlabelled", unlabelled),
+            case("missing-child", missing_child),
+            case("next", failed_workflow("Failed")),
+        ];
+        let v3 = run_oracle(ArgoLine::V3, &cases);
+        assert_eq!(
+            v3[0].error.as_deref(),
+            Some("panic: assignment to entry in nil map")
+        );
+        assert_eq!(
+            v3[1].error.as_deref(),
+            Some("panic: Coudn't obtain child for wf-3, panicking")
+        );
+        assert_eq!(v3[2].error, None);
+        let v4 = run_oracle(ArgoLine::V4, &cases);
+        assert_eq!(v4[0].error, None, "v4 does not write the phase label");
+        assert_eq!(
+            v4[1].error.as_deref(),
+            Some("panic: runtime error: invalid memory address or nil pointer dereference")
+        );
+        assert_eq!(v4[2].error, None);
     }
 
     #[test]
     fn large_workflows_come_back_compressed() {
         // 4 KB of outputs on the kept root node: about 5 KB as JSON, far less compressed.
         let mut workflow = failed_workflow("Failed");
-        workflow["status"]["nodes"]["wf"]["outputs"] = json!({"parameters": [{"name": "big", "value": "x".repeat(4000)}]});
+        workflow["status"]["nodes"]["wf"]["outputs"] =
+            json!({"parameters": [{"name": "big", "value": "x".repeat(4000)}]});
         let mut small_limit = case("small-limit", workflow.clone());
         small_limit.max_workflow_size = Some(3000);
         let mut too_small = case("too-small", workflow.clone());
         too_small.max_workflow_size = Some(100);
-        let results = run_oracle(ArgoLine::V4, &[small_limit, too_small, case("default", workflow)]);
+        let results = run_oracle(
+            ArgoLine::V4,
+            &[small_limit, too_small, case("default", workflow)],
+        );
         let status = |i: usize| &results[i].workflow.as_ref().expect("a workflow")["status"];
-        assert!(status(0)["compressedNodes"].is_string() && status(0).get("nodes").is_none(), "{:?}", status(0));
-        let too_small = results[1].error.as_deref().expect("too large even compressed");
-        assert!(too_small.starts_with("workflow is longer than maximum allowed size."), "{too_small}");
-        assert!(too_small.ends_with("Tried to offload but encountered error: offload node status is not supported"));
+        assert!(
+            status(0)["compressedNodes"].is_string() && status(0).get("nodes").is_none(),
+            "{:?}",
+            status(0)
+        );
+        let too_small = results[1]
+            .error
+            .as_deref()
+            .expect("too large even compressed");
+        assert!(
+            too_small.starts_with("workflow is longer than maximum allowed size."),
+            "{too_small}"
+        );
+        assert!(too_small.ends_with(
+            "Tried to offload but encountered error: offload node status is not supported"
+        ));
         // The limit is per case: the next case is back at the 1 MiB default.
         assert!(status(2)["nodes"].is_object() && status(2).get("compressedNodes").is_none());
     }

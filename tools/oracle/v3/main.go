@@ -76,6 +76,9 @@ func run(ctx context.Context, c retryCase) (res retryResult) {
 	res = retryResult{ID: c.ID, PodsToDelete: []string{}}
 	defer func() {
 		if r := recover(); r != nil {
+			if entry, ok := r.(*log.Entry); ok {
+				r = entry.Message // logrus' Panicf panics with its entry; only the message is stable
+			}
 			res = retryResult{ID: c.ID, PodsToDelete: []string{}, Error: errText(fmt.Errorf("panic: %v", r))}
 		}
 	}()
