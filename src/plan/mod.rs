@@ -489,14 +489,12 @@ fn descendant_succeeded<'a>(
     let mut on_stack: HashSet<&str> = HashSet::from([node.id.as_str()]);
     let mut returned: Option<bool> = None;
     while let Some((curr, next)) = stack.last_mut() {
-        if let Some(result) = returned.take() {
-            if result {
-                // A child's subtree has a success: every frame returns true.
-                for (n, _) in stack.drain(..) {
-                    memo.insert(&n.id, true);
-                }
-                return Ok(true);
+        if returned.take() == Some(true) {
+            // A child's subtree has a success: every frame returns true.
+            for (n, _) in stack.drain(..) {
+                memo.insert(&n.id, true);
             }
+            return Ok(true);
         }
         let Some(child_id) = curr.children().get(*next) else {
             let (done, _) = stack.pop().unwrap_or((node, 0));
@@ -604,3 +602,5 @@ fn reset_node(node: &NodeStatus, now: &str) -> NodeStatus {
     node
 }
 
+#[cfg(test)]
+mod tests;
