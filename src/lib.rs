@@ -8,6 +8,7 @@ pub mod delete;
 pub mod gc;
 pub mod localcluster;
 pub mod metrics;
+pub mod plan;
 pub mod queue;
 pub mod request;
 pub mod retry;

@@ -133,12 +133,27 @@ pub struct Arguments {
 #[serde(rename_all = "camelCase")]
 pub struct Parameter {
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Argo's `AnyString`: a number or boolean is read as its text.
+    #[serde(default, deserialize_with = "any_string", skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_from: Option<Value>,
     #[serde(flatten)]
     pub other: Other,
+}
+
+/// Argo's `AnyString.UnmarshalJSON`: numbers as Go's `FormatFloat(v, 'f',
+/// -1, 64)` writes them (Rust's shortest round-trip `f64` display is the
+/// same digits without exponent), booleans as "true"/"false", and any other
+/// JSON value as "".
+fn any_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<Value>::deserialize(d)? {
+        None => None,
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Number(n)) => Some(n.as_f64().map(|f| f.to_string()).unwrap_or_default()),
+        Some(Value::Bool(b)) => Some(b.to_string()),
+        Some(_) => Some(String::new()),
+    })
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -323,6 +338,30 @@ mod tests {
         let wf: Workflow = serde_json::from_value(input.clone()).unwrap();
         assert_eq!(wf.status.nodes.as_ref().unwrap()["wf"].template(), "u");
         assert_eq!(serde_json::to_value(&wf).unwrap(), input);
+    }
+
+    #[test]
+    fn parameter_values_read_like_argos_any_string() {
+        let p: Vec<Parameter> = serde_json::from_value(serde_json::json!([
+            {"name": "a", "value": 1}, {"name": "b", "value": 2.5}, {"name": "c", "value": true},
+            {"name": "d", "value": "x"}, {"name": "e"}, {"name": "f", "value": null},
+            {"name": "g", "value": 1e21}, {"name": "h", "value": 12345678901234567890u64}
+        ]))
+        .unwrap();
+        let values: Vec<_> = p.iter().map(|p| p.value.as_deref()).collect();
+        assert_eq!(
+            values,
+            [
+                Some("1"),
+                Some("2.5"),
+                Some("true"),
+                Some("x"),
+                None,
+                None,
+                Some("1000000000000000000000"),
+                Some("12345678901234567000")
+            ]
+        );
     }
 
     #[test]

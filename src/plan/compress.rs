@@ -1,0 +1,324 @@
+//! `status.compressedNodes`: Argo's packer and hydrator
+//! (`workflow/packer`, `workflow/hydrator`, `util/file`) as the Argo server
+//! runs them around a retry.
+//!
+//! Reading detects the algorithm as Argo v4.1 does: zstd and gzip by their
+//! magic bytes, anything else is taken as brotli; v3.7 reads gzip only.
+//! Writing uses gzip, Argo's default `WORKFLOW_COMPRESSION_ALGORITHM`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use base64::Engine;
+use base64::alphabet;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
+use thiserror::Error;
+
+use crate::plan::ArgoVersion;
+use crate::workflow::{NodeStatus, Workflow, WorkflowStatus};
+
+/// Argo's default `MAX_WORKFLOW_SIZE`.
+pub const DEFAULT_MAX_WORKFLOW_SIZE: usize = 1024 * 1024;
+
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+
+/// Go's `base64.StdEncoding`: padded, but lenient about the unused bits of
+/// the last symbol.
+const GO_STD_ENCODING: GeneralPurpose =
+    GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true));
+
+/// The node map of a workflow status.
+pub type Nodes = BTreeMap<String, NodeStatus>;
+
+/// Why `status.compressedNodes` cannot be read. The base64 and gzip header
+/// messages are Go's; deeper decoder and JSON errors are worded by the Rust
+/// decoders.
+#[derive(Debug, Error)]
+pub enum CompressError {
+    #[error("illegal base64 data at input byte {offset}")]
+    Base64 { offset: usize },
+    #[error("failed to decompress: {0}")]
+    Decompress(String),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl From<base64::DecodeError> for CompressError {
+    fn from(e: base64::DecodeError) -> Self {
+        use base64::DecodeError::*;
+        let offset = match e {
+            InvalidByte(offset, _) | InvalidLastSymbol { offset, .. } => offset,
+            InvalidLength(len) => len,
+            InvalidPadding => 0,
+        };
+        Self::Base64 { offset }
+    }
+}
+
+/// Which compression a blob uses, by Argo's detection rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    Gzip,
+    Zstd,
+    Brotli,
+}
+
+impl Algorithm {
+    pub fn detect(content: &[u8]) -> Self {
+        if content.starts_with(ZSTD_MAGIC) {
+            Self::Zstd
+        } else if content.starts_with(GZIP_MAGIC) {
+            Self::Gzip
+        } else {
+            Self::Brotli
+        }
+    }
+}
+
+/// `file.DecodeDecompressString` followed by the JSON decode of
+/// `packer.DecompressWorkflow`. JSON `null` is an empty map, as in Go.
+pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, CompressError> {
+    // Go's StdEncoding skips line breaks inside the data.
+    let cleaned: Vec<u8> = compressed.bytes().filter(|b| !matches!(b, b'\r' | b'\n')).collect();
+    let raw = GO_STD_ENCODING.decode(cleaned)?;
+    let json = match version {
+        ArgoVersion::V4 => decompress(&raw),
+        ArgoVersion::V3_7 => gunzip(&raw),
+    }
+    .map_err(CompressError::Decompress)?;
+    let nodes: Option<Nodes> = serde_json::from_slice(&json)?;
+    Ok(nodes.unwrap_or_default())
+}
+
+/// v4's `file.DecompressContent`.
+pub fn decompress(content: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(content.len() * 8);
+    match Algorithm::detect(content) {
+        Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(|e| e.to_string()),
+        Algorithm::Gzip => return gunzip(content),
+        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024).read_to_end(&mut out).map_err(|e| e.to_string())?,
+    };
+    Ok(out)
+}
+
+/// Gzip, with Go's messages for a missing or wrong header.
+fn gunzip(content: &[u8]) -> Result<Vec<u8>, String> {
+    if content.is_empty() {
+        return Err("EOF".into());
+    }
+    if !content.starts_with(GZIP_MAGIC) || content.get(2).is_some_and(|&cm| cm != 8) {
+        return Err("gzip: invalid header".into());
+    }
+    let mut out = Vec::with_capacity(content.len() * 8);
+    flate2::read::MultiGzDecoder::new(content).read_to_end(&mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// `file.CompressEncodeString` of the nodes' JSON, with gzip at level 6.
+pub fn encode_nodes(nodes: &Nodes) -> String {
+    let json = serde_json::to_vec(nodes).unwrap_or_default();
+    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::new(6));
+    // Writing into a Vec cannot fail.
+    let _ = gz.write_all(&json);
+    STANDARD.encode(gz.finish().unwrap_or_default())
+}
+
+/// The `compressedNodes` Argo's hydrator decodes: only when `nodes` is
+/// empty. With both set, Argo works on `nodes` and keeps the stale blob.
+pub fn blob_to_hydrate(status: &WorkflowStatus) -> Option<&str> {
+    let has_nodes = status.nodes.as_ref().is_some_and(|n| !n.is_empty());
+    status.compressed_nodes.as_deref().filter(|c| !c.is_empty() && !has_nodes)
+}
+
+/// Why the retried workflow cannot be stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TooLarge {
+    pub compressed_size: usize,
+    pub max_size: usize,
+}
+
+/// Dehydrate without offloading (rewind has no offload database): when the
+/// workflow's JSON is over `max_size`, its nodes are moved to
+/// `compressedNodes`; if it is still too large, nothing changes and the error
+/// says so. Skipped, as in Argo, when the workflow is not hydrated.
+pub fn dehydrate(wf: &mut Workflow, max_size: usize) -> Result<(), TooLarge> {
+    let hydrated = wf.status.compressed_nodes.as_deref().unwrap_or_default().is_empty()
+        && wf.status.offload_node_status_version.as_deref().unwrap_or_default().is_empty();
+    if !hydrated || go_json_size(wf) <= max_size {
+        return Ok(());
+    }
+    let nodes = wf.status.nodes.take().unwrap_or_default();
+    wf.status.compressed_nodes = Some(encode_nodes(&nodes));
+    let compressed_size = go_json_size(wf);
+    if compressed_size > max_size {
+        wf.status.compressed_nodes = None;
+        wf.status.nodes = Some(nodes);
+        return Err(TooLarge { compressed_size, max_size });
+    }
+    Ok(())
+}
+
+/// The length of Go's `json.Marshal` of the workflow, which Argo compares to
+/// the size limit. Serde writes the same JSON apart from: Go's HTML escaping
+/// of `<`, `>`, `&` (6 bytes each) and U+2028/U+2029, and the zero
+/// `metav1.Time` and struct fields Go always writes (`creationTimestamp`,
+/// `startedAt`, `finishedAt` as `null`, `spec.arguments` as `{}`). Fields of
+/// the spec that Go would re-encode differently are not modelled, so a
+/// workflow within a few bytes of the limit may be judged differently.
+pub fn go_json_size(wf: &Workflow) -> usize {
+    let json = serde_json::to_vec(wf).unwrap_or_default();
+    let mut size = json.len();
+    size += json.iter().filter(|&&b| matches!(b, b'<' | b'>' | b'&')).count() * 5;
+    size += json.windows(3).filter(|w| matches!(w, [0xe2, 0x80, 0xa8 | 0xa9])).count() * 3;
+    // `"key":null` plus a separating comma (every object involved has other fields).
+    let null_field = |key: &str| key.len() + 2 + 1 + 4 + 1;
+    if wf.metadata.creation_timestamp.is_none() {
+        size += null_field("creationTimestamp");
+    }
+    if wf.spec.arguments.is_none() {
+        size += r#""arguments":{},"#.len();
+    }
+    let status = &wf.status;
+    if status.started_at.is_none() {
+        size += null_field("startedAt");
+    }
+    if status.finished_at.is_none() {
+        size += null_field("finishedAt");
+    }
+    if status == &Default::default() {
+        // Serde skips an empty status; Go writes `"status":{...}` without a comma.
+        size += r#","status":{}"#.len() - 1;
+    }
+    for node in status.nodes.iter().flat_map(|n| n.values()) {
+        if node.started_at.is_none() {
+            size += null_field("startedAt");
+        }
+        if node.finished_at.is_none() {
+            size += null_field("finishedAt");
+        }
+    }
+    size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V4: ArgoVersion = ArgoVersion::V4;
+    const V3: ArgoVersion = ArgoVersion::V3_7;
+
+    fn nodes() -> Nodes {
+        let node = NodeStatus { id: "wf".into(), name: "wf".into(), type_: "DAG".into(), ..Default::default() };
+        [("wf".to_owned(), node)].into()
+    }
+
+    fn encode_with(algorithm: Algorithm, json: &[u8]) -> String {
+        let raw = match algorithm {
+            Algorithm::Gzip => {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                gz.write_all(json).unwrap();
+                gz.finish().unwrap()
+            }
+            Algorithm::Zstd => zstd::stream::encode_all(json, 2).unwrap(),
+            Algorithm::Brotli => {
+                let mut out = Vec::new();
+                brotli::CompressorWriter::new(&mut out, 4096, 6, 22).write_all(json).unwrap();
+                out
+            }
+        };
+        assert_eq!(Algorithm::detect(&raw), algorithm);
+        STANDARD.encode(raw)
+    }
+
+    #[test]
+    fn decodes_every_algorithm_argo_writes() {
+        let json = serde_json::to_vec(&nodes()).unwrap();
+        for algorithm in [Algorithm::Gzip, Algorithm::Zstd, Algorithm::Brotli] {
+            assert_eq!(decode_nodes(&encode_with(algorithm, &json), V4).unwrap(), nodes(), "{algorithm:?}");
+        }
+        // v3.7 reads gzip only.
+        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, &json), V3).unwrap(), nodes());
+        for algorithm in [Algorithm::Zstd, Algorithm::Brotli] {
+            let err = decode_nodes(&encode_with(algorithm, &json), V3).unwrap_err();
+            assert_eq!(err.to_string(), "failed to decompress: gzip: invalid header");
+        }
+    }
+
+    #[test]
+    fn round_trips_and_ignores_line_breaks() {
+        let encoded = encode_nodes(&nodes());
+        let wrapped: String = encoded.chars().enumerate().flat_map(|(i, c)| (i % 10 == 9).then_some('\n').into_iter().chain([c])).collect();
+        assert_eq!(decode_nodes(&wrapped, V4).unwrap(), nodes());
+        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, b"null"), V4).unwrap(), Nodes::new());
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error() {
+        assert_eq!(decode_nodes("ab%%", V4).unwrap_err().to_string(), "illegal base64 data at input byte 2");
+        assert_eq!(
+            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4).unwrap_err().to_string(),
+            "failed to decompress: gzip: invalid header"
+        );
+        assert!(matches!(decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4), Err(CompressError::Decompress(_))));
+        assert!(matches!(decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4), Err(CompressError::Json(_))));
+    }
+
+    #[test]
+    fn hydrates_only_without_plain_nodes() {
+        let mut status = WorkflowStatus { compressed_nodes: Some("blob".into()), ..Default::default() };
+        assert_eq!(blob_to_hydrate(&status), Some("blob"));
+        status.nodes = Some(Nodes::new());
+        assert_eq!(blob_to_hydrate(&status), Some("blob"));
+        status.nodes = Some(nodes());
+        assert_eq!(blob_to_hydrate(&status), None);
+        status.compressed_nodes = Some(String::new());
+        status.nodes = None;
+        assert_eq!(blob_to_hydrate(&status), None);
+    }
+
+    #[test]
+    fn dehydrate_compresses_only_when_too_large() {
+        // Enough alike nodes for gzip to make them smaller.
+        let many: Nodes = (0..50)
+            .map(|i| {
+                let id = format!("wf-{i}");
+                (id.clone(), NodeStatus { id, name: format!("wf.step-{i}"), type_: "Pod".into(), ..Default::default() })
+            })
+            .collect();
+        let mut wf = Workflow::default();
+        wf.status.nodes = Some(many.clone());
+        let size = go_json_size(&wf);
+        dehydrate(&mut wf, size).unwrap();
+        assert!(wf.status.compressed_nodes.is_none());
+        dehydrate(&mut wf, size - 1).unwrap();
+        assert!(wf.status.nodes.is_none());
+        assert_eq!(decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(), many);
+    }
+
+    #[test]
+    fn dehydrate_leaves_a_workflow_that_stays_too_large() {
+        let mut wf = Workflow::default();
+        wf.status.nodes = Some(nodes());
+        let err = dehydrate(&mut wf, 10).unwrap_err();
+        assert_eq!(err.max_size, 10);
+        assert!(err.compressed_size > 10);
+        assert_eq!(wf.status.nodes, Some(nodes()));
+        assert!(wf.status.compressed_nodes.is_none());
+    }
+
+    #[test]
+    fn go_size_counts_what_go_writes() {
+        let mut wf = Workflow { api_version: "v".into(), kind: "k".into(), ..Default::default() };
+        wf.metadata.name = Some("a<b".into());
+        wf.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        wf.spec.arguments = Some(Default::default());
+        wf.status.started_at = Some("x".into());
+        wf.status.finished_at = Some("y".into());
+        let go = r#"{"apiVersion":"v","kind":"k","metadata":{"name":"a\u003cb","creationTimestamp":"1970-01-01T00:00:00Z"},"spec":{"arguments":{}},"status":{"startedAt":"x","finishedAt":"y"}}"#;
+        assert_eq!(go_json_size(&wf), go.len());
+        wf.status.finished_at = None;
+        let go = go.replace(r#""finishedAt":"y""#, r#""finishedAt":null"#);
+        assert_eq!(go_json_size(&wf), go.len());
+    }
+}

@@ -1,0 +1,482 @@
+//! Differential test: the retry planner against Argo's own retry code (the
+//! oracles in tools/oracle), for both Argo lines, on every fixture of Argo's
+//! unit tests (tests/data/argo-retry/cases.json) and on generated workflows.
+//!
+//! Equal means: the same error, or the same workflow and the same pods to
+//! delete. Ignored: the timestamps Argo sets to "now", the order of pod names,
+//! the compressed bytes (node maps are compared decompressed), and the
+//! difference between an absent field and a null, empty object or empty list
+//! (Go's `omitempty` and zero `metav1.Time`). Where Argo itself is
+//! nondeterministic (v3.7's random choice of parent, which faulty node an error
+//! names), Argo's answer must be one the planner gives for some such choice.
+//! A mismatch writes the smallest failing case, its options and both outputs
+//! to target/plan-mismatch-*.json.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use base64::Engine;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use rewind::plan::{ArgoVersion, ChooseParent, PlanError, RetryOptions, last_listed, plan_retry_with_parents};
+use rewind::workflow::Workflow;
+use serde_json::{Value, json};
+use support::oracle::{ArgoLine, OracleCase, OracleResult, run_oracle};
+use support::r#gen::{GenCase, case_from_seed, generate};
+
+const SEED: u64 = 0x7e71_2026;
+const GENERATED: usize = 2_000;
+const FIXTURES: &str = "tests/data/argo-retry/cases.json";
+
+#[derive(Clone, Debug)]
+struct Case {
+    oracle: OracleCase,
+    /// `case_from_seed(seed, budget)` of a generated case, to shrink it.
+    seed_budget: Option<(u64, usize)>,
+}
+
+impl Case {
+    fn options(&self, version: ArgoVersion) -> RetryOptions {
+        let c = &self.oracle;
+        let mut opts = RetryOptions {
+            restart_successful: c.restart_successful,
+            node_field_selector: c.node_field_selector.clone(),
+            parameters: c.parameters.clone(),
+            argo_version: version,
+            ..Default::default()
+        };
+        if let Some(size) = c.max_workflow_size {
+            opts.max_workflow_size = size;
+        }
+        opts
+    }
+}
+
+fn fixture_cases() -> Vec<Case> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(FIXTURES);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let list = match json {
+        Value::Array(list) => list,
+        Value::Object(mut o) => match o.remove("cases") {
+            Some(Value::Array(list)) => list,
+            _ => panic!("{} has no \"cases\" list", path.display()),
+        },
+        _ => panic!("{} is neither a list nor an object with \"cases\"", path.display()),
+    };
+    assert!(!list.is_empty(), "{} holds no cases", path.display());
+
+    list.into_iter()
+        .map(|c| {
+            let str_of = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let oracle = OracleCase {
+                id: str_of("id"),
+                workflow: fixture_workflow(&c, &path),
+                restart_successful: c.get("restartSuccessful").and_then(Value::as_bool).unwrap_or(false),
+                node_field_selector: str_of("nodeFieldSelector"),
+                parameters: c.get("parameters").and_then(|p| serde_json::from_value(p.clone()).ok()),
+                max_workflow_size: c.get("maxWorkflowSize").and_then(Value::as_u64).map(|s| s as usize),
+            };
+            Case { oracle, seed_budget: None }
+        })
+        .collect()
+}
+
+/// A fixture's workflow: inline, or in the file it names next to cases.json.
+fn fixture_workflow(case: &Value, cases_path: &std::path::Path) -> Value {
+    if let Some(wf) = case.get("workflow") {
+        return wf.clone();
+    }
+    let file = case.get("file").and_then(Value::as_str).expect("a fixture has a workflow or a file");
+    let path = cases_path.with_file_name(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+fn from_gen(g: GenCase) -> Case {
+    let seed_budget = parse_seed_budget(&g.id);
+    let oracle = OracleCase {
+        id: g.id,
+        workflow: g.workflow,
+        restart_successful: g.restart_successful,
+        node_field_selector: g.node_field_selector,
+        parameters: g.parameters,
+        max_workflow_size: g.max_workflow_size,
+    };
+    Case { oracle, seed_budget }
+}
+
+/// "case_from_seed(0x1f, 48)" -> (0x1f, 48).
+fn parse_seed_budget(id: &str) -> Option<(u64, usize)> {
+    let inner = id.strip_prefix("case_from_seed(")?.strip_suffix(')')?;
+    let (seed, budget) = inner.split_once(", ")?;
+    Some((u64::from_str_radix(seed.strip_prefix("0x")?, 16).ok()?, budget.parse().ok()?))
+}
+
+/// The planner's answer in the oracle's terms.
+enum Outcome {
+    Done { workflow: Value, pods: Vec<String> },
+    Failed(PlanError),
+    Undecodable(String),
+}
+
+fn plan(case: &Case, version: ArgoVersion, now: Timestamp, choose: ChooseParent<'_>) -> Outcome {
+    let wf: Workflow = match serde_json::from_value(case.oracle.workflow.clone()) {
+        Ok(wf) => wf,
+        Err(e) => return Outcome::Undecodable(e.to_string()),
+    };
+    match plan_retry_with_parents(&wf, &case.options(version), now, choose) {
+        Ok(plan) => {
+            let mut workflow = serde_json::to_value(&plan.workflow).expect("a workflow serialises");
+            // rewind's Workflow type fills in a missing apiVersion and kind
+            // (some of Argo's fixtures lack them); that is decoding, not planning.
+            for key in ["apiVersion", "kind"] {
+                if case.oracle.workflow.get(key).is_none() {
+                    workflow.as_object_mut().map(|o| o.remove(key));
+                }
+            }
+            Outcome::Done { workflow, pods: plan.pods_to_delete }
+        }
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Why the outcomes differ, or `None` when they are equal.
+fn difference(oracle: &OracleResult, planner: &Outcome, workflow: &Value, now: &NowWindow) -> Option<String> {
+    match (&oracle.error, planner) {
+        (Some(o), Outcome::Failed(p)) => (!same_error(o, p) && !same_graph_fault(o, p, workflow))
+            .then(|| format!("errors differ: argo {o:?}, planner {:?}", p.to_string())),
+        (Some(o), Outcome::Undecodable(p)) => {
+            (!o.starts_with("decode workflow")).then(|| format!("argo {o:?}, planner cannot decode: {p}"))
+        }
+        (Some(o), Outcome::Done { .. }) => Some(format!("argo fails with {o:?}, the planner does not")),
+        (None, Outcome::Failed(p)) => Some(format!("the planner fails with {:?}, argo does not", p.to_string())),
+        (None, Outcome::Undecodable(p)) => Some(format!("the planner cannot decode the workflow: {p}")),
+        (None, Outcome::Done { workflow, pods }) => {
+            let mut theirs = oracle.pods_to_delete.clone();
+            let mut ours = pods.clone();
+            theirs.sort();
+            ours.sort();
+            if theirs != ours {
+                return Some(format!("pods differ: argo {theirs:?}, planner {ours:?}"));
+            }
+            let theirs = normalise(oracle.workflow.clone().unwrap_or(Value::Null), now);
+            let ours = normalise(workflow.clone(), now);
+            first_difference("", &theirs, &ours)
+        }
+    }
+}
+
+/// Argo's message, compared exactly except where the text cannot match: a Go
+/// panic (the planner names the panic and says why), and the compressed size
+/// in "too large" (Go's gzip output differs in length from ours).
+fn same_error(oracle: &str, planner: &PlanError) -> bool {
+    match planner {
+        PlanError::ArgoPanics { reason } => {
+            let go_value = reason.split(" (").next().unwrap_or_default();
+            oracle.strip_prefix("panic: ").is_some_and(|o| o.contains(go_value))
+        }
+        PlanError::TooLarge { max_size, .. } => {
+            oracle.starts_with("workflow is longer than maximum allowed size. compressed size ")
+                && oracle.ends_with(&format!(
+                    " > maxSize {max_size}Tried to offload but encountered error: offload node status is not supported"
+                ))
+        }
+        _ => oracle == planner.to_string(),
+    }
+}
+
+/// With several orphans or missing children, Argo names whichever its random
+/// map order meets first; the planner the first in ID order. Both must name
+/// a real fault of the input, checked here independently.
+fn same_graph_fault(oracle: &str, planner: &PlanError, wf: &Value) -> bool {
+    if !matches!(planner, PlanError::MissingParent { .. } | PlanError::MissingChild { .. }) {
+        return false;
+    }
+    let name = wf.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let on_exit = format!("{name}.onExit");
+    let empty = serde_json::Map::new();
+    let nodes = wf.pointer("/status/nodes").and_then(Value::as_object).unwrap_or(&empty);
+    let children = |n: &Value| -> Vec<String> {
+        n.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
+    };
+    let listed: BTreeSet<String> = nodes.values().flat_map(children).collect();
+    let is_fault = |message: &str| {
+        if let Some(id) = message.strip_prefix("couldn't find parent node for ") {
+            nodes.values().any(|n| {
+                let node_name = n.get("name").and_then(Value::as_str).unwrap_or_default();
+                n.get("id").and_then(Value::as_str) == Some(id)
+                    && !listed.contains(id)
+                    && node_name != name
+                    && !node_name.starts_with(&on_exit)
+            })
+        } else if let Some(id) = message.strip_prefix("coudln't obtain child ") {
+            listed.contains(id) && !nodes.values().any(|n| n.get("id").and_then(Value::as_str) == Some(id))
+        } else {
+            false
+        }
+    };
+    is_fault(oracle) && is_fault(&planner.to_string())
+}
+
+/// The span in which either side may have taken "now".
+struct NowWindow {
+    from: Timestamp,
+    to: Timestamp,
+}
+
+impl NowWindow {
+    fn covers(&self, s: &str) -> bool {
+        s.parse::<Timestamp>().is_ok_and(|t| t >= self.from && t <= self.to)
+    }
+}
+
+/// Comparable form: nodes decompressed (with a marker that they were
+/// compressed), "now" timestamps replaced, null/empty values removed.
+fn normalise(mut wf: Value, now: &NowWindow) -> Value {
+    if let Some(status) = wf.get_mut("status").and_then(Value::as_object_mut) {
+        if let Some(Value::String(packed)) = status.remove("compressedNodes") {
+            status.insert("nodes".into(), gunzip_nodes(&packed));
+            status.insert("(compressed)".into(), Value::Bool(true));
+        }
+        let stamp = |v: Option<&mut Value>| {
+            if let Some(v) = v
+                && v.as_str().is_some_and(|s| now.covers(s))
+            {
+                *v = Value::String("(now)".into());
+            }
+        };
+        stamp(status.get_mut("startedAt"));
+        if let Some(nodes) = status.get_mut("nodes").and_then(Value::as_object_mut) {
+            for node in nodes.values_mut() {
+                stamp(node.get_mut("startedAt"));
+            }
+        }
+    }
+    prune(&mut wf);
+    wf
+}
+
+/// Both sides write gzip; decoded here with flate2 rather than the planner's
+/// own reader.
+fn gunzip_nodes(packed: &str) -> Value {
+    let Ok(raw) = base64::engine::general_purpose::STANDARD.decode(packed) else {
+        return json!({"(undecodable base64)": packed});
+    };
+    let mut text = Vec::new();
+    if flate2::read::MultiGzDecoder::new(&raw[..]).read_to_end(&mut text).is_err() {
+        return json!({"(not gzip)": packed});
+    }
+    serde_json::from_slice(&text).unwrap_or_else(|_| json!({"(not JSON)": String::from_utf8_lossy(&text)}))
+}
+
+/// Removes nulls and empty objects and lists, bottom up. Returns whether the
+/// value itself is now "absent".
+fn prune(v: &mut Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(o) => {
+            o.retain(|_, v| !prune(v));
+            o.is_empty()
+        }
+        Value::Array(a) => {
+            for item in a.iter_mut() {
+                prune(item);
+            }
+            a.is_empty()
+        }
+        _ => false,
+    }
+}
+
+fn first_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| match (x.get(k), y.get(k)) {
+                (Some(a), Some(b)) => first_difference(&format!("{path}/{k}"), a, b),
+                (a, b) => Some(format!("{path}/{k}: argo {a:?}, planner {b:?}")),
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (a, b))| first_difference(&format!("{path}/{i}"), a, b))
+        }
+        _ => (a != b).then(|| format!("{path}: argo {a}, planner {b}")),
+    }
+}
+
+struct Mismatch {
+    case: Case,
+    oracle: OracleResult,
+    planner: Value,
+    why: String,
+}
+
+fn planner_json(outcome: &Outcome) -> Value {
+    match outcome {
+        Outcome::Done { workflow, pods } => json!({"workflow": workflow, "podsToDelete": pods}),
+        Outcome::Failed(e) => json!({"error": e.to_string(), "variant": format!("{e:?}")}),
+        Outcome::Undecodable(e) => json!({"error": format!("decode workflow: {e}")}),
+    }
+}
+
+fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, Vec<Mismatch>) {
+    let from = Timestamp::now() - SignedDuration::from_secs(2);
+    let oracle_cases: Vec<OracleCase> = cases.iter().map(|c| c.oracle.clone()).collect();
+    let results = run_oracle(line, &oracle_cases);
+    assert_eq!(results.len(), cases.len(), "the oracle answers every case");
+    let planned: Vec<Outcome> = cases.iter().map(|c| plan(c, version, Timestamp::now(), &last_listed)).collect();
+    let window = NowWindow { from, to: Timestamp::now() + SignedDuration::from_secs(2) };
+    let mut tally = Tally::default();
+    let mut mismatches = Vec::new();
+    for ((case, oracle), planner) in cases.iter().zip(results).zip(&planned) {
+        assert_eq!(oracle.id, case.oracle.id, "oracle answers in order");
+        match difference(&oracle, planner, &case.oracle.workflow, &window) {
+            None => tally.equal += 1,
+            Some(_) if version == ArgoVersion::V3_7 && equal_under_another_parent(case, &oracle, &window) => {
+                tally.equal += 1;
+                tally.other_parent += 1;
+            }
+            Some(why) => mismatches.push(Mismatch { case: case.clone(), oracle, planner: planner_json(planner), why }),
+        }
+    }
+    (tally, mismatches)
+}
+
+#[derive(Default)]
+struct Tally {
+    equal: usize,
+    /// Equal once the planner takes the parent v3.7's random map order took.
+    other_parent: usize,
+}
+
+/// Nodes listed as a child by several nodes: (ID, number of listing nodes).
+fn multi_parent_nodes(wf: &Value) -> Vec<(String, usize)> {
+    let mut listers: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (key, node) in wf.pointer("/status/nodes").and_then(Value::as_object).into_iter().flatten() {
+        for child in node.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+            listers.entry(child).or_default().insert(key);
+        }
+    }
+    listers.into_iter().filter(|(_, l)| l.len() > 1).map(|(c, l)| (c.to_owned(), l.len())).collect()
+}
+
+/// Argo v3.7 records a random one of several listing nodes as a node's
+/// parent. Whether the planner, given some choice of parents, gives Argo's
+/// outcome (every combination is tried, up to a bound).
+fn equal_under_another_parent(case: &Case, oracle: &OracleResult, window: &NowWindow) -> bool {
+    const MAX_COMBINATIONS: usize = 4096;
+    let multi = multi_parent_nodes(&case.oracle.workflow);
+    let combinations = multi.iter().try_fold(1usize, |acc, (_, n)| acc.checked_mul(*n).filter(|&c| c <= MAX_COMBINATIONS));
+    let Some(combinations) = combinations.filter(|&c| c > 1) else { return false };
+    (0..combinations).any(|combination| {
+        let mut rest = combination;
+        let choice: HashMap<&str, usize> = multi
+            .iter()
+            .map(|(child, n)| {
+                let pick = rest % n;
+                rest /= n;
+                (child.as_str(), pick)
+            })
+            .collect();
+        let choose = |child: &str, _: &[&str]| choice.get(child).copied().unwrap_or(0);
+        let outcome = plan(case, ArgoVersion::V3_7, Timestamp::now(), &choose);
+        difference(oracle, &outcome, &case.oracle.workflow, window).is_none()
+    })
+}
+
+/// The smallest failing variant of a mismatch: generated cases are
+/// regenerated with every smaller node budget; otherwise the case itself.
+fn shrink(m: Mismatch, line: ArgoLine, version: ArgoVersion) -> Mismatch {
+    let Some((seed, budget)) = m.case.seed_budget else { return m };
+    let smaller: Vec<Case> = (1..budget).map(|b| from_gen(case_from_seed(seed, b))).collect();
+    if smaller.is_empty() {
+        return m;
+    }
+    let (_, mut failing) = compare_all(&smaller, line, version);
+    if failing.is_empty() { m } else { failing.swap_remove(0) }
+}
+
+fn size_of(m: &Mismatch) -> usize {
+    m.case.oracle.workflow.to_string().len()
+}
+
+fn write_reproducer(m: &Mismatch, version: ArgoVersion) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&dir).expect("target/ can be created");
+    let path = dir.join(format!("plan-mismatch-{version}.json"));
+    let c = &m.case.oracle;
+    let doc = json!({
+        "argoVersion": version.to_string(),
+        "difference": m.why,
+        "case": {
+            "id": c.id,
+            "restartSuccessful": c.restart_successful,
+            "nodeFieldSelector": c.node_field_selector,
+            "parameters": c.parameters,
+            "maxWorkflowSize": c.max_workflow_size,
+            "workflow": c.workflow,
+        },
+        "argo": {"workflow": m.oracle.workflow, "podsToDelete": m.oracle.pods_to_delete, "error": m.oracle.error},
+        "planner": m.planner,
+    });
+    let mut file = std::fs::File::create(&path).expect("the reproducer file can be written");
+    serde_json::to_writer_pretty(&mut file, &doc).expect("the reproducer serialises");
+    path
+}
+
+#[test]
+fn planner_matches_argo_for_both_lines() {
+    let mut cases = fixture_cases();
+    let fixtures = cases.len();
+    cases.extend(generate(SEED, GENERATED).into_iter().map(from_gen));
+
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for (line, version) in [(ArgoLine::V4, ArgoVersion::V4), (ArgoLine::V3, ArgoVersion::V3_7)] {
+        let (tally, mismatches) = compare_all(&cases, line, version);
+        let equal = tally.equal;
+        report.push(match tally.other_parent {
+            0 => format!("{version} {equal} cases equal"),
+            n => format!("{version} {equal} cases equal ({n} with another of Argo's random parent choices)"),
+        });
+        let examples: Vec<String> = mismatches.iter().take(8).map(|m| format!("  {}: {}", m.case.oracle.id, m.why)).collect();
+        if let Some(smallest) = mismatches.into_iter().min_by_key(size_of) {
+            let first = examples.join("\n");
+            let count = cases.len() - equal;
+            let shrunk = shrink(smallest, line, version);
+            let path = write_reproducer(&shrunk, version);
+            failures.push(format!(
+                "{version}: {count} of {} cases differ, e.g.\n{first}\nsmallest reproducer ({}: {}) in {}",
+                cases.len(),
+                shrunk.case.oracle.id,
+                shrunk.why,
+                path.display()
+            ));
+        }
+    }
+    // Written to the stderr handle directly so it shows without --nocapture.
+    let _ = writeln!(
+        std::io::stderr(),
+        "differential: {} ({fixtures} Argo fixtures + {GENERATED} generated per line)",
+        report.join(", ")
+    );
+    assert!(failures.is_empty(), "planner and Argo differ:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn normalising_keeps_real_differences() {
+    // The comparison must not hide a change that matters.
+    let window = NowWindow { from: Timestamp::UNIX_EPOCH, to: Timestamp::UNIX_EPOCH };
+    let a = normalise(json!({"status": {"nodes": {"n": {"phase": "Running", "children": []}}}}), &window);
+    let b = normalise(json!({"status": {"nodes": {"n": {"phase": "Failed"}}}}), &window);
+    assert!(first_difference("", &a, &b).unwrap().contains("/status/nodes/n/phase"));
+    let c = normalise(json!({"status": {"nodes": {"n": {"phase": "Failed", "finishedAt": null}}}}), &window);
+    assert_eq!(first_difference("", &b, &c), None);
+    let stamped = normalise(json!({"status": {"startedAt": "1970-01-01T00:00:00Z"}}), &window);
+    assert_eq!(stamped, json!({"status": {"startedAt": "(now)"}}));
+    let old = normalise(json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}}), &window);
+    assert_eq!(old, json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}}));
+}

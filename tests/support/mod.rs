@@ -1,0 +1,2 @@
+pub mod r#gen;
+pub mod oracle;

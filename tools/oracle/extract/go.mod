@@ -1,0 +1,3 @@
+module github.com/rewind/tools/oracle/extract
+
+go 1.24
