@@ -55,11 +55,11 @@ pub async fn run(
 async fn sweep(client: &Client, namespaces: &[String], queue: &Queue, key: &RequestKey) -> Result<usize, kube::Error> {
     let lp = ListParams::default().labels(labels::WORKFLOW);
     let pods: Vec<PartialObjectMeta<Pod>> = if namespaces.is_empty() {
-        Api::<PartialObjectMeta<Pod>>::all(client.clone()).list_metadata(&lp).await?.items
+        Api::<Pod>::all(client.clone()).list_metadata(&lp).await?.items
     } else {
         let mut all = Vec::new();
         for ns in namespaces {
-            all.extend(Api::<PartialObjectMeta<Pod>>::namespaced(client.clone(), ns).list_metadata(&lp).await?.items);
+            all.extend(Api::<Pod>::namespaced(client.clone(), ns).list_metadata(&lp).await?.items);
         }
         all
     };
@@ -73,7 +73,7 @@ async fn sweep(client: &Client, namespaces: &[String], queue: &Queue, key: &Requ
     }
     let mut orphaned = BTreeSet::new();
     for (ns, wf) in owners {
-        if Api::<PartialObjectMeta<Workflow>>::namespaced(client.clone(), &ns).get_metadata_opt(&wf).await?.is_none() {
+        if Api::<Workflow>::namespaced(client.clone(), &ns).get_metadata_opt(&wf).await?.is_none() {
             orphaned.insert((ns, wf));
         }
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Resource, core::ErrorResponse};
+use kube::Resource;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -22,7 +22,7 @@ use crate::delete::{Recreated, Tracker};
 use crate::plan::{self, ArgoVersion, Plan, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::request::{self, RetryPhase, RetryStatus, annotations};
-use crate::workers::{Done, Outcomes, Queue, RequestKey, WorkItem};
+use crate::workers::{Done, Outcome, Outcomes, Queue, RequestKey, WorkItem, api_code};
 use crate::workflow::{Workflow, labels};
 
 /// Settings shared by every retry.
@@ -144,7 +144,10 @@ struct Job<'a> {
     target: &'a Target,
     key: RequestKey,
     status: RetryStatus,
+    started: Instant,
     last_status_write: Option<Instant>,
+    /// A status write changed the workflow since it was last read.
+    wrote_since_read: bool,
     tracker: Option<Tracker>,
     pods_deleted: usize,
 }
@@ -164,7 +167,9 @@ impl<'a> Job<'a> {
                 started_at: Some(now()),
                 finished_at: None,
             },
+            started: Instant::now(),
             last_status_write: None,
+            wrote_since_read: false,
             tracker: None,
             pods_deleted: 0,
         }
@@ -186,19 +191,26 @@ impl<'a> Job<'a> {
         Ok(Some(wf))
     }
 
-    async fn run(&mut self, outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<crate::workers::Outcome>) -> Result<Finished, RetryError> {
+    async fn run(&mut self, outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>) -> Result<Finished, RetryError> {
         info!(workflow = self.target.name, namespace = self.target.namespace, token = self.target.token, "retry started");
         self.event(EventType::Normal, "RetryStarted", format!("rewind started retry request {}", self.target.token)).await;
         loop {
             let Some(wf) = self.read().await? else { return Ok(Finished::AlreadyObserved) };
+            self.wrote_since_read = false;
             let plan = self.plan(&wf)?;
-            self.delete_pods(&plan, outcomes).await?;
-            self.set_phase(RetryPhase::Committing, true).await?;
+            self.delete_pods(outcomes).await?;
+            self.status.phase = RetryPhase::Committing;
+            self.write_status().await?;
+            if self.wrote_since_read {
+                // Our own status write changed the workflow: read it again
+                // (the next pass re-checks the pods with a fresh list).
+                continue;
+            }
             match self.commit(wf, plan).await {
                 Ok(()) => return Ok(Finished::Retried { pods_deleted: self.pods_deleted }),
                 // Someone changed the workflow (perhaps only our own status
                 // annotation): re-read, re-plan, re-check the pods.
-                Err(RetryError::Api(kube::Error::Api(ErrorResponse { code: 409, .. }))) => continue,
+                Err(RetryError::Api(e)) if api_code(&e) == Some(409) => continue,
                 Err(e) => return Err(e),
             }
         }
@@ -233,15 +245,13 @@ impl<'a> Job<'a> {
     /// Deletes the plan's pods until a fresh list shows every one gone.
     async fn delete_pods(
         &mut self,
-        plan: &Plan,
-        outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<crate::workers::Outcome>,
+        outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
     ) -> Result<(), RetryError> {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.target.namespace);
         let lp = ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, self.target.name));
         let tracker = self.tracker.as_mut().expect("planned before deleting");
         let total = tracker.plan().len();
         self.status.pods_total = total as u64;
-        let mut first = true;
         loop {
             let listed = pods.list(&lp).await?.items;
             let tracker = self.tracker.as_mut().expect("planned before deleting");
@@ -250,10 +260,7 @@ impl<'a> Job<'a> {
             if assessment.all_gone(total) {
                 return Ok(());
             }
-            if first {
-                self.set_phase(RetryPhase::DeletingPods, true).await?;
-                first = false;
-            }
+            self.status.phase = RetryPhase::DeletingPods;
             let mut pending = 0usize;
             for work in assessment.work {
                 let item = WorkItem { namespace: self.target.namespace.clone(), work };
@@ -264,7 +271,7 @@ impl<'a> Job<'a> {
                 let outcome = tokio::select! {
                     o = outcomes.recv() => o.ok_or(RetryError::ShuttingDown)?,
                     _ = tokio::time::sleep(self.ctx.config.status_interval) => {
-                        self.write_status(false).await?;
+                        self.write_status().await?;
                         continue;
                     }
                 };
@@ -277,7 +284,7 @@ impl<'a> Job<'a> {
                     }
                     Done::AlreadyGone | Done::Replaced => {}
                 }
-                self.write_status(false).await?;
+                self.write_status().await?;
             }
             if !assessment.terminating.is_empty() {
                 // Pods on a node shut down gracefully; look again shortly.
@@ -303,18 +310,14 @@ impl<'a> Job<'a> {
         Ok(())
     }
 
-    async fn set_phase(&mut self, phase: RetryPhase, force: bool) -> Result<(), RetryError> {
-        self.status.phase = phase;
-        self.write_status(force).await
-    }
-
-    /// Patches `rewind.dev/retry-status`: at most once per status interval;
-    /// `force` waits for the next slot instead of skipping.
-    async fn write_status(&mut self, force: bool) -> Result<(), RetryError> {
-        if !force && self.last_status_write.is_some_and(|t| t.elapsed() < self.ctx.config.status_interval) {
+    /// Patches `rewind.dev/retry-status` with progress, at most once per
+    /// status interval and not before the request has run that long: a retry
+    /// that ends sooner costs no write but the final one.
+    async fn write_status(&mut self) -> Result<(), RetryError> {
+        let interval = self.ctx.config.status_interval;
+        if self.started.elapsed() < interval || self.last_status_write.is_some_and(|t| t.elapsed() < interval) {
             return Ok(());
         }
-        self.wait_status_slot().await;
         let patch = serde_json::json!({"metadata": {"annotations": {
             annotations::STATUS: serde_json::to_string(&self.status).expect("status serializes"),
         }}});
@@ -322,6 +325,7 @@ impl<'a> Job<'a> {
             .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         self.last_status_write = Some(Instant::now());
+        self.wrote_since_read = true;
         Ok(())
     }
 
@@ -380,5 +384,5 @@ fn truncate(mut s: String, max: usize) -> String {
 }
 
 fn now() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }

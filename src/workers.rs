@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::{Client, core::ErrorResponse};
+use kube::Client;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -161,17 +161,25 @@ async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> 
 /// NotFound means done; a failed UID precondition (409) or `test` op (422)
 /// means the pod under that name is not the one planned.
 fn gone_or(e: kube::Error) -> Result<Done, kube::Error> {
-    match &e {
-        kube::Error::Api(ErrorResponse { code: 404, .. }) => Ok(Done::AlreadyGone),
-        kube::Error::Api(ErrorResponse { code: 409 | 422, .. }) => Ok(Done::Replaced),
+    match api_code(&e) {
+        Some(404) => Ok(Done::AlreadyGone),
+        Some(409 | 422) => Ok(Done::Replaced),
         _ => Err(e),
+    }
+}
+
+/// The HTTP status of an error the API server answered with.
+pub fn api_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
     }
 }
 
 /// Errors worth another try: throttling, server trouble, the network.
 pub fn is_transient(e: &kube::Error) -> bool {
     match e {
-        kube::Error::Api(ErrorResponse { code, .. }) => *code == 429 || *code >= 500,
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
         kube::Error::HyperError(_) | kube::Error::Service(_) => true,
         _ => false,
     }

@@ -45,7 +45,7 @@ pub mod labels {
     pub const POD_STATUS_FINALIZER: &str = "workflows.argoproj.io/status";
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Workflow {
     #[serde(default = "default_api_version")]
@@ -60,6 +60,19 @@ pub struct Workflow {
     pub status: WorkflowStatus,
     #[serde(flatten)]
     pub other: Other,
+}
+
+impl Default for Workflow {
+    fn default() -> Self {
+        Workflow {
+            api_version: default_api_version(),
+            kind: default_kind(),
+            metadata: ObjectMeta::default(),
+            spec: WorkflowSpec::default(),
+            status: WorkflowStatus::default(),
+            other: Other::default(),
+        }
+    }
 }
 
 fn default_api_version() -> String {

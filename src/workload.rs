@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
@@ -157,8 +157,9 @@ impl FailedDag {
             .collect()
     }
 
-    /// Creates the workflow and its pods in `namespace` (created if missing),
-    /// `concurrency` requests at a time, calling `progress` after each pod.
+    /// Creates the workflow and its pods in `namespace` (which must exist, with
+    /// its default ServiceAccount), `concurrency` requests at a time, calling
+    /// `progress` after each pod.
     pub async fn create(
         &self,
         client: &Client,
@@ -166,7 +167,6 @@ impl FailedDag {
         concurrency: usize,
         progress: impl Fn() + Sync,
     ) -> Result<Workflow, kube::Error> {
-        ensure_namespace(client, namespace).await?;
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
         let workflow = workflows.create(&PostParams::default(), &self.workflow(namespace)).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -186,16 +186,6 @@ impl FailedDag {
             .try_collect::<()>()
             .await?;
         Ok(workflow)
-    }
-}
-
-/// Creates `name` unless it exists.
-pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), kube::Error> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace { metadata: ObjectMeta { name: Some(name.into()), ..Default::default() }, ..Default::default() };
-    match namespaces.create(&PostParams::default(), &ns).await {
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        other => other.map(|_| ()),
     }
 }
 

@@ -11,6 +11,8 @@ use super::Role;
 pub const USER_NAME: &str = "rewind-user";
 /// The admin user, in system:masters (allowed everything, whatever RBAC says).
 pub const ADMIN_NAME: &str = "rewind-admin";
+/// The controller's identity, allowed what deploy/rbac/controller.yaml grants.
+pub const CONTROLLER_NAME: &str = "rewind-controller";
 
 /// A user of the local cluster and the bearer token that authenticates it.
 pub(super) struct Credential {
@@ -31,13 +33,14 @@ impl Credential {
         match self.role {
             Role::Admin => ADMIN_NAME,
             Role::User => USER_NAME,
+            Role::Controller => CONTROLLER_NAME,
         }
     }
 
     fn groups(&self) -> &'static str {
         match self.role {
             Role::Admin => "system:masters",
-            Role::User => "",
+            Role::User | Role::Controller => "",
         }
     }
 }

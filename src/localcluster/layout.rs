@@ -72,6 +72,7 @@ impl Layout {
         self.root.join(match role {
             Role::Admin => "admin.kubeconfig",
             Role::User => "user.kubeconfig",
+            Role::Controller => "controller.kubeconfig",
         })
     }
 

@@ -18,6 +18,7 @@ mod kwok;
 mod layout;
 mod ports;
 mod process;
+mod rbac;
 mod readiness;
 
 use std::fs;
@@ -33,7 +34,7 @@ pub use binaries::{BIN_DIR_ENV, Binaries};
 pub use cli::run_until_signal;
 pub use components::Component;
 pub use error::Error;
-pub use kubeconfig::{ADMIN_NAME, USER_NAME};
+pub use kubeconfig::{ADMIN_NAME, CONTROLLER_NAME, USER_NAME};
 pub use kwok::{NODE_COUNT, NODE_LABEL_SELECTOR};
 
 use kubeconfig::Credential;
@@ -81,6 +82,8 @@ pub enum Role {
     Admin,
     /// [`USER_NAME`], in no special group: allowed only what RBAC grants it.
     User,
+    /// [`CONTROLLER_NAME`]: allowed what the controller's ClusterRole grants.
+    Controller,
 }
 
 /// A running local control plane. Stop it with [`LocalCluster::stop`]; dropping it stops it too.
@@ -180,6 +183,7 @@ impl LocalCluster {
 
         let crds = crds::argo()?;
         crds::install(&admin, &crds).await?;
+        rbac::install_controller(&admin).await?;
         let names: Vec<String> = crds
             .iter()
             .filter_map(|crd| crd.metadata.name.clone())
@@ -241,6 +245,11 @@ impl LocalCluster {
     /// A client acting as [`USER_NAME`], who may do only what RBAC grants.
     pub fn user_client(&self) -> kube::Client {
         self.user.clone()
+    }
+
+    /// The client configuration a user of `role`'s kubeconfig gets.
+    pub async fn config(&self, role: Role) -> Result<kube::Config, Error> {
+        config(&self.layout.kubeconfig(role)).await
     }
 
     pub fn kubeconfig_path(&self, role: Role) -> PathBuf {
@@ -354,6 +363,7 @@ async fn prepare(
     let pki = certs::generate()?;
     let admin = Credential::random(Role::Admin)?;
     let user = Credential::random(Role::User)?;
+    let controller = Credential::random(Role::Controller)?;
     let files = [
         (layout.ca_cert(), pki.ca_cert),
         (layout.serving_cert(), pki.serving_cert),
@@ -365,7 +375,7 @@ async fn prepare(
         ),
         (
             layout.token_file(),
-            kubeconfig::token_file(&[&admin, &user]),
+            kubeconfig::token_file(&[&admin, &user, &controller]),
         ),
         (layout.audit_policy(), components::AUDIT_POLICY.to_owned()),
         (layout.kwok_config(), kwok::STAGES.to_owned()),
@@ -377,6 +387,10 @@ async fn prepare(
             layout.kubeconfig(Role::User),
             kubeconfig::render(&server_url, &layout.ca_cert(), &user),
         ),
+        (
+            layout.kubeconfig(Role::Controller),
+            kubeconfig::render(&server_url, &layout.ca_cert(), &controller),
+        ),
     ];
     for (path, contents) in files {
         write_private(&path, &contents)?;
@@ -384,6 +398,17 @@ async fn prepare(
     let admin_client = client(&layout.kubeconfig(Role::Admin)).await?;
     let user_client = client(&layout.kubeconfig(Role::User)).await?;
     Ok((binaries, ports, admin_client, user_client))
+}
+
+async fn config(path: &Path) -> Result<kube::Config, Error> {
+    let kubeconfig_error = |source| Error::Kubeconfig {
+        path: path.to_owned(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(kubeconfig_error)
 }
 
 /// Writes a file only its owner can read: it may hold a key or a token.
@@ -402,15 +427,7 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
 
 /// A client built from a kubeconfig file, exactly as a user of that file would get.
 async fn client(path: &Path) -> Result<kube::Client, Error> {
-    let kubeconfig_error = |source| Error::Kubeconfig {
-        path: path.to_owned(),
-        source,
-    };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(kubeconfig_error)?;
-    kube::Client::try_from(config).map_err(Error::kube(format!(
+    kube::Client::try_from(config(path).await?).map_err(Error::kube(format!(
         "building a client from {}",
         path.display()
     )))

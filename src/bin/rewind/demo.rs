@@ -55,17 +55,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
-    let admin = cluster.admin_client().await?;
+    let admin = cluster.admin_client();
     let dag = FailedDag { name: "big-retry".into(), failed: args.pods, succeeded: args.succeeded };
 
     let total = (args.pods + args.succeeded) as u64;
-    let bar = bar(total, "creating pods");
+    let bar = progress(total, "creating pods");
     let setup = Instant::now();
+    cluster.create_namespace(NAMESPACE).await?;
     dag.create(&admin, NAMESPACE, 64, || bar.inc(1)).await.context("creating the demo workflow and its pods")?;
     bar.finish_with_message(format!("created {total} pods in {:.1}s", setup.elapsed().as_secs_f64()));
 
     let scope = Scope { namespaces: vec![NAMESPACE.into()], instance_id: None };
-    let controller = Controller::new(cluster.config(Role::Admin).await?, args.tuning.options(scope, None))?;
+    let controller = Controller::new(cluster.config(Role::Controller).await?, args.tuning.options(scope, None))?;
     let (metrics, state) = (controller.metrics(), controller.state());
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(controller.run(shutdown.clone()));
@@ -75,13 +76,13 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
     let before = metrics.api_requests();
 
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
-    let token = jiff::Timestamp::now().as_second().to_string();
+    let token = k8s_openapi::jiff::Timestamp::now().as_second().to_string();
     println!("\nkubectl annotate workflow {} {}={token} --overwrite", dag.name, annotations::RETRY);
     let asked = Instant::now();
     let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
     workflows.patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
 
-    let bar = bar(args.pods as u64, "deleting pods");
+    let bar = progress(args.pods as u64, "deleting pods");
     let status = loop {
         let meta = workflows.get_metadata(&dag.name).await?;
         let status = meta
@@ -128,7 +129,7 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
     Ok(())
 }
 
-fn bar(len: u64, message: &'static str) -> ProgressBar {
+fn progress(len: u64, message: &'static str) -> ProgressBar {
     let bar = ProgressBar::new(len).with_message(message);
     bar.set_style(
         ProgressStyle::with_template("  {msg:16} [{bar:40}] {pos}/{len} {elapsed_precise}")

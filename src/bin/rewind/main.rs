@@ -161,7 +161,8 @@ struct LocalClusterArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format, "info,kube=warn");
+    // kube logs every failed request at ERROR; we report the ones that matter.
+    telemetry::init(cli.log_format, "info,kube=warn,kube_client::client::builder=off");
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
