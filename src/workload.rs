@@ -16,6 +16,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
 use crate::plan::ArgoVersion;
+use crate::plan::compress::{DEFAULT_MAX_WORKFLOW_SIZE, dehydrate};
 use crate::plan::pod_name::{PodNameFormat, node_id, pod_name};
 use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
 
@@ -40,7 +41,9 @@ impl FailedDag {
         })
     }
 
-    /// The workflow as Argo's controller leaves it when it fails.
+    /// The workflow as Argo's controller leaves it when it fails: with its
+    /// nodes compressed, as Argo stores them, when it is over Argo's default
+    /// size limit.
     pub fn workflow(&self, namespace: &str) -> Workflow {
         let mut nodes = BTreeMap::new();
         let mut children = Vec::new();
@@ -84,7 +87,7 @@ impl FailedDag {
             {"name": "main", "dag": {"tasks": tasks}},
             {"name": TEMPLATE, "container": {"image": "argoproj/argosay:v2", "args": ["exit", "1"]}},
         ]));
-        Workflow {
+        let mut workflow = Workflow {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(namespace.into()),
@@ -108,7 +111,10 @@ impl FailedDag {
                 ..Default::default()
             },
             ..Default::default()
-        }
+        };
+        // Past the limit even compressed the API server refuses it anyway.
+        let _ = dehydrate(&mut workflow, DEFAULT_MAX_WORKFLOW_SIZE);
+        workflow
     }
 
     /// The pods the workflow's nodes ran, with the phase each ended in.
