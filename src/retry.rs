@@ -95,6 +95,15 @@ pub enum RetryError {
     Superseded,
 }
 
+impl RetryError {
+    /// Errors of the API (or of reaching it) that a later attempt may not
+    /// meet: the request stays pending and is tried again, so no request is
+    /// lost to a passing fault (rule 4). Everything else ends the request.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, RetryError::Api(_) | RetryError::Delete(_))
+    }
+}
+
 /// How a request ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Finished {
@@ -104,8 +113,9 @@ pub enum Finished {
     AlreadyObserved,
 }
 
-/// Runs one request to its end. Errors are reported to the user (status
-/// annotation and Event) before this returns.
+/// Runs one request to its end, or until a transient error (see
+/// [`RetryError::is_transient`]), which the caller retries later. Errors are
+/// reported to the user (status annotation and Event) before this returns.
 pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError> {
     let started = Instant::now();
     let key = target.key();
@@ -118,6 +128,7 @@ pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError>
         Ok(Finished::Retried { .. }) => "succeeded",
         Ok(Finished::AlreadyObserved) => "already_observed",
         Err(RetryError::ShuttingDown | RetryError::Superseded) => "interrupted",
+        Err(e) if e.is_transient() => "transient_error",
         Err(_) => "failed",
     };
     ctx.metrics.observe_retry(label, started.elapsed());
@@ -131,6 +142,10 @@ pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError>
         }
         Ok(Finished::AlreadyObserved)
         | Err(RetryError::ShuttingDown | RetryError::Superseded | RetryError::WorkflowGone) => {}
+        Err(e) if e.is_transient() => {
+            warn!(workflow = target.name, namespace = target.namespace, token = target.token, error = %e, "retry interrupted; it will be tried again");
+            job.report_transient(e).await;
+        }
         Err(e) => {
             warn!(workflow = target.name, namespace = target.namespace, token = target.token, error = %e, "retry failed");
             job.fail(e).await;
@@ -354,6 +369,25 @@ impl<'a> Job<'a> {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the failed retry");
         }
         self.event(EventType::Warning, "RetryFailed", error.to_string()).await;
+    }
+
+    /// Says why the request is waiting, without observing its token: it is
+    /// tried again from the start (pods already gone count as done).
+    async fn report_transient(&mut self, error: &RetryError) {
+        self.status.phase = RetryPhase::Pending;
+        self.status.message = format!("{error}; rewind will try again");
+        self.wait_status_slot().await;
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            annotations::STATUS: serde_json::to_string(&self.status).expect("status serializes"),
+        }}});
+        if let Err(e) = self
+            .workflows()
+            .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the retry's error");
+        }
+        self.event(EventType::Warning, "RetryError", self.status.message.clone()).await;
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
@@ -22,6 +23,11 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::request;
 use crate::retry::{self, Target};
 use crate::workflow::{Workflow, labels};
+
+/// Wait before trying a request again after a transient error, doubling up to
+/// [`RETRY_BACKOFF_MAX`].
+const RETRY_BACKOFF_START: Duration = Duration::from_secs(1);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// Which workflows this controller serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -121,8 +127,16 @@ fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>
     let (ctx, active) = (ctx.clone(), active.clone());
     tokio::spawn(
         async move {
-            // Errors were reported to the user and logged by `retry::run`.
-            let _ = retry::run(&ctx, &target).await;
+            // Errors were reported to the user and logged by `retry::run`;
+            // transient ones are tried again, so no request is lost.
+            let mut delay = RETRY_BACKOFF_START;
+            while let Err(e) = retry::run(&ctx, &target).await {
+                if !e.is_transient() {
+                    break;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RETRY_BACKOFF_MAX);
+            }
             active.lock().unwrap_or_else(PoisonError::into_inner).remove(&target);
         }
         .instrument(span),
