@@ -71,9 +71,11 @@ pub fn case_strategy() -> impl Strategy<Value = GenCase> {
 /// The case and the defect it was given, if any (for the generator's own checks).
 pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
     let mut r = Rand::new(seed);
-    let wf_name = workflow_name(&mut r);
+    let collision = if r.chance(0.006) { Some(*r.pick(&COLLISIONS)) } else { None };
+    let wf_name = collision.map_or_else(|| workflow_name(&mut r), |(wf, _)| wf.to_owned());
     let large = r.chance(0.01);
     let mut sim = Sim::new(wf_name.clone(), &mut r, if large { 600 } else { budget });
+    sim.colliding_tasks = collision.map(|(_, tasks)| tasks);
     let run = sim.run(&mut r, large);
     let mut shape = sim.finish();
 
@@ -179,6 +181,13 @@ const LONG_TEMPLATES: &[&str] = &[
     "a-very-long-template-name-that-pushes-the-pod-name-over-the-limit",
     "extract-transform-load-the-quarterly-financial-reporting-dataset",
     "template-name-of-exactly-forty-two-chars-x",
+];
+
+/// Workflows with two root DAG tasks whose node names collide in FNV-1a 32
+/// (found by a birthday search): the second node gets Argo's widened 64-bit ID.
+const COLLISIONS: [(&str, [&str; 2]); 2] = [
+    ("collide-q7x2k", ["shard-71939", "shard-1580010"]),
+    ("a-workflow-with-an-exceptionally-long-generated-name-c0ll1", ["shard-139599", "shard-322382"]),
 ];
 
 const WORKFLOW_TEMPLATES: &[&str] = &["shared-steps", "ci-templates", "data-pipeline-library"];
@@ -430,9 +439,16 @@ enum Body {
 struct Run {
     root_phase: Phase,
     root_message: String,
-    on_exit: Option<(Phase, String)>,
+    on_exit: Option<OnExit>,
     /// Template names the nodes used, for `spec.templates`.
     templates: BTreeMap<String, Body>,
+}
+
+/// How the workflow's exit handler ended.
+struct OnExit {
+    template: &'static str,
+    phase: Phase,
+    message: String,
 }
 
 /// Builds node statuses the way the controller would have written them.
@@ -442,13 +458,14 @@ struct Sim {
     foreign_prefix: String,
     nodes: Vec<Node>,
     by_id: HashMap<String, usize>,
-    by_name: HashMap<String, usize>,
     clock: u64,
     budget: usize,
     base_time: u64,
     templates: BTreeMap<String, Body>,
-    /// Phase a running workflow leaves its unfinished nodes in.
+    /// Whether the workflow is still running (some nodes unfinished).
     running: bool,
+    /// Names for the first two root DAG tasks, which collide in FNV-1a 32.
+    colliding_tasks: Option<[&'static str; 2]>,
 }
 
 /// Per-invocation context passed down the template tree.
@@ -471,12 +488,12 @@ impl Sim {
             id_style,
             nodes: Vec::new(),
             by_id: HashMap::new(),
-            by_name: HashMap::new(),
             clock: 0,
             budget,
             base_time: r.below(20 * 86_400) as u64,
             templates: BTreeMap::new(),
             running: r.chance(0.05),
+            colliding_tasks: None,
         }
     }
 
@@ -537,7 +554,6 @@ impl Sim {
         };
         let idx = self.nodes.len();
         self.by_id.insert(id, idx);
-        self.by_name.insert(call.name.clone(), idx);
         self.nodes.push(node);
         self.budget = self.budget.saturating_sub(1);
         idx
@@ -633,14 +649,17 @@ impl Sim {
 
     /// Runs the whole workflow: the entrypoint, hooks and the exit handler.
     fn run(&mut self, r: &mut Rand, large: bool) -> Run {
-        let body = if large {
+        let body = if large || self.colliding_tasks.is_some() {
             Body::Dag
         } else {
             *r.pick(&[Body::Dag, Body::Dag, Body::Dag, Body::Dag, Body::Steps, Body::Steps, Body::Steps, Body::Steps, Body::Pod, Body::ContainerSet])
         };
-        let (tmpl, _) = self.template_for(r, body);
-        let tmpl = match tmpl {
-            Tmpl::Ref { template, .. } => Tmpl::Name(template),
+        // The entrypoint is a template of the workflow itself, never a reference.
+        let tmpl = match self.template_for(r, body).0 {
+            Tmpl::Ref { template, .. } => {
+                self.templates.insert(template.clone(), body);
+                Tmpl::Name(template)
+            }
             t => t,
         };
         let scope = format!("local/{}", self.wf);
@@ -654,10 +673,23 @@ impl Sim {
         }
         let on_exit = if r.chance(0.2) {
             let body = *r.pick(&[Body::Pod, Body::Pod, Body::Pod, Body::Steps, Body::Dag]);
-            let (tmpl, scope) = self.template_for(r, body);
-            let call = Call { name: format!("{}.onExit", self.wf), boundary: String::new(), flag: Some((true, false)), depth: 1, tmpl, scope };
+            // `spec.onExit` names a template of the workflow.
+            let template = match body {
+                Body::Steps => "exit-steps",
+                Body::Dag => "exit-dag",
+                _ => "exit-handler",
+            };
+            self.templates.insert(template.to_owned(), body);
+            let call = Call {
+                name: format!("{}.onExit", self.wf),
+                boundary: String::new(),
+                flag: Some((true, false)),
+                depth: 1,
+                tmpl: Tmpl::Name(template.to_owned()),
+                scope: format!("local/{}", self.wf),
+            };
             let e = self.exec(r, &call, Some(body));
-            Some((self.nodes[e].phase, self.nodes[e].message.clone()))
+            Some(OnExit { template, phase: self.nodes[e].phase, message: self.nodes[e].message.clone() })
         } else {
             None
         };
@@ -716,6 +748,11 @@ impl Sim {
                 if r.chance(0.3) {
                     let value = (*r.pick(WORDS)).to_owned();
                     self.nodes[idx].inputs.push(((*r.pick(&["message", "count", "target"])).to_owned(), value));
+                }
+                // Argo's "Orphaned Retried Node Flag" test: a retried flag
+                // inherited from a retryStrategy further up, with no Retry parent.
+                if kind == Kind::Pod && call.flag.is_none() && r.chance(0.01) {
+                    self.nodes[idx].flag = Some((false, true));
                 }
                 let (phase, message) = self.leaf_phase(r);
                 if kind == Kind::Pod && phase.fulfilled() {
@@ -910,14 +947,18 @@ impl Sim {
     fn exec_dag(&mut self, r: &mut Rand, call: &Call) -> usize {
         let dag = self.add_node(r, call, Kind::Dag, Phase::Running);
         let dag_id = self.nodes[dag].id.clone();
-        let count = r.between(1, 5);
+        let colliding = self.colliding_tasks.filter(|_| call.depth == 0);
+        let count = r.between(if colliding.is_some() { 2 } else { 1 }, 5);
         let mut tasks: Vec<Task> = Vec::new();
         for t in 0..count {
             if self.budget == 0 {
                 break;
             }
             let mut task = Task {
-                name: dag_task_name(r, call.depth, t),
+                name: match colliding {
+                    Some(names) if t < 2 => names[t].to_owned(),
+                    _ => dag_task_name(r, call.depth, t),
+                },
                 deps: (0..tasks.len()).filter(|_| r.chance(0.4)).collect(),
                 node: None,
                 phase: Phase::Succeeded,
@@ -1147,7 +1188,7 @@ fn workflow_phase(r: &mut Rand, run: &Run) -> String {
         Phase::Pending | Phase::Running => "Running",
         _ => "Succeeded",
     };
-    if phase == "Succeeded" && run.on_exit.as_ref().is_some_and(|(p, _)| p.failed()) {
+    if phase == "Succeeded" && run.on_exit.as_ref().is_some_and(|e| e.phase.failed()) {
         phase = "Failed";
     }
     match r.below(100) {
@@ -1309,9 +1350,10 @@ fn assemble(
     } else {
         json!({"parameters": params.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>()})
     };
-    let mut full_spec = json!({"templates": templates, "entrypoint": entry, "arguments": arguments});
-    if run.on_exit.is_some() {
-        full_spec["onExit"] = json!("exit-handler");
+    let mut full_spec = json!({"entrypoint": entry, "arguments": arguments});
+    full_spec["templates"] = Value::Array(templates);
+    if let Some(on_exit) = &run.on_exit {
+        full_spec["onExit"] = json!(on_exit.template);
     }
     let shutdown = match r.below(20) {
         0 => Some("Terminate"),
@@ -1349,7 +1391,7 @@ fn assemble(
         status.insert("progress".into(), json!(format!("{done}/{total}")));
     }
     let message = match &run.on_exit {
-        Some((p, m)) if p.failed() && !run.root_phase.failed() => m.clone(),
+        Some(e) if e.phase.failed() && !run.root_phase.failed() => e.message.clone(),
         _ => run.root_message.clone(),
     };
     if !message.is_empty() && phase != "Succeeded" {
@@ -1433,10 +1475,10 @@ fn compress_nodes(r: &mut Rand, workflow: &mut Value) {
     }
     let plain = serde_json::to_vec(&nodes).unwrap_or_default();
     let packed = match r.below(10) {
-        0 => zstd::encode_all(plain.as_slice(), 3).unwrap_or_default(),
+        0 => zstd::encode_all(plain.as_slice(), 1).unwrap_or_default(),
         1 => {
             let mut out = Vec::new();
-            let mut w = brotli::CompressorWriter::new(&mut out, 4096, 5, 22);
+            let mut w = brotli::CompressorWriter::new(&mut out, 4096, 1, 18);
             w.write_all(&plain).expect("compressing into memory");
             drop(w);
             out
@@ -1447,5 +1489,5 @@ fn compress_nodes(r: &mut Rand, workflow: &mut Value) {
             w.finish().expect("compressing into memory")
         }
     };
-    status.insert("compressedNodes".into(), json!(base64::engine::general_purpose::STANDARD.encode(packed)));
+    status.insert("compressedNodes".into(), Value::String(base64::engine::general_purpose::STANDARD.encode(packed)));
 }
