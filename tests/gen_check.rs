@@ -238,8 +238,13 @@ fn features(case: &GenCase) -> Vec<String> {
     if let Some(a) = algorithm {
         add(&format!("compressed {a}"));
     }
-    if case.max_workflow_size.is_some() {
-        add("max workflow size");
+    if let Some(max) = case.max_workflow_size {
+        let size = serde_json::to_vec(&case.workflow).map_or(0, |b| b.len());
+        add(match max {
+            m if m < size_without_nodes(case) => "max size too small even compressed",
+            m if m < size => "max size needs compression",
+            _ => "max size not reached",
+        });
     }
     if nodes.len() > 150 {
         add("large workflow");
@@ -412,7 +417,8 @@ fn features_are_all_covered() {
     let required = [
         "workflow phase Failed", "workflow phase Error", "workflow phase Succeeded", "workflow phase Running",
         "workflow phase Pending", "workflow phase none", "pod names v1", "pod names v2", "pod names default",
-        "pod names unknown format", "compressed gzip", "compressed zstd", "compressed brotli", "max workflow size",
+        "pod names unknown format", "compressed gzip", "compressed zstd", "compressed brotli", "max size too small even compressed",
+        "max size needs compression", "max size not reached",
         "large workflow", "archiving label", "completed label", "conditions", "spec parameters",
         "shutdown Terminate", "shutdown Stop", "activeDeadlineSeconds 0", "activeDeadlineSeconds set",
         "persistentVolumeClaims", "storedWorkflowTemplateSpec", "stored shutdown", "restartSuccessful",
@@ -449,6 +455,13 @@ proptest! {
     }
 }
 
+/// Bytes of the case's workflow JSON outside `status.nodes`.
+fn size_without_nodes(case: &GenCase) -> usize {
+    let mut workflow = case.workflow.clone();
+    workflow["status"].as_object_mut().map(|s| s.remove("nodes"));
+    serde_json::to_vec(&workflow).map_or(0, |b| b.len())
+}
+
 /// Argo fails a retry of this case, by its own rules, whatever the nodes say.
 fn argo_refuses(case: &GenCase, defect: Option<Defect>, compression: Option<&str>, line: ArgoLine) -> bool {
     let phase = case.workflow["status"]["phase"].as_str().unwrap_or_default();
@@ -459,7 +472,7 @@ fn argo_refuses(case: &GenCase, defect: Option<Defect>, compression: Option<&str
         || (selected && !selector_parses(&case.node_field_selector))
         || defect.is_some_and(|d| d != Defect::EmptyNodes)
         // Too large even compressed (the oracle cannot offload).
-        || case.max_workflow_size.is_some_and(|m| m < 4_000)
+        || case.max_workflow_size.is_some_and(|m| m < size_without_nodes(case))
         || (line == ArgoLine::V3 && matches!(compression, Some("zstd" | "brotli")))
 }
 
