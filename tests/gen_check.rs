@@ -136,6 +136,8 @@ fn every_case_decodes_and_valid_graphs_are_consistent() {
         let (case, defect) = generate_case(SEED.wrapping_add(i), support::r#gen::DEFAULT_BUDGET);
         let (wf, nodes, _) = decode(&case);
         match defect {
+            // Offloaded nodes live in Argo's database, not in the object.
+            None if wf.status.offload_node_status_version.is_some() => assert!(nodes.is_empty(), "{}", case.id),
             None => check_graph(&case, &wf, &nodes),
             Some(d) => {
                 defects += 1;
@@ -238,6 +240,9 @@ fn features(case: &GenCase) -> Vec<String> {
     if let Some(a) = algorithm {
         add(&format!("compressed {a}"));
     }
+    if wf.status.offload_node_status_version.is_some() {
+        add("offloaded nodes");
+    }
     if let Some(max) = case.max_workflow_size {
         let size = serde_json::to_vec(&case.workflow).map_or(0, |b| b.len());
         add(match max {
@@ -319,7 +324,7 @@ fn features(case: &GenCase) -> Vec<String> {
     }
 
     let children: HashSet<&String> = nodes.values().flat_map(|n| n.children()).collect();
-    if nodes.is_empty() {
+    if nodes.is_empty() && wf.status.offload_node_status_version.is_none() {
         add("no nodes");
     }
     if !nodes.is_empty() && !nodes.values().any(|n| n.name == name) {
@@ -417,7 +422,7 @@ fn features_are_all_covered() {
     let required = [
         "workflow phase Failed", "workflow phase Error", "workflow phase Succeeded", "workflow phase Running",
         "workflow phase Pending", "workflow phase none", "pod names v1", "pod names v2", "pod names default",
-        "pod names unknown format", "compressed gzip", "compressed zstd", "compressed brotli", "max size too small even compressed",
+        "pod names unknown format", "compressed gzip", "compressed zstd", "compressed brotli", "offloaded nodes", "max size too small even compressed",
         "max size needs compression", "max size not reached",
         "large workflow", "archiving label", "completed label", "conditions", "spec parameters",
         "shutdown Terminate", "shutdown Stop", "activeDeadlineSeconds 0", "activeDeadlineSeconds set",
@@ -471,6 +476,7 @@ fn argo_refuses(case: &GenCase, defect: Option<Defect>, compression: Option<&str
         || case.parameters.iter().flatten().any(|p| !p.contains('='))
         || (selected && !selector_parses(&case.node_field_selector))
         || defect.is_some_and(|d| d != Defect::EmptyNodes)
+        || case.workflow["status"].get("offloadNodeStatusVersion").is_some()
         // Too large even compressed (the oracle cannot offload).
         || case.max_workflow_size.is_some_and(|m| m < size_without_nodes(case))
         || (line == ArgoLine::V3 && matches!(compression, Some("zstd" | "brotli")))

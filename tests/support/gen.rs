@@ -86,8 +86,10 @@ pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
     let mut workflow = assemble(&mut r, &wf_name, &phase, &run, &shape, nodes_json, &options.params_declared);
 
     let max_workflow_size = if large || r.chance(0.04) { Some(size_limit(&mut r, &workflow)) } else { None };
-    if r.chance(0.12) {
-        compress_nodes(&mut r, &mut workflow);
+    match r.below(100) {
+        0..=11 => compress_nodes(&mut r, &mut workflow),
+        12 => offload_nodes(&mut workflow),
+        _ => {}
     }
     let case = GenCase {
         id: format!("case_from_seed({seed:#x}, {budget})"),
@@ -1470,6 +1472,16 @@ fn size_limit(r: &mut Rand, workflow: &Value) -> usize {
         1 if nodes >= 8_000 => rest + nodes * 3 / 5,
         0 | 1 => size * 2,
         _ => rest / 2,
+    }
+}
+
+/// Replaces `status.nodes` by a version in Argo's offload table, as the
+/// controller does with ALWAYS_OFFLOAD_NODE_STATUS or when compressing is not enough.
+fn offload_nodes(workflow: &mut Value) {
+    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else { return };
+    if let Some(nodes) = status.remove("nodes") {
+        let version = fnv1a32(&nodes.to_string());
+        status.insert("offloadNodeStatusVersion".into(), Value::String(format!("fnv:{version}")));
     }
 }
 
