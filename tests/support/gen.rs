@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 
 /// One retry to compare: the workflow and the options passed to Argo's
 /// `FormulateRetryWorkflow`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct GenCase {
     /// Reproduces the case: `case_from_seed(seed, budget)`.
     pub id: String,
@@ -53,9 +53,7 @@ pub const DEFAULT_BUDGET: usize = 48;
 
 /// `count` cases, the same for the same seed.
 pub fn generate(seed: u64, count: usize) -> Vec<GenCase> {
-    (0..count as u64)
-        .map(|i| case_from_seed(splitmix64(seed ^ splitmix64(i)), DEFAULT_BUDGET))
-        .collect()
+    (0..count as u64).map(|i| case_from_seed(splitmix64(seed ^ splitmix64(i)), DEFAULT_BUDGET)).collect()
 }
 
 /// The case for one seed and node budget (what a `GenCase::id` names).
@@ -161,16 +159,48 @@ fn fnv1a64(s: &str) -> u64 {
 }
 
 const WORDS: &[&str] = &[
-    "build", "test", "deploy", "fetch", "train", "validate", "notify", "lint", "package", "publish",
-    "extract", "transform", "load", "report", "scan", "migrate", "backup", "render", "index", "sync",
+    "build",
+    "test",
+    "deploy",
+    "fetch",
+    "train",
+    "validate",
+    "notify",
+    "lint",
+    "package",
+    "publish",
+    "extract",
+    "transform",
+    "load",
+    "report",
+    "scan",
+    "migrate",
+    "backup",
+    "render",
+    "index",
+    "sync",
 ];
 
 const TEMPLATES: &[&str] = &[
-    "main", "whalesay", "echo", "run-tests", "build-image", "process", "print-message", "flip-coin",
-    "heads", "tails", "gen-data", "consume", "sleep", "fail", "succeed",
+    "main",
+    "whalesay",
+    "echo",
+    "run-tests",
+    "build-image",
+    "process",
+    "print-message",
+    "flip-coin",
+    "heads",
+    "tails",
+    "gen-data",
+    "consume",
+    "sleep",
+    "fail",
+    "succeed",
 ];
 
-/// Longer than the 63-character pod name budget once joined to a workflow name.
+/// Long enough that "<workflow>-<template>" hits the pod name prefix limit
+/// with most workflow names (the last one only with long ones).
 const LONG_TEMPLATES: &[&str] = &[
     "a-very-long-template-name-that-pushes-the-pod-name-over-the-limit",
     "extract-transform-load-the-quarterly-financial-reporting-dataset",
@@ -389,11 +419,8 @@ fn node_json(n: &Node, base: u64) -> Value {
     }
     let mut outputs = Map::new();
     if !n.supplied.is_empty() {
-        let params: Vec<Value> = n
-            .supplied
-            .iter()
-            .map(|(k, v)| json!({"name": k, "value": v, "valueFrom": {"supplied": {}}}))
-            .collect();
+        let params: Vec<Value> =
+            n.supplied.iter().map(|(k, v)| json!({"name": k, "value": v, "valueFrom": {"supplied": {}}})).collect();
         outputs.insert("parameters".into(), Value::Array(params));
     }
     if let Some(code) = n.exit_code {
@@ -508,11 +535,7 @@ impl Sim {
         }
         let prefix = if self.id_style == IdStyle::Foreign { &self.foreign_prefix } else { &self.wf };
         let id = format!("{prefix}-{}", fnv1a32(name));
-        if self.by_id.contains_key(&id) {
-            format!("{prefix}-{}", fnv1a64(name))
-        } else {
-            id
-        }
+        if self.by_id.contains_key(&id) { format!("{prefix}-{}", fnv1a64(name)) } else { id }
     }
 
     /// `initializeNode`: display name relative to the boundary node.
@@ -601,8 +624,17 @@ impl Sim {
         }
         match r.below(100) {
             0..=62 => (Phase::Succeeded, ""),
-            63..=88 => (Phase::Failed, *r.pick(&["Error (exit code 1)", "Error (exit code 2)", "OOMKilled (exit code 137)"])),
-            _ => (Phase::Error, *r.pick(&["pod deleted", "failed to create pod", "Pod was active on the node longer than the specified deadline"])),
+            63..=88 => {
+                (Phase::Failed, *r.pick(&["Error (exit code 1)", "Error (exit code 2)", "OOMKilled (exit code 137)"]))
+            }
+            _ => (
+                Phase::Error,
+                *r.pick(&[
+                    "pod deleted",
+                    "failed to create pod",
+                    "Pod was active on the node longer than the specified deadline",
+                ]),
+            ),
         }
     }
 
@@ -646,7 +678,18 @@ impl Sim {
         let body = if large || self.colliding_tasks.is_some() {
             Body::Dag
         } else {
-            *r.pick(&[Body::Dag, Body::Dag, Body::Dag, Body::Dag, Body::Steps, Body::Steps, Body::Steps, Body::Steps, Body::Pod, Body::ContainerSet])
+            *r.pick(&[
+                Body::Dag,
+                Body::Dag,
+                Body::Dag,
+                Body::Dag,
+                Body::Steps,
+                Body::Steps,
+                Body::Steps,
+                Body::Steps,
+                Body::Pod,
+                Body::ContainerSet,
+            ])
         };
         // The entrypoint is a template of the workflow itself, never a reference.
         let tmpl = match self.template_for(r, body).0 {
@@ -697,7 +740,14 @@ impl Sim {
 
     fn hook_call(&mut self, r: &mut Rand, owner: &Call, suffix: &str, boundary: String) -> Call {
         let (tmpl, scope) = self.template_for(r, Body::Pod);
-        Call { name: format!("{}.{suffix}", owner.name), boundary, flag: Some((true, false)), depth: owner.depth + 1, tmpl, scope }
+        Call {
+            name: format!("{}.{suffix}", owner.name),
+            boundary,
+            flag: Some((true, false)),
+            depth: owner.depth + 1,
+            tmpl,
+            scope,
+        }
     }
 
     /// One template invocation, wrapped in a Retry node when the template has a
@@ -895,7 +945,8 @@ impl Sim {
                     break;
                 }
                 let (tmpl, scope) = self.template_for(r, Body::Pod);
-                let child_call = Call { name, boundary: steps_id.to_owned(), flag: None, depth: call.depth + 1, tmpl, scope };
+                let child_call =
+                    Call { name, boundary: steps_id.to_owned(), flag: None, depth: call.depth + 1, tmpl, scope };
                 let child = if r.chance(0.08) {
                     let skipped = Call { flag: Some((false, false)), ..child_call };
                     let c = self.add_node(r, &skipped, Kind::Skipped, Phase::Skipped);
@@ -969,7 +1020,14 @@ impl Sim {
                 continue;
             }
             let (tmpl, scope) = self.template_for(r, Body::Pod);
-            let tc = Call { name: format!("{}.{}", call.name, task.name), boundary: dag_id.clone(), flag: None, depth: call.depth + 1, tmpl, scope };
+            let tc = Call {
+                name: format!("{}.{}", call.name, task.name),
+                boundary: dag_id.clone(),
+                flag: None,
+                depth: call.depth + 1,
+                tmpl,
+                scope,
+            };
             let n = if dep_failed || r.chance(0.07) {
                 let (phase, message) = if dep_failed {
                     (Phase::Omitted, "omitted: depends condition not met")
@@ -999,7 +1057,15 @@ impl Sim {
     }
 
     /// A DAG task with `withItems`: a TaskGroup whose children are the items.
-    fn exec_task_group(&mut self, r: &mut Rand, dag: usize, deps: &[usize], tasks: &[Task], call: Call, items: usize) -> usize {
+    fn exec_task_group(
+        &mut self,
+        r: &mut Rand,
+        dag: usize,
+        deps: &[usize],
+        tasks: &[Task],
+        call: Call,
+        items: usize,
+    ) -> usize {
         let group_call = Call { flag: Some((false, false)), ..call.clone() };
         let group = self.add_node(r, &group_call, Kind::TaskGroup, Phase::Running);
         self.connect(dag, deps, tasks, group);
@@ -1040,8 +1106,12 @@ impl Sim {
     /// The DAG's outbound nodes come from its leaf tasks (those no task
     /// depends on, in name order, `findLeafTaskNames`); its phase from its tasks.
     fn finish_dag(&mut self, r: &mut Rand, dag: usize, tasks: &[Task]) {
-        let mut leaves: Vec<&Task> =
-            tasks.iter().enumerate().filter(|(i, _)| !tasks.iter().any(|t| t.deps.contains(i))).map(|(_, t)| t).collect();
+        let mut leaves: Vec<&Task> = tasks
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !tasks.iter().any(|t| t.deps.contains(i)))
+            .map(|(_, t)| t)
+            .collect();
         leaves.sort_by(|a, b| a.name.cmp(&b.name));
         let outbound = leaves.iter().filter_map(|t| t.node).flat_map(|n| self.outbound_of(n)).collect();
         self.nodes[dag].outbound = outbound;
@@ -1069,12 +1139,25 @@ impl Sim {
         let dag = self.add_node(r, call, Kind::Dag, Phase::Running);
         let dag_id = self.nodes[dag].id.clone();
         let (tmpl, scope) = self.template_for(r, Body::Pod);
-        let prep = Call { name: format!("{}.prepare", call.name), boundary: dag_id.clone(), flag: None, depth: 1, tmpl: tmpl.clone(), scope: scope.clone() };
+        let prep = Call {
+            name: format!("{}.prepare", call.name),
+            boundary: dag_id.clone(),
+            flag: None,
+            depth: 1,
+            tmpl: tmpl.clone(),
+            scope: scope.clone(),
+        };
         let p = self.exec_body(r, &prep, Body::Pod);
         self.complete(r, p, Phase::Succeeded, "");
         self.nodes[p].exit_code = Some("0");
         self.add_child(dag, p);
-        let prepare = Task { name: "prepare".to_owned(), deps: Vec::new(), node: Some(p), phase: Phase::Succeeded, continue_on: false };
+        let prepare = Task {
+            name: "prepare".to_owned(),
+            deps: Vec::new(),
+            node: Some(p),
+            phase: Phase::Succeeded,
+            continue_on: false,
+        };
         let fan = Call { name: format!("{}.process", call.name), boundary: dag_id, flag: None, depth: 1, tmpl, scope };
         let items = r.between(120, 300);
         let group = self.exec_task_group(r, dag, &[0], std::slice::from_ref(&prepare), fan, items);
@@ -1107,15 +1190,13 @@ fn strip_separator(rest: &str) -> &str {
     if let Some(stripped) = rest.strip_prefix('.') {
         return stripped;
     }
-    if let Some(inner) = rest.strip_prefix('[') {
-        if let Some(close) = inner.find(']') {
-            let digits = &inner[..close];
-            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-                if let Some(after) = inner[close + 1..].strip_prefix('.') {
-                    return after;
-                }
-            }
-        }
+    if let Some(inner) = rest.strip_prefix('[')
+        && let Some(close) = inner.find(']')
+        && !inner[..close].is_empty()
+        && inner[..close].bytes().all(|b| b.is_ascii_digit())
+        && let Some(after) = inner[close + 1..].strip_prefix('.')
+    {
+        return after;
     }
     rest
 }
@@ -1304,7 +1385,10 @@ fn assemble(
         labels.insert("workflows.argoproj.io/phase".into(), json!(phase));
     }
     if r.chance(0.3) {
-        labels.insert("workflows.argoproj.io/workflow-archiving-status".into(), json!(*r.pick(&["Pending", "Archived", "Persisted"])));
+        labels.insert(
+            "workflows.argoproj.io/workflow-archiving-status".into(),
+            json!(*r.pick(&["Pending", "Archived", "Persisted"])),
+        );
     }
     if r.chance(0.2) {
         labels.insert("workflows.argoproj.io/creator".into(), json!("system-serviceaccount-argo-argo-server"));
@@ -1331,7 +1415,10 @@ fn assemble(
         0..=3 => {}
         4..=6 => metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v2"}),
         7..=8 => metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v1"}),
-        _ => metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v3", "note": "unknown formats mean the default"}),
+        _ => {
+            metadata["annotations"] =
+                json!({"workflows.argoproj.io/pod-name-format": "v3", "note": "unknown formats mean the default"})
+        }
     }
 
     let entry = match nodes.get(wf).and_then(|n| n.get("templateName")) {
@@ -1440,7 +1527,8 @@ fn assemble(
 /// A template as Go marshals `wfv1.Template` (the non-omitempty structs
 /// `inputs`, `outputs` and `metadata` always present).
 fn template_json(name: &str, body: Body) -> Value {
-    let container = json!({"name": "", "image": "alpine:3.23", "command": ["sh", "-c"], "args": ["echo hello"], "resources": {}});
+    let container =
+        json!({"name": "", "image": "alpine:3.23", "command": ["sh", "-c"], "args": ["echo hello"], "resources": {}});
     let mut t = json!({"name": name, "inputs": {}, "outputs": {}, "metadata": {}});
     match body {
         Body::Pod => t["container"] = container,
@@ -1478,7 +1566,9 @@ fn size_limit(r: &mut Rand, workflow: &Value) -> usize {
 /// Replaces `status.nodes` by a version in Argo's offload table, as the
 /// controller does with ALWAYS_OFFLOAD_NODE_STATUS or when compressing is not enough.
 fn offload_nodes(workflow: &mut Value) {
-    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else { return };
+    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
     if let Some(nodes) = status.remove("nodes") {
         let version = fnv1a32(&nodes.to_string());
         status.insert("offloadNodeStatusVersion".into(), Value::String(format!("fnv:{version}")));
@@ -1488,7 +1578,9 @@ fn offload_nodes(workflow: &mut Value) {
 /// Moves `status.nodes` into `status.compressedNodes` as the controller does
 /// (base64 of gzip by default; zstd or brotli when configured).
 fn compress_nodes(r: &mut Rand, workflow: &mut Value) {
-    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else { return };
+    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
     let Some(nodes) = status.remove("nodes") else { return };
     if nodes.as_object().is_none_or(Map::is_empty) {
         status.insert("nodes".into(), nodes);
