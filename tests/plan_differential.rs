@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use rewind::plan::{ArgoVersion, ChooseParent, PlanError, RetryOptions, last_listed, plan_retry_with_parents};
+use rewind::plan::{compress, ArgoVersion, ChooseParent, PlanError, RetryOptions, last_listed, plan_retry_with_parents};
 use rewind::workflow::Workflow;
 use serde_json::{Value, json};
 use support::oracle::{ArgoLine, OracleCase, OracleResult, run_oracle};
@@ -197,8 +197,7 @@ fn same_graph_fault(oracle: &str, planner: &PlanError, wf: &Value) -> bool {
     }
     let name = wf.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
     let on_exit = format!("{name}.onExit");
-    let empty = serde_json::Map::new();
-    let nodes = wf.pointer("/status/nodes").and_then(Value::as_object).unwrap_or(&empty);
+    let nodes = input_nodes(wf);
     let children = |n: &Value| -> Vec<String> {
         n.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
     };
@@ -219,6 +218,19 @@ fn same_graph_fault(oracle: &str, planner: &PlanError, wf: &Value) -> bool {
         }
     };
     is_fault(oracle) && is_fault(&planner.to_string())
+}
+
+/// The input's nodes, decoded from `compressedNodes` when given that way.
+fn input_nodes(wf: &Value) -> serde_json::Map<String, Value> {
+    if let Some(nodes) = wf.pointer("/status/nodes").and_then(Value::as_object) {
+        return nodes.clone();
+    }
+    let packed = wf.pointer("/status/compressedNodes").and_then(Value::as_str).unwrap_or_default();
+    compress::decode_nodes(packed, ArgoVersion::V4)
+        .ok()
+        .and_then(|nodes| serde_json::to_value(nodes).ok())
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default()
 }
 
 /// The span in which either side may have taken "now".
@@ -354,8 +366,9 @@ struct Tally {
 
 /// Nodes listed as a child by several nodes: (ID, number of listing nodes).
 fn multi_parent_nodes(wf: &Value) -> Vec<(String, usize)> {
+    let nodes = input_nodes(wf);
     let mut listers: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (key, node) in wf.pointer("/status/nodes").and_then(Value::as_object).into_iter().flatten() {
+    for (key, node) in &nodes {
         for child in node.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
             listers.entry(child).or_default().insert(key);
         }

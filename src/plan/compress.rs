@@ -167,10 +167,10 @@ pub fn dehydrate(wf: &mut Workflow, max_size: usize) -> Result<(), TooLarge> {
 /// the spec that Go would re-encode differently are not modelled, so a
 /// workflow within a few bytes of the limit may be judged differently.
 pub fn go_json_size(wf: &Workflow) -> usize {
-    let json = serde_json::to_vec(wf).unwrap_or_default();
-    let mut size = json.len();
-    size += json.iter().filter(|&&b| matches!(b, b'<' | b'>' | b'&')).count() * 5;
-    size += json.windows(3).filter(|w| matches!(w, [0xe2, 0x80, 0xa8 | 0xa9])).count() * 3;
+    let mut counter = GoSizeCounter::default();
+    // Counting cannot fail, and the types serialise.
+    let _ = serde_json::to_writer(&mut counter, wf);
+    let mut size = counter.size;
     // `"key":null` plus a separating comma (every object involved has other fields).
     let null_field = |key: &str| key.len() + 2 + 1 + 4 + 1;
     if wf.metadata.creation_timestamp.is_none() {
@@ -199,6 +199,32 @@ pub fn go_json_size(wf: &Workflow) -> usize {
         }
     }
     size
+}
+
+/// Counts the bytes Go would write for what serde writes, without keeping
+/// them: each `<`, `>`, `&` becomes 6 bytes, U+2028 and U+2029 too. Serde
+/// writes a multi-byte character within one chunk, so chunks are scanned alone.
+#[derive(Default)]
+struct GoSizeCounter {
+    size: usize,
+}
+
+impl Write for GoSizeCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.size += buf.len();
+        for (i, &b) in buf.iter().enumerate() {
+            match b {
+                b'<' | b'>' | b'&' => self.size += 5,
+                0xe2 if matches!(buf.get(i + 1..i + 3), Some([0x80, 0xa8 | 0xa9])) => self.size += 3,
+                _ => {}
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,9 @@
 //! where Argo would not terminate. Nodes are indexed in node-ID order, the
 //! order Argo v4 builds the parent map in.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use crate::plan::{ChooseParent, PlanError};
 use crate::plan::compress::Nodes;
@@ -58,39 +60,50 @@ impl<'a> Graph<'a> {
     /// planner reports the first in node-ID order.
     pub fn build(nodes: &'a Nodes, workflow_name: &str, choose: ChooseParent<'_>) -> Result<Self, PlanError> {
         let list: Vec<&NodeStatus> = nodes.values().collect();
-        let index: HashMap<&str, usize> = list.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
-        let mut listers: HashMap<&str, Vec<usize>> = HashMap::with_capacity(list.len());
+        let n = list.len();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(n);
         for (i, node) in list.iter().enumerate() {
-            for child in node.children() {
-                let l = listers.entry(child.as_str()).or_default();
-                if l.last() != Some(&i) {
-                    l.push(i);
+            index.insert(node.id.as_str(), i);
+        }
+        let resolved: Vec<Vec<Option<usize>>> =
+            list.iter().map(|node| node.children().iter().map(|c| index.get(c.as_str()).copied()).collect()).collect();
+        // The listing nodes of each node, in ID order: the first, and all of
+        // them only for the few nodes listed several times.
+        let mut first_lister: Vec<Option<usize>> = vec![None; n];
+        let mut listers: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, kids) in resolved.iter().enumerate() {
+            for &c in kids.iter().flatten() {
+                match first_lister[c] {
+                    None => first_lister[c] = Some(i),
+                    Some(f) if f == i => {}
+                    Some(f) => {
+                        let l = listers.entry(c).or_insert_with(|| vec![f]);
+                        if l.last() != Some(&i) {
+                            l.push(i);
+                        }
+                    }
                 }
             }
         }
-        let parent_of = |id: &str| -> Option<usize> {
-            let l = listers.get(id)?;
-            if l.len() == 1 {
-                return Some(l[0]);
-            }
-            let ids: Vec<&str> = l.iter().map(|&i| list[i].id.as_str()).collect();
-            Some(l[choose(id, &ids).min(l.len() - 1)])
-        };
         let on_exit = format!("{workflow_name}.onExit");
-        let mut parent = vec![None; list.len()];
-        let mut children = Vec::with_capacity(list.len());
-        for (i, node) in list.iter().enumerate() {
-            let p = parent_of(node.id.as_str());
+        let mut parent = vec![None; n];
+        let mut children = Vec::with_capacity(n);
+        for (i, (node, kids)) in list.iter().zip(resolved).enumerate() {
+            let p = match listers.get(&i) {
+                Some(l) => {
+                    let ids: Vec<&str> = l.iter().map(|&j| list[j].id.as_str()).collect();
+                    Some(l[choose(&node.id, &ids).min(l.len() - 1)])
+                }
+                None => first_lister[i],
+            };
             if p.is_none() && node.name != workflow_name && !node.name.starts_with(&on_exit) {
                 return Err(PlanError::MissingParent { node: node.id.clone() });
             }
             parent[i] = p;
-            let kids = node
-                .children()
-                .iter()
-                .map(|c| index.get(c.as_str()).copied().ok_or_else(|| PlanError::MissingChild { child: c.clone() }))
-                .collect::<Result<Vec<_>, _>>()?;
-            children.push(kids);
+            if let Some(missing) = kids.iter().position(Option::is_none) {
+                return Err(PlanError::MissingChild { child: node.children()[missing].clone() });
+            }
+            children.push(kids.into_iter().flatten().collect());
         }
         let reaches_cycle = reaches_cycle(&children);
         Ok(Self { nodes: list, index, parent, children, reaches_cycle })

@@ -29,7 +29,9 @@ pub mod pod_name;
 pub mod selector;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::str::FromStr;
 
 use k8s_openapi::jiff::Timestamp;
@@ -217,67 +219,100 @@ pub fn plan_retry_with_parents(
     }
 
     let mut new_wf = new_retry_workflow(wf, compressed.is_some(), opts, &now)?;
-    let mut seeds = selected_nodes(&nodes, opts)?;
-    seeds.extend(failed_nodes(&nodes, &seeds, version, choose)?);
+    let selected = selected_nodes(&nodes, opts)?;
+    let failed = failed_nodes(&nodes, &selected, version, choose)?;
 
     let graph = Graph::build(&nodes, wf.name(), choose)?;
+    let mut seeds = vec![false; graph.nodes.len()];
+    for id in selected.iter().copied().chain(failed) {
+        if let Some(&i) = graph.index.get(id) {
+            seeds[i] = true;
+        }
+    }
     let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
 
     let format = PodNameFormat::of(wf);
     let pod_of = |node: &NodeStatus| {
         pod_name::pod_name(wf.name(), &node.name, &node.template(), &node.id, format, version)
     };
-    let mut pods = HashSet::new();
+    let mut pods = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         if delete[i] && node.type_ == node_type::POD {
-            pods.insert(pod_of(node)?);
+            pods.push(pod_of(node)?);
         }
     }
 
     let on_exit = format!("{}.onExit", wf.name());
-    let is_deleted = |id: &str| graph.index.get(id).is_some_and(|&i| delete[i]);
-    let mut new_nodes = BTreeMap::new();
+    // What becomes of each node (graph indices follow the node map's order):
+    // reset, kept as is, or dropped; kept ones get pruned children lists.
+    let mut fates = Vec::with_capacity(nodes.len());
     let mut nodes_reset = Vec::new();
-    for (key, node) in nodes.iter() {
-        let i = graph.index[node.id.as_str()];
-        let kept = if reset[i] && !delete[i] {
+    let mut nodes_deleted = Vec::new();
+    for (i, (key, node)) in nodes.iter().enumerate() {
+        let fate = if reset[i] && !delete[i] {
             nodes_reset.push(key.clone());
-            Some(reset_node(node, &now))
+            Fate::Reset
         } else if !delete[i] && !node.name.starts_with(&on_exit) {
-            Some(node.clone())
+            Fate::Keep
         } else {
-            None
+            nodes_deleted.push(key.clone());
+            Fate::Drop
         };
-        if let Some(mut kept) = kept {
-            kept.children = non_empty(node.children().iter().filter(|c| !is_deleted(c)).cloned().collect());
-            kept.outbound_nodes = non_empty(
-                node.outbound_nodes.iter().flatten().filter(|c| !is_deleted(c)).cloned().collect(),
-            );
-            new_nodes.insert(key.clone(), kept);
+        if fate != Fate::Drop {
+            let children = node.children().iter().zip(&graph.children[i]);
+            let children = non_empty(children.filter(|&(_, &c)| !delete[c]).map(|(id, _)| id.clone()).collect());
+            let is_deleted = |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
+            let outbound = non_empty(node.outbound_nodes.iter().flatten().filter(|id| !is_deleted(id)).cloned().collect());
+            fates.push((fate, children, outbound));
+        } else {
+            fates.push((fate, None, None));
         }
         if node.name == on_exit {
             // Every node of the exit handler, whatever its type, gets a pod name.
-            pods.insert(pod_of(node)?);
+            pods.push(pod_of(node)?);
             let mut result = Ok(());
             graph.descendants(i, |d| {
                 if result.is_ok() {
-                    result = pod_of(graph.nodes[d]).map(|p| {
-                        pods.insert(p);
-                    });
+                    result = pod_of(graph.nodes[d]).map(|p| pods.push(p));
                 }
             })?;
             result?;
         }
     }
-    let nodes_deleted = nodes.keys().filter(|k| !new_nodes.contains_key(*k)).cloned().collect();
+    drop(graph);
+    let finish = |(key, mut node): (String, NodeStatus), (fate, children, outbound)| {
+        if fate == Fate::Reset {
+            reset_node(&mut node, &now);
+        }
+        node.children = children;
+        node.outbound_nodes = outbound;
+        (key, node)
+    };
+    // Nodes decoded from compressedNodes are moved, others cloned.
+    let new_nodes: BTreeMap<String, NodeStatus> = match nodes {
+        Cow::Owned(nodes) => nodes.into_iter().zip(fates).filter(|(_, f)| f.0 != Fate::Drop).map(|(n, f)| finish(n, f)).collect(),
+        Cow::Borrowed(nodes) => nodes
+            .iter()
+            .zip(fates)
+            .filter(|(_, f)| f.0 != Fate::Drop)
+            .map(|((k, n), f)| finish((k.clone(), n.clone()), f))
+            .collect(),
+    };
     new_wf.status.nodes = Some(new_nodes);
 
     compress::dehydrate(&mut new_wf, opts.max_workflow_size)
         .map_err(|e| PlanError::TooLarge { compressed_size: e.compressed_size, max_size: e.max_size })?;
 
-    let mut pods_to_delete: Vec<String> = pods.into_iter().collect();
-    pods_to_delete.sort_unstable();
-    Ok(Plan { workflow: new_wf, pods_to_delete, nodes_deleted, nodes_reset })
+    pods.sort_unstable();
+    pods.dedup();
+    Ok(Plan { workflow: new_wf, pods_to_delete: pods, nodes_deleted, nodes_reset })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Reset,
+    Keep,
+    Drop,
 }
 
 fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
@@ -486,7 +521,8 @@ fn descendant_succeeded<'a>(
 ) -> Result<bool, PlanError> {
     // Frames of (node, index of the next child); `on_stack` finds recursion into itself.
     let mut stack: Vec<(&NodeStatus, usize)> = vec![(node, 0)];
-    let mut on_stack: HashSet<&str> = HashSet::from([node.id.as_str()]);
+    let mut on_stack: HashSet<&str> = HashSet::new();
+    on_stack.insert(node.id.as_str());
     let mut returned: Option<bool> = None;
     while let Some((curr, next)) = stack.last_mut() {
         if returned.take() == Some(true) {
@@ -534,7 +570,7 @@ fn descendant_succeeded<'a>(
 fn reset_and_delete(
     graph: &Graph<'_>,
     workflow_name: &str,
-    seeds: &HashSet<&str>,
+    seeds: &[bool],
     opts: &RetryOptions,
 ) -> Result<(Vec<bool>, Vec<bool>), PlanError> {
     let n = graph.nodes.len();
@@ -553,8 +589,7 @@ fn reset_and_delete(
     // singularPath's root: the last parentless node in that order.
     let path_root = order.iter().rev().copied().find(|&i| graph.parent[i].is_none());
     for &i in &order {
-        let id = graph.nodes[i].id.as_str();
-        if !seeds.contains(id) || delete[i] {
+        if !seeds[i] || delete[i] {
             continue;
         }
         let Some(path_root) = path_root else {
@@ -582,8 +617,7 @@ fn reset_and_delete(
 
 /// `resetNode`: the node runs again (a Skipped node stays Skipped, so the
 /// workflow does not hang on it); a Suspend node forgets supplied outputs.
-fn reset_node(node: &NodeStatus, now: &str) -> NodeStatus {
-    let mut node = node.clone();
+fn reset_node(node: &mut NodeStatus, now: &str) {
     if node.type_ == node_type::SUSPEND {
         for p in node.outputs.iter_mut().flat_map(|o| o.parameters.iter_mut().flatten()) {
             *p = Parameter {
@@ -599,7 +633,6 @@ fn reset_node(node: &NodeStatus, now: &str) -> NodeStatus {
     node.message = None;
     node.started_at = Some(now.to_owned());
     node.finished_at = None;
-    node
 }
 
 #[cfg(test)]

@@ -303,7 +303,8 @@ fn skipped_stays_skipped_and_suspend_forgets_supplied_outputs() {
     assert_eq!(reset["wf-k"].started_at.as_deref(), Some(NOW));
     let nodes = wf.status.nodes.as_ref().unwrap();
     // resetPath never resets a Suspend node, but resetNode's rule is ported as is.
-    let reset = reset_node(&nodes["wf-s"], NOW);
+    let mut reset = nodes["wf-s"].clone();
+    reset_node(&mut reset, NOW);
     assert_eq!(reset.phase(), "Running");
     let params = reset.outputs.unwrap().parameters.unwrap();
     assert_eq!(serde_json::to_value(&params).unwrap(), json!([{"name": "approve", "valueFrom": {"supplied": {}}}]));
