@@ -21,7 +21,14 @@ fn main() {
     divan::main();
 }
 
-fn node(id: String, name: String, type_: &str, phase: &str, children: Vec<String>, boundary: &str) -> NodeStatus {
+fn node(
+    id: String,
+    name: String,
+    type_: &str,
+    phase: &str,
+    children: Vec<String>,
+    boundary: &str,
+) -> NodeStatus {
     serde_json::from_value(json!({
         "id": id, "name": name, "displayName": name, "type": type_, "phase": phase,
         "templateName": "work", "templateScope": "local/big", "boundaryID": boundary,
@@ -43,7 +50,11 @@ fn big_nodes() -> Nodes {
         let mut pods = Vec::with_capacity(PODS_PER_GROUP);
         for p in 0..PODS_PER_GROUP {
             let pod_name = format!("{group_name}.work({p})");
-            let phase = if p < FAILED_PER_GROUP { "Failed" } else { "Succeeded" };
+            let phase = if p < FAILED_PER_GROUP {
+                "Failed"
+            } else {
+                "Succeeded"
+            };
             let pod = node(id(&pod_name), pod_name, "Pod", phase, Vec::new(), wf);
             pods.push(pod.id.clone());
             nodes.insert(pod.id.clone(), pod);
@@ -77,14 +88,20 @@ fn big_workflow(compressed: bool) -> Workflow {
 fn check(wf: &Workflow, opts: &RetryOptions, written_back: bool) {
     let plan = plan_retry_at(wf, opts, Timestamp::UNIX_EPOCH).expect("the bench workflow plans");
     assert_eq!(plan.pods_to_delete.len(), GROUPS * FAILED_PER_GROUP);
-    assert_eq!(plan.workflow.status.compressed_nodes.is_some(), written_back);
+    assert_eq!(
+        plan.workflow.status.compressed_nodes.is_some(),
+        written_back
+    );
 }
 
 /// Plain nodes, and a size limit the result fits under (no write-back).
 #[divan::bench]
 fn plan_plain(bencher: divan::Bencher) {
     let wf = big_workflow(false);
-    let opts = RetryOptions { max_workflow_size: usize::MAX, ..Default::default() };
+    let opts = RetryOptions {
+        max_workflow_size: usize::MAX,
+        ..Default::default()
+    };
     check(&wf, &opts, false);
     bencher.bench(|| plan_retry_at(divan::black_box(&wf), &opts, Timestamp::UNIX_EPOCH));
 }
@@ -94,7 +111,10 @@ fn plan_plain(bencher: divan::Bencher) {
 #[divan::bench]
 fn plan_plain_write_back(bencher: divan::Bencher) {
     let wf = big_workflow(false);
-    let opts = RetryOptions { max_workflow_size: 256 * 1024, ..Default::default() };
+    let opts = RetryOptions {
+        max_workflow_size: 256 * 1024,
+        ..Default::default()
+    };
     check(&wf, &opts, true);
     bencher.bench(|| plan_retry_at(divan::black_box(&wf), &opts, Timestamp::UNIX_EPOCH));
 }

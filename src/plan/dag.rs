@@ -11,8 +11,8 @@ use std::collections::VecDeque;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
-use crate::plan::{ChooseParent, PlanError};
 use crate::plan::compress::Nodes;
+use crate::plan::{ChooseParent, PlanError};
 use crate::workflow::NodeStatus;
 
 pub(crate) mod node_type {
@@ -29,11 +29,17 @@ pub(crate) mod node_type {
 }
 
 pub(crate) fn is_group(type_: &str) -> bool {
-    matches!(type_, node_type::DAG | node_type::TASK_GROUP | node_type::STEP_GROUP | node_type::STEPS)
+    matches!(
+        type_,
+        node_type::DAG | node_type::TASK_GROUP | node_type::STEP_GROUP | node_type::STEPS
+    )
 }
 
 pub(crate) fn is_execution(type_: &str) -> bool {
-    matches!(type_, node_type::CONTAINER | node_type::POD | node_type::HTTP | node_type::PLUGIN)
+    matches!(
+        type_,
+        node_type::CONTAINER | node_type::POD | node_type::HTTP | node_type::PLUGIN
+    )
 }
 
 pub(crate) fn failed_or_error(node: &NodeStatus) -> bool {
@@ -58,15 +64,26 @@ impl<'a> Graph<'a> {
     /// IDs, in ID order (see [`crate::plan::ChooseParent`]). Of several
     /// faults, Argo reports whichever its random map order meets first; the
     /// planner reports the first in node-ID order.
-    pub fn build(nodes: &'a Nodes, workflow_name: &str, choose: ChooseParent<'_>) -> Result<Self, PlanError> {
+    pub fn build(
+        nodes: &'a Nodes,
+        workflow_name: &str,
+        choose: ChooseParent<'_>,
+    ) -> Result<Self, PlanError> {
         let list: Vec<&NodeStatus> = nodes.values().collect();
         let n = list.len();
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(n);
         for (i, node) in list.iter().enumerate() {
             index.insert(node.id.as_str(), i);
         }
-        let resolved: Vec<Vec<Option<usize>>> =
-            list.iter().map(|node| node.children().iter().map(|c| index.get(c.as_str()).copied()).collect()).collect();
+        let resolved: Vec<Vec<Option<usize>>> = list
+            .iter()
+            .map(|node| {
+                node.children()
+                    .iter()
+                    .map(|c| index.get(c.as_str()).copied())
+                    .collect()
+            })
+            .collect();
         // The listing nodes of each node, in ID order: the first, and all of
         // them only for the few nodes listed several times.
         let mut first_lister: Vec<Option<usize>> = vec![None; n];
@@ -97,16 +114,26 @@ impl<'a> Graph<'a> {
                 None => first_lister[i],
             };
             if p.is_none() && node.name != workflow_name && !node.name.starts_with(&on_exit) {
-                return Err(PlanError::MissingParent { node: node.id.clone() });
+                return Err(PlanError::MissingParent {
+                    node: node.id.clone(),
+                });
             }
             parent[i] = p;
             if let Some(missing) = kids.iter().position(Option::is_none) {
-                return Err(PlanError::MissingChild { child: node.children()[missing].clone() });
+                return Err(PlanError::MissingChild {
+                    child: node.children()[missing].clone(),
+                });
             }
             children.push(kids.into_iter().flatten().collect());
         }
         let reaches_cycle = reaches_cycle(&children);
-        Ok(Self { nodes: list, index, parent, children, reaches_cycle })
+        Ok(Self {
+            nodes: list,
+            index,
+            parent,
+            children,
+            reaches_cycle,
+        })
     }
 
     fn id(&self, i: usize) -> &str {
@@ -165,7 +192,13 @@ impl<'a> Graph<'a> {
     /// `resetPath` of one start node: adds to `reset` the nodes Argo resets on
     /// the way up and to `delete` the start node, everything below it and the
     /// pods of containers on the way. `root` is `singularPath`'s root.
-    pub fn reset_path(&self, root: usize, start: usize, reset: &mut [bool], delete: &mut [bool]) -> Result<(), PlanError> {
+    pub fn reset_path(
+        &self,
+        root: usize,
+        start: usize,
+        reset: &mut [bool],
+        delete: &mut [bool],
+    ) -> Result<(), PlanError> {
         // singularPath: its errors make Argo index an empty slice.
         let mut curr = start;
         let mut steps = 0;
@@ -225,7 +258,9 @@ impl<'a> Graph<'a> {
                 reset[p] = true;
                 curr = p;
             }
-            if let Some(p) = self.parent[curr].filter(|&p| matches!(self.type_(p), node_type::STEP_GROUP | node_type::TASK_GROUP)) {
+            if let Some(p) = self.parent[curr]
+                .filter(|&p| matches!(self.type_(p), node_type::STEP_GROUP | node_type::TASK_GROUP))
+            {
                 reset[p] = true;
             }
             let boundary = self.nodes[curr].boundary_id.as_deref().unwrap_or_default();
@@ -237,7 +272,12 @@ impl<'a> Graph<'a> {
     }
 
     /// `resetUntil`: the first node from `n` upwards that matches, reset.
-    fn reset_until(&self, n: usize, reset: &mut [bool], matches: impl Fn(&NodeStatus) -> bool) -> Result<usize, PlanError> {
+    fn reset_until(
+        &self,
+        n: usize,
+        reset: &mut [bool],
+        matches: impl Fn(&NodeStatus) -> bool,
+    ) -> Result<usize, PlanError> {
         let mut curr = Some(n);
         while let Some(c) = curr {
             if matches(self.nodes[c]) {
@@ -246,11 +286,15 @@ impl<'a> Graph<'a> {
             }
             curr = self.parent[c];
         }
-        Err(PlanError::NoAncestor { node: self.id(n).to_owned() })
+        Err(PlanError::NoAncestor {
+            node: self.id(n).to_owned(),
+        })
     }
 
     fn loops(&self, i: usize, why: &str) -> PlanError {
-        PlanError::ArgoLoops { reason: format!("at node {}: {why}", self.id(i)) }
+        PlanError::ArgoLoops {
+            reason: format!("at node {}: {why}", self.id(i)),
+        }
     }
 }
 
@@ -302,7 +346,10 @@ mod tests {
     fn cycle_reachability() {
         // 0 -> 1 -> 2 -> 1, 3 -> 4, 5 -> 5
         let children = vec![vec![1], vec![2], vec![1], vec![4], vec![], vec![5]];
-        assert_eq!(reaches_cycle(&children), vec![true, true, true, false, false, true]);
+        assert_eq!(
+            reaches_cycle(&children),
+            vec![true, true, true, false, false, true]
+        );
         // A diamond is no cycle.
         let diamond = vec![vec![1, 2], vec![3], vec![3], vec![]];
         assert_eq!(reaches_cycle(&diamond), vec![false; 4]);

@@ -38,7 +38,9 @@ use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::workflow::{Condition, NodeStatus, Parameter, Workflow, WorkflowSpec, WorkflowStatus, labels};
+use crate::workflow::{
+    Condition, NodeStatus, Parameter, Workflow, WorkflowSpec, WorkflowStatus, labels,
+};
 use compress::{CompressError, Nodes};
 use dag::{Graph, failed_or_error, is_execution, node_type};
 use pod_name::{HashTooLong, PodNameFormat};
@@ -127,7 +129,9 @@ pub struct Plan {
 pub enum PlanError {
     #[error("Cannot retry a workflow in phase {phase}")]
     PhaseNotRetryable { phase: String },
-    #[error("To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector")]
+    #[error(
+        "To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector"
+    )]
     SucceededNeedsSelector,
     #[error("expected parameter of the form: NAME=VALUE. Received: {parameter}")]
     BadParameter { parameter: String },
@@ -145,7 +149,10 @@ pub enum PlanError {
     #[error(
         "workflow is longer than maximum allowed size. compressed size {compressed_size} > maxSize {max_size}Tried to offload but encountered error: offload node status is not supported"
     )]
-    TooLarge { compressed_size: usize, max_size: usize },
+    TooLarge {
+        compressed_size: usize,
+        max_size: usize,
+    },
     /// The nodes are in Argo's offload database, which rewind does not read.
     #[error("offload node status is not supported")]
     OffloadedNodes,
@@ -162,7 +169,9 @@ pub enum PlanError {
 
 impl From<HashTooLong> for PlanError {
     fn from(e: HashTooLong) -> Self {
-        Self::ArgoPanics { reason: format!("runtime error: slice bounds out of range ({e})") }
+        Self::ArgoPanics {
+            reason: format!("runtime error: slice bounds out of range ({e})"),
+        }
     }
 }
 
@@ -172,7 +181,11 @@ pub fn plan_retry(wf: &Workflow, opts: &RetryOptions) -> Result<Plan, PlanError>
 }
 
 /// [`plan_retry`] with "now" given, for the timestamps Argo sets.
-pub fn plan_retry_at(wf: &Workflow, opts: &RetryOptions, now: Timestamp) -> Result<Plan, PlanError> {
+pub fn plan_retry_at(
+    wf: &Workflow,
+    opts: &RetryOptions,
+    now: Timestamp,
+) -> Result<Plan, PlanError> {
     plan_retry_with_parents(wf, opts, now, &last_listed)
 }
 
@@ -204,9 +217,18 @@ pub fn plan_retry_with_parents(
     let compressed = compress::blob_to_hydrate(&wf.status);
     let nodes: Cow<'_, Nodes> = match compressed {
         Some(c) => Cow::Owned(compress::decode_nodes(c, version)?),
-        None => wf.status.nodes.as_ref().map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
+        None => wf
+            .status
+            .nodes
+            .as_ref()
+            .map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
     };
-    if wf.status.offload_node_status_version.as_deref().is_some_and(|v| !v.is_empty()) {
+    if wf
+        .status
+        .offload_node_status_version
+        .as_deref()
+        .is_some_and(|v| !v.is_empty())
+    {
         return Err(PlanError::OffloadedNodes);
     }
 
@@ -215,7 +237,11 @@ pub fn plan_retry_with_parents(
         "Failed" | "Error" => {}
         "Succeeded" if opts.restart_successful && !opts.node_field_selector.is_empty() => {}
         "Succeeded" => return Err(PlanError::SucceededNeedsSelector),
-        _ => return Err(PlanError::PhaseNotRetryable { phase: phase.to_owned() }),
+        _ => {
+            return Err(PlanError::PhaseNotRetryable {
+                phase: phase.to_owned(),
+            });
+        }
     }
 
     let mut new_wf = new_retry_workflow(wf, compressed.is_some(), opts, &now)?;
@@ -233,7 +259,14 @@ pub fn plan_retry_with_parents(
 
     let format = PodNameFormat::of(wf);
     let pod_of = |node: &NodeStatus| {
-        pod_name::pod_name(wf.name(), &node.name, &node.template(), &node.id, format, version)
+        pod_name::pod_name(
+            wf.name(),
+            &node.name,
+            &node.template(),
+            &node.id,
+            format,
+            version,
+        )
     };
     let mut pods = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
@@ -260,9 +293,22 @@ pub fn plan_retry_with_parents(
         };
         if fate != Fate::Drop {
             let children = node.children().iter().zip(&graph.children[i]);
-            let children = non_empty(children.filter(|&(_, &c)| !delete[c]).map(|(id, _)| id.clone()).collect());
-            let is_deleted = |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
-            let outbound = non_empty(node.outbound_nodes.iter().flatten().filter(|id| !is_deleted(id)).cloned().collect());
+            let children = non_empty(
+                children
+                    .filter(|&(_, &c)| !delete[c])
+                    .map(|(id, _)| id.clone())
+                    .collect(),
+            );
+            let is_deleted =
+                |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
+            let outbound = non_empty(
+                node.outbound_nodes
+                    .iter()
+                    .flatten()
+                    .filter(|id| !is_deleted(id))
+                    .cloned()
+                    .collect(),
+            );
             fates.push((fate, children, outbound));
         } else {
             fates.push((fate, None, None));
@@ -290,7 +336,12 @@ pub fn plan_retry_with_parents(
     };
     // Nodes decoded from compressedNodes are moved, others cloned.
     let new_nodes: BTreeMap<String, NodeStatus> = match nodes {
-        Cow::Owned(nodes) => nodes.into_iter().zip(fates).filter(|(_, f)| f.0 != Fate::Drop).map(|(n, f)| finish(n, f)).collect(),
+        Cow::Owned(nodes) => nodes
+            .into_iter()
+            .zip(fates)
+            .filter(|(_, f)| f.0 != Fate::Drop)
+            .map(|(n, f)| finish(n, f))
+            .collect(),
         Cow::Borrowed(nodes) => nodes
             .iter()
             .zip(fates)
@@ -300,12 +351,19 @@ pub fn plan_retry_with_parents(
     };
     new_wf.status.nodes = Some(new_nodes);
 
-    compress::dehydrate(&mut new_wf, opts.max_workflow_size)
-        .map_err(|e| PlanError::TooLarge { compressed_size: e.compressed_size, max_size: e.max_size })?;
+    compress::dehydrate(&mut new_wf, opts.max_workflow_size).map_err(|e| PlanError::TooLarge {
+        compressed_size: e.compressed_size,
+        max_size: e.max_size,
+    })?;
 
     pods.sort_unstable();
     pods.dedup();
-    Ok(Plan { workflow: new_wf, pods_to_delete: pods, nodes_deleted, nodes_reset })
+    Ok(Plan {
+        workflow: new_wf,
+        pods_to_delete: pods,
+        nodes_deleted,
+        nodes_reset,
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -322,7 +380,12 @@ fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
 /// `createNewRetryWorkflow`: the workflow without nodes, marked as running
 /// again. `hydrated` says the input's nodes came from `compressedNodes`,
 /// which Argo clears when it reads them.
-fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &str) -> Result<Workflow, PlanError> {
+fn new_retry_workflow(
+    wf: &Workflow,
+    hydrated: bool,
+    opts: &RetryOptions,
+    now: &str,
+) -> Result<Workflow, PlanError> {
     // Destructured so that a field added to the status is not silently dropped.
     let WorkflowStatus {
         phase: _,
@@ -348,8 +411,12 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
             finished_at: None,
             message: None,
             nodes: None,
-            compressed_nodes: compressed_nodes.clone().filter(|c| !hydrated && !c.is_empty()),
-            offload_node_status_version: offload_node_status_version.clone().filter(|v| !v.is_empty()),
+            compressed_nodes: compressed_nodes
+                .clone()
+                .filter(|c| !hydrated && !c.is_empty()),
+            offload_node_status_version: offload_node_status_version
+                .clone()
+                .filter(|v| !v.is_empty()),
             persistent_volume_claims: None,
             conditions: conditions.clone(),
             stored_workflow_spec: stored_workflow_spec.clone(),
@@ -364,7 +431,11 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
     }
     upsert_condition(
         new_wf.status.conditions.get_or_insert_default(),
-        Condition { type_: Some("Completed".into()), status: Some("False".into()), ..Default::default() },
+        Condition {
+            type_: Some("Completed".into()),
+            status: Some("False".into()),
+            ..Default::default()
+        },
     );
     if opts.argo_version == ArgoVersion::V3_7 {
         let Some(l) = new_wf.metadata.labels.as_mut() else {
@@ -385,7 +456,10 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
     }
     if let Some(params) = opts.parameters.as_deref().filter(|p| !p.is_empty()) {
         if wf.label(labels::PREVIOUS_WORKFLOW_NAME).is_some() {
-            tracing::warn!(workflow = wf.name(), "Overriding parameters on resubmitted workflows may have unexpected results");
+            tracing::warn!(
+                workflow = wf.name(),
+                "Overriding parameters on resubmitted workflows may have unexpected results"
+            );
         }
         override_parameters(&mut new_wf, params)?;
     }
@@ -395,7 +469,10 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
 /// `Conditions.UpsertCondition`: replaces the condition of the same type.
 fn upsert_condition(conditions: &mut Vec<Condition>, condition: Condition) {
     let type_ = condition.type_.as_deref().unwrap_or_default();
-    match conditions.iter_mut().find(|c| c.type_.as_deref().unwrap_or_default() == type_) {
+    match conditions
+        .iter_mut()
+        .find(|c| c.type_.as_deref().unwrap_or_default() == type_)
+    {
         Some(c) => *c = condition,
         None => conditions.push(condition),
     }
@@ -408,14 +485,31 @@ fn override_parameters(wf: &mut Workflow, params: &[String]) -> Result<(), PlanE
     let mut passed = HashSet::new();
     for p in params {
         let Some((name, value)) = p.split_once('=') else {
-            return Err(PlanError::BadParameter { parameter: p.clone() });
+            return Err(PlanError::BadParameter {
+                parameter: p.clone(),
+            });
         };
-        new_params.push(Parameter { name: name.into(), value: Some(value.into()), ..Default::default() });
+        new_params.push(Parameter {
+            name: name.into(),
+            value: Some(value.into()),
+            ..Default::default()
+        });
         passed.insert(name);
     }
-    let old = wf.spec.arguments.as_ref().and_then(|a| a.parameters.as_ref());
-    new_params.extend(old.into_iter().flatten().filter(|p| !passed.contains(p.name.as_str())).cloned());
-    let set = |spec: &mut WorkflowSpec| spec.arguments.get_or_insert_default().parameters = Some(new_params.clone());
+    let old = wf
+        .spec
+        .arguments
+        .as_ref()
+        .and_then(|a| a.parameters.as_ref());
+    new_params.extend(
+        old.into_iter()
+            .flatten()
+            .filter(|p| !passed.contains(p.name.as_str()))
+            .cloned(),
+    );
+    let set = |spec: &mut WorkflowSpec| {
+        spec.arguments.get_or_insert_default().parameters = Some(new_params.clone())
+    };
     if let Some(stored) = wf.status.stored_workflow_spec.as_deref_mut() {
         set(stored);
     }
@@ -425,7 +519,10 @@ fn override_parameters(wf: &mut Workflow, params: &[String]) -> Result<(), PlanE
 
 /// `getNodeIDsToReset`: the node IDs the selector picks, when restarting
 /// successful nodes.
-fn selected_nodes<'a>(nodes: &'a Nodes, opts: &RetryOptions) -> Result<HashSet<&'a str>, PlanError> {
+fn selected_nodes<'a>(
+    nodes: &'a Nodes,
+    opts: &RetryOptions,
+) -> Result<HashSet<&'a str>, PlanError> {
     let mut selected = HashSet::new();
     if !opts.restart_successful || opts.node_field_selector.is_empty() {
         return Ok(selected);
@@ -463,7 +560,10 @@ fn failed_nodes<'a>(
         let mut check = node;
         if node.node_flag.as_ref().is_some_and(|f| f.retried) {
             let parents = parents_of.get_or_insert_with(|| index_parents(nodes));
-            let candidates = parents.get(key.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let candidates = parents
+                .get(key.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             // Go's `Find` takes the first match in random map order.
             match version {
                 // Several Retry nodes with one child do not occur: the first in ID order.
@@ -542,7 +642,9 @@ fn descendant_succeeded<'a>(
         *next += 1;
         let Some(child) = nodes.get(child_id) else {
             let reason = match version {
-                ArgoVersion::V4 => format!("runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"),
+                ArgoVersion::V4 => format!(
+                    "runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"
+                ),
                 ArgoVersion::V3_7 => format!("Coudn't obtain child for {child_id}, panicking"),
             };
             return Err(PlanError::ArgoPanics { reason });
@@ -557,7 +659,10 @@ fn descendant_succeeded<'a>(
         }
         if !on_stack.insert(child.id.as_str()) {
             return Err(PlanError::ArgoPanics {
-                reason: format!("stack overflow (the children below node {} form a cycle)", child.id),
+                reason: format!(
+                    "stack overflow (the children below node {} form a cycle)",
+                    child.id
+                ),
             });
         }
         stack.push((child, 0));
@@ -581,20 +686,34 @@ fn reset_and_delete(
     }
     // Several nodes named like the workflow: Go takes the first in random
     // order; here the one whose ID is the name, else the first in ID order.
-    let named: Vec<usize> = (0..n).filter(|&i| graph.nodes[i].name == workflow_name).collect();
-    let Some(&root) = named.iter().find(|&&i| graph.nodes[i].id == workflow_name).or(named.first()) else {
-        return Err(PlanError::ArgoPanics { reason: "couldn't find root node".into() });
+    let named: Vec<usize> = (0..n)
+        .filter(|&i| graph.nodes[i].name == workflow_name)
+        .collect();
+    let Some(&root) = named
+        .iter()
+        .find(|&&i| graph.nodes[i].id == workflow_name)
+        .or(named.first())
+    else {
+        return Err(PlanError::ArgoPanics {
+            reason: "couldn't find root node".into(),
+        });
     };
     let order = graph.bfs_order(root, opts.argo_version == ArgoVersion::V3_7)?;
     // singularPath's root: the last parentless node in that order.
-    let path_root = order.iter().rev().copied().find(|&i| graph.parent[i].is_none());
+    let path_root = order
+        .iter()
+        .rev()
+        .copied()
+        .find(|&i| graph.parent[i].is_none());
     for &i in &order {
         if !seeds[i] || delete[i] {
             continue;
         }
         let Some(path_root) = path_root else {
             return Err(PlanError::ArgoPanics {
-                reason: "runtime error: index out of range [-1] (no parentless node below the root)".into(),
+                reason:
+                    "runtime error: index out of range [-1] (no parentless node below the root)"
+                        .into(),
             });
         };
         graph.reset_path(path_root, i, &mut reset, &mut delete)?;
@@ -607,7 +726,8 @@ fn reset_and_delete(
         // regression), and the result is the same in any order.
         for i in 0..n {
             let t = graph.nodes[i].type_.as_str();
-            if reset[i] && !delete[i] && matches!(t, node_type::TASK_GROUP | node_type::STEP_GROUP) {
+            if reset[i] && !delete[i] && matches!(t, node_type::TASK_GROUP | node_type::STEP_GROUP)
+            {
                 graph.descendants(i, |d| delete[d] = true)?;
             }
         }
@@ -619,7 +739,11 @@ fn reset_and_delete(
 /// workflow does not hang on it); a Suspend node forgets supplied outputs.
 fn reset_node(node: &mut NodeStatus, now: &str) {
     if node.type_ == node_type::SUSPEND {
-        for p in node.outputs.iter_mut().flat_map(|o| o.parameters.iter_mut().flatten()) {
+        for p in node
+            .outputs
+            .iter_mut()
+            .flat_map(|o| o.parameters.iter_mut().flatten())
+        {
             *p = Parameter {
                 name: std::mem::take(&mut p.name),
                 value_from: Some(serde_json::json!({"supplied": {}})),
