@@ -29,11 +29,15 @@ fn nodes_of(wf: &Workflow) -> (Nodes, Option<&'static str>) {
     let Some(packed) = &wf.status.compressed_nodes else {
         return (Nodes::new(), None);
     };
-    let bytes = base64::engine::general_purpose::STANDARD.decode(packed).expect("compressedNodes is base64");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(packed)
+        .expect("compressedNodes is base64");
     let mut plain = Vec::new();
     let algorithm = match bytes.as_slice() {
         [0x1f, 0x8b, ..] => {
-            flate2::read::GzDecoder::new(bytes.as_slice()).read_to_end(&mut plain).expect("gzip");
+            flate2::read::GzDecoder::new(bytes.as_slice())
+                .read_to_end(&mut plain)
+                .expect("gzip");
             "gzip"
         }
         [0x28, 0xb5, 0x2f, 0xfd, ..] => {
@@ -41,26 +45,35 @@ fn nodes_of(wf: &Workflow) -> (Nodes, Option<&'static str>) {
             "zstd"
         }
         _ => {
-            brotli::Decompressor::new(bytes.as_slice(), 4096).read_to_end(&mut plain).expect("brotli");
+            brotli::Decompressor::new(bytes.as_slice(), 4096)
+                .read_to_end(&mut plain)
+                .expect("brotli");
             "brotli"
         }
     };
-    (serde_json::from_slice(&plain).expect("compressed nodes are a node map"), Some(algorithm))
+    (
+        serde_json::from_slice(&plain).expect("compressed nodes are a node map"),
+        Some(algorithm),
+    )
 }
 
 fn decode(case: &GenCase) -> (Workflow, Nodes, Option<&'static str>) {
-    let wf: Workflow =
-        serde_json::from_value(case.workflow.clone()).unwrap_or_else(|e| panic!("{}: not a Workflow: {e}", case.id));
+    let wf: Workflow = serde_json::from_value(case.workflow.clone())
+        .unwrap_or_else(|e| panic!("{}: not a Workflow: {e}", case.id));
     let (nodes, algorithm) = nodes_of(&wf);
     (wf, nodes, algorithm)
 }
 
 fn fnv1a32(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    s.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 fn fnv1a64(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// What Argo's controller guarantees about a node graph it wrote.
@@ -69,13 +82,20 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
     let id = &case.id;
     let roots: Vec<&NodeStatus> = nodes.values().filter(|n| n.name == name).collect();
     assert_eq!(roots.len(), 1, "{id}: one root named {name}");
-    assert_eq!(roots[0].id, name, "{id}: the root's ID is the workflow name");
+    assert_eq!(
+        roots[0].id, name,
+        "{id}: the root's ID is the workflow name"
+    );
 
     let mut has_parent = HashSet::new();
     for (key, n) in nodes {
         assert_eq!(key, &n.id, "{id}: nodes are keyed by ID");
         for c in n.children().iter().chain(n.outbound_nodes.iter().flatten()) {
-            assert!(nodes.contains_key(c), "{id}: {} lists {c}, which does not exist", n.id);
+            assert!(
+                nodes.contains_key(c),
+                "{id}: {} lists {c}, which does not exist",
+                n.id
+            );
         }
         has_parent.extend(n.children().iter().cloned());
         if n.name != name {
@@ -93,24 +113,54 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
             assert_eq!(display, n.name, "{id}: unbounded nodes display their name");
             continue;
         }
-        let b = nodes.get(boundary).unwrap_or_else(|| panic!("{id}: boundary {boundary} of {} missing", n.id));
-        let allowed: &[&str] = if n.type_ == "Container" { &["Pod"] } else { &["DAG", "Steps"] };
-        assert!(allowed.contains(&b.type_.as_str()), "{id}: {} bound to a {}", n.id, b.type_);
-        let rest = n.name.strip_prefix(&b.name).unwrap_or_else(|| panic!("{id}: {} not under {}", n.name, b.name));
-        assert!(rest.ends_with(display), "{id}: display name {display} of {}", n.name);
+        let b = nodes
+            .get(boundary)
+            .unwrap_or_else(|| panic!("{id}: boundary {boundary} of {} missing", n.id));
+        let allowed: &[&str] = if n.type_ == "Container" {
+            &["Pod"]
+        } else {
+            &["DAG", "Steps"]
+        };
+        assert!(
+            allowed.contains(&b.type_.as_str()),
+            "{id}: {} bound to a {}",
+            n.id,
+            b.type_
+        );
+        let rest = n
+            .name
+            .strip_prefix(&b.name)
+            .unwrap_or_else(|| panic!("{id}: {} not under {}", n.name, b.name));
+        assert!(
+            rest.ends_with(display),
+            "{id}: display name {display} of {}",
+            n.name
+        );
     }
     let exit_prefix = format!("{name}.onExit");
     for n in nodes.values() {
         if n.name != name && !n.name.starts_with(&exit_prefix) {
-            assert!(has_parent.contains(&n.id), "{id}: {} ({}) has no parent", n.id, n.name);
+            assert!(
+                has_parent.contains(&n.id),
+                "{id}: {} ({}) has no parent",
+                n.id,
+                n.name
+            );
         }
         if n.type_ == "Retry" {
             // Hooks of the retried task hang off the Retry node too, and so can
             // what follows it, when a hook is its last child (outbound node).
-            let attempts =
-                n.children().iter().map(|c| &nodes[c]).filter(|c| c.name.starts_with(&format!("{}(", n.name)));
+            let attempts = n
+                .children()
+                .iter()
+                .map(|c| &nodes[c])
+                .filter(|c| c.name.starts_with(&format!("{}(", n.name)));
             for (i, child) in attempts.enumerate() {
-                assert_eq!(child.name, format!("{}({i})", n.name), "{id}: retry attempt name");
+                assert_eq!(
+                    child.name,
+                    format!("{}({i})", n.name),
+                    "{id}: retry attempt name"
+                );
                 assert!(
                     child.node_flag.as_ref().is_some_and(|f| f.retried),
                     "{id}: attempt {} flagged retried",
@@ -126,9 +176,11 @@ fn check_defect(case: &GenCase, defect: Defect, wf: &Workflow, nodes: &Nodes) {
     let name = wf.name();
     let children: HashSet<&String> = nodes.values().flat_map(|n| n.children()).collect();
     let present = match defect {
-        Defect::NoParent => nodes
-            .values()
-            .any(|n| n.name != name && !n.name.starts_with(&format!("{name}.onExit")) && !children.contains(&n.id)),
+        Defect::NoParent => nodes.values().any(|n| {
+            n.name != name
+                && !n.name.starts_with(&format!("{name}.onExit"))
+                && !children.contains(&n.id)
+        }),
         Defect::MissingChild => children.iter().any(|c| !nodes.contains_key(*c)),
         Defect::EmptyNodes => nodes.is_empty(),
         Defect::NoRoot => !nodes.values().any(|n| n.name == name),
@@ -144,7 +196,9 @@ fn every_case_decodes_and_valid_graphs_are_consistent() {
         let (wf, nodes, _) = decode(&case);
         match defect {
             // Offloaded nodes live in Argo's database, not in the object.
-            None if wf.status.offload_node_status_version.is_some() => assert!(nodes.is_empty(), "{}", case.id),
+            None if wf.status.offload_node_status_version.is_some() => {
+                assert!(nodes.is_empty(), "{}", case.id)
+            }
             None => check_graph(&case, &wf, &nodes),
             Some(d) => {
                 defects += 1;
@@ -152,7 +206,10 @@ fn every_case_decodes_and_valid_graphs_are_consistent() {
             }
         }
     }
-    assert!(defects > 0 && defects < CASES / 10, "{defects} defective cases");
+    assert!(
+        defects > 0 && defects < CASES / 10,
+        "{defects} defective cases"
+    );
 }
 
 #[test]
@@ -167,8 +224,13 @@ fn generation_is_deterministic() {
 /// CPU time this thread has used (Linux): wall time on a shared CI machine
 /// says more about the neighbours than about the generator.
 fn thread_cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("Linux /proc/thread-self/schedstat");
-    let nanos = stat.split_whitespace().next().and_then(|n| n.parse().ok()).expect("schedstat starts with CPU ns");
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .expect("Linux /proc/thread-self/schedstat");
+    let nanos = stat
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("schedstat starts with CPU ns");
     Duration::from_nanos(nanos)
 }
 
@@ -180,8 +242,15 @@ fn generating_two_thousand_cases_is_fast() {
     eprintln!("generated {} cases in {used:?} of CPU time", cases.len());
     // Unoptimised builds run serde_json and the compressors about ten times
     // slower (about 2.3 s measured on the 2-core CI machine).
-    let limit = if cfg!(debug_assertions) { Duration::from_secs(5) } else { Duration::from_secs(1) };
-    assert!(used < limit, "generating {CASES} cases took {used:?} of CPU time, limit {limit:?}");
+    let limit = if cfg!(debug_assertions) {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(1)
+    };
+    assert!(
+        used < limit,
+        "generating {CASES} cases took {used:?} of CPU time, limit {limit:?}"
+    );
 }
 
 /// Whether `fields.ParseSelector` accepts a selector (k8s.io/apimachinery
@@ -203,10 +272,16 @@ fn selector_parses(selector: &str) -> bool {
     }
     terms.push(&selector[start..]);
     terms.into_iter().filter(|t| !t.is_empty()).all(|term| {
-        let Some(at) = (0..term.len()).find(|&i| ["!=", "==", "="].iter().any(|op| term[i..].starts_with(op))) else {
+        let Some(at) =
+            (0..term.len()).find(|&i| ["!=", "==", "="].iter().any(|op| term[i..].starts_with(op)))
+        else {
             return false;
         };
-        let op_len = if term[at..].starts_with('=') && !term[at..].starts_with("==") { 1 } else { 2 };
+        let op_len = if term[at..].starts_with('=') && !term[at..].starts_with("==") {
+            1
+        } else {
+            2
+        };
         let mut escaped = false;
         for c in term[at + op_len..].chars() {
             match c {
@@ -228,13 +303,18 @@ fn features(case: &GenCase) -> Vec<String> {
     let mut f: Vec<String> = Vec::new();
     let mut add = |s: &str| f.push(s.to_owned());
 
-    add(&format!("workflow phase {}", wf.status.phase.as_deref().unwrap_or("none")));
-    add(match wf.annotation("workflows.argoproj.io/pod-name-format") {
-        Some("v1") => "pod names v1",
-        Some("v2") => "pod names v2",
-        Some(_) => "pod names unknown format",
-        None => "pod names default",
-    });
+    add(&format!(
+        "workflow phase {}",
+        wf.status.phase.as_deref().unwrap_or("none")
+    ));
+    add(
+        match wf.annotation("workflows.argoproj.io/pod-name-format") {
+            Some("v1") => "pod names v1",
+            Some("v2") => "pod names v2",
+            Some(_) => "pod names unknown format",
+            None => "pod names default",
+        },
+    );
     if let Some(a) = algorithm {
         add(&format!("compressed {a}"));
     }
@@ -252,7 +332,10 @@ fn features(case: &GenCase) -> Vec<String> {
     if nodes.len() > 150 {
         add("large workflow");
     }
-    if wf.label("workflows.argoproj.io/workflow-archiving-status").is_some() {
+    if wf
+        .label("workflows.argoproj.io/workflow-archiving-status")
+        .is_some()
+    {
         add("archiving label");
     }
     if wf.label("workflows.argoproj.io/completed") == Some("true") {
@@ -261,7 +344,13 @@ fn features(case: &GenCase) -> Vec<String> {
     if wf.status.conditions.as_ref().is_some_and(|c| !c.is_empty()) {
         add("conditions");
     }
-    if wf.spec.arguments.as_ref().and_then(|a| a.parameters.as_ref()).is_some() {
+    if wf
+        .spec
+        .arguments
+        .as_ref()
+        .and_then(|a| a.parameters.as_ref())
+        .is_some()
+    {
         add("spec parameters");
     }
     if let Some(s) = &wf.spec.shutdown {
@@ -287,7 +376,11 @@ fn features(case: &GenCase) -> Vec<String> {
     }
     let sel = &case.node_field_selector;
     if !sel.is_empty() {
-        add(if selector_parses(sel) { "selector valid" } else { "selector invalid" });
+        add(if selector_parses(sel) {
+            "selector valid"
+        } else {
+            "selector invalid"
+        });
         if sel.contains(',') {
             add("selector several terms");
         }
@@ -296,9 +389,18 @@ fn features(case: &GenCase) -> Vec<String> {
                 add(&format!("selector {op}"));
             }
         }
-        for field in ["displayName", "templateName", "phase", "name", "id", "templateRef.name", "templateRef.template"]
-        {
-            if sel.split(',').any(|t| t.starts_with(&format!("{field}=")) || t.starts_with(&format!("{field}!="))) {
+        for field in [
+            "displayName",
+            "templateName",
+            "phase",
+            "name",
+            "id",
+            "templateRef.name",
+            "templateRef.template",
+        ] {
+            if sel.split(',').any(|t| {
+                t.starts_with(&format!("{field}=")) || t.starts_with(&format!("{field}!="))
+            }) {
                 add(&format!("selector on {field}"));
             }
         }
@@ -313,7 +415,9 @@ fn features(case: &GenCase) -> Vec<String> {
             if p.iter().any(|s| !s.contains('=')) {
                 add("parameter without =");
             }
-            if p.iter().any(|s| s.starts_with("message=") || s.starts_with("count=")) {
+            if p.iter()
+                .any(|s| s.starts_with("message=") || s.starts_with("count="))
+            {
                 add("parameter override");
             }
             if p.iter().any(|s| s.starts_with("undeclared-")) {
@@ -333,7 +437,10 @@ fn features(case: &GenCase) -> Vec<String> {
         add("missing child");
     }
     let exit = format!("{name}.onExit");
-    if nodes.values().any(|n| n.name != name && !n.name.starts_with(&exit) && !children.contains(&n.id)) {
+    if nodes
+        .values()
+        .any(|n| n.name != name && !n.name.starts_with(&exit) && !children.contains(&n.id))
+    {
         add("node without parent");
     }
     for n in nodes.values() {
@@ -349,7 +456,12 @@ fn features(case: &GenCase) -> Vec<String> {
                 _ => {}
             }
         }
-        if failed && n.boundary_id.as_ref().and_then(|b| nodes.get(b)).is_some_and(|b| b.phase() == "Succeeded") {
+        if failed
+            && n.boundary_id
+                .as_ref()
+                .and_then(|b| nodes.get(b))
+                .is_some_and(|b| b.phase() == "Succeeded")
+        {
             add("failed node under a succeeded boundary (continueOn)");
         }
         if n.name == exit {
@@ -362,7 +474,12 @@ fn features(case: &GenCase) -> Vec<String> {
         if n.name.contains(".hooks.") {
             add("lifecycle hook");
         }
-        if n.type_ == "Suspend" && n.outputs.as_ref().and_then(|o| o.parameters.as_ref()).is_some() {
+        if n.type_ == "Suspend"
+            && n.outputs
+                .as_ref()
+                .and_then(|o| o.parameters.as_ref())
+                .is_some()
+        {
             add("suspend with supplied outputs");
         }
         if n.template_ref.is_some() {
@@ -378,7 +495,12 @@ fn features(case: &GenCase) -> Vec<String> {
             add("hooked flag");
         }
         let retried = n.node_flag.as_ref().is_some_and(|f| f.retried);
-        if retried && n.type_ == "Pod" && !nodes.values().any(|p| p.type_ == "Retry" && p.children().contains(&n.id)) {
+        if retried
+            && n.type_ == "Pod"
+            && !nodes
+                .values()
+                .any(|p| p.type_ == "Retry" && p.children().contains(&n.id))
+        {
             add("orphan retried flag");
         }
         if format!("{name}-{}", n.template()).len() > 62 && n.type_ == "Pod" {
@@ -387,7 +509,12 @@ fn features(case: &GenCase) -> Vec<String> {
         if n.id != name && !n.id.starts_with(&format!("{name}-")) {
             add("foreign node ID");
         }
-        if n.id.rsplit('-').next().and_then(|h| h.parse::<u64>().ok()).is_some_and(|h| h > u64::from(u32::MAX)) {
+        if n.id
+            .rsplit('-')
+            .next()
+            .and_then(|h| h.parse::<u64>().ok())
+            .is_some_and(|h| h > u64::from(u32::MAX))
+        {
             add("64-bit node ID");
         }
         let mut depth = 0;
@@ -511,7 +638,10 @@ fn features_are_all_covered() {
     for (f, n) in &counts {
         eprintln!("{n:5} {f}");
     }
-    assert!(missing.is_empty(), "features seen fewer than 3 times in {CASES} cases: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "features seen fewer than 3 times in {CASES} cases: {missing:?}"
+    );
 }
 
 proptest! {
@@ -528,13 +658,22 @@ proptest! {
 /// Bytes of the case's workflow JSON outside `status.nodes`.
 fn size_without_nodes(case: &GenCase) -> usize {
     let mut workflow = case.workflow.clone();
-    workflow["status"].as_object_mut().map(|s| s.remove("nodes"));
+    workflow["status"]
+        .as_object_mut()
+        .map(|s| s.remove("nodes"));
     serde_json::to_vec(&workflow).map_or(0, |b| b.len())
 }
 
 /// Argo fails a retry of this case, by its own rules, whatever the nodes say.
-fn argo_refuses(case: &GenCase, defect: Option<Defect>, compression: Option<&str>, line: ArgoLine) -> bool {
-    let phase = case.workflow["status"]["phase"].as_str().unwrap_or_default();
+fn argo_refuses(
+    case: &GenCase,
+    defect: Option<Defect>,
+    compression: Option<&str>,
+    line: ArgoLine,
+) -> bool {
+    let phase = case.workflow["status"]["phase"]
+        .as_str()
+        .unwrap_or_default();
     let selected = case.restart_successful && !case.node_field_selector.is_empty();
     !matches!(phase, "Failed" | "Error" | "Succeeded")
         || (phase == "Succeeded" && !selected)
@@ -554,9 +693,13 @@ fn decompressed_nodes(status: &Value) -> Value {
     let Some(packed) = status.get("compressedNodes").and_then(Value::as_str) else {
         return Value::Null;
     };
-    let bytes = base64::engine::general_purpose::STANDARD.decode(packed).expect("base64");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(packed)
+        .expect("base64");
     let mut plain = Vec::new();
-    flate2::read::GzDecoder::new(bytes.as_slice()).read_to_end(&mut plain).expect("Argo writes gzip");
+    flate2::read::GzDecoder::new(bytes.as_slice())
+        .read_to_end(&mut plain)
+        .expect("Argo writes gzip");
     serde_json::from_slice(&plain).expect("JSON nodes")
 }
 
@@ -576,8 +719,16 @@ fn check_round_trip(case: &GenCase, input_nodes: &Value, output: &Value) {
     let id = &case.id;
     let input = &case.workflow;
     let reset_fields = ["shutdown", "activeDeadlineSeconds", "arguments"];
-    assert_eq!(without(&output["spec"], &reset_fields), without(&input["spec"], &reset_fields), "{id}: spec");
-    assert_eq!(without(&output["metadata"], &["labels"]), without(&input["metadata"], &["labels"]), "{id}: metadata");
+    assert_eq!(
+        without(&output["spec"], &reset_fields),
+        without(&input["spec"], &reset_fields),
+        "{id}: spec"
+    );
+    assert_eq!(
+        without(&output["metadata"], &["labels"]),
+        without(&input["metadata"], &["labels"]),
+        "{id}: metadata"
+    );
     let status_reset = [
         "phase",
         "startedAt",
@@ -589,7 +740,11 @@ fn check_round_trip(case: &GenCase, input_nodes: &Value, output: &Value) {
         "persistentVolumeClaims",
         "storedWorkflowTemplateSpec",
     ];
-    assert_eq!(without(&output["status"], &status_reset), without(&input["status"], &status_reset), "{id}: status");
+    assert_eq!(
+        without(&output["status"], &status_reset),
+        without(&input["status"], &status_reset),
+        "{id}: status"
+    );
     let stored = "storedWorkflowTemplateSpec";
     assert_eq!(
         without(&output["status"][stored], &reset_fields),
@@ -601,7 +756,11 @@ fn check_round_trip(case: &GenCase, input_nodes: &Value, output: &Value) {
     for (node_id, out) in out_nodes.as_object().into_iter().flatten() {
         let inp = &input_nodes[node_id];
         if inp["startedAt"] == out["startedAt"] && inp["phase"] == out["phase"] {
-            assert_eq!(without(out, &pruned), without(inp, &pruned), "{id}: node {node_id} changed in Go");
+            assert_eq!(
+                without(out, &pruned),
+                without(inp, &pruned),
+                "{id}: node {node_id} changed in Go"
+            );
         }
     }
 }
@@ -609,8 +768,9 @@ fn check_round_trip(case: &GenCase, input_nodes: &Value, output: &Value) {
 #[test]
 fn argo_reads_generated_workflows_as_intended() {
     const SAMPLE: u64 = 400;
-    let generated: Vec<(GenCase, Option<Defect>)> =
-        (0..SAMPLE).map(|i| generate_case(SEED.wrapping_add(i), support::r#gen::DEFAULT_BUDGET)).collect();
+    let generated: Vec<(GenCase, Option<Defect>)> = (0..SAMPLE)
+        .map(|i| generate_case(SEED.wrapping_add(i), support::r#gen::DEFAULT_BUDGET))
+        .collect();
     let oracle_cases: Vec<OracleCase> = generated
         .iter()
         .map(|(c, _)| OracleCase {
@@ -628,17 +788,32 @@ fn argo_reads_generated_workflows_as_intended() {
         for ((case, defect), result) in generated.iter().zip(&results) {
             let (_, _, compression) = decode(case);
             let error = result.error.as_deref().unwrap_or_default();
-            assert!(!error.starts_with("decode"), "{line:?} {}: Argo cannot decode it: {error}", case.id);
+            assert!(
+                !error.starts_with("decode"),
+                "{line:?} {}: Argo cannot decode it: {error}",
+                case.id
+            );
             if argo_refuses(case, *defect, compression, line) {
                 continue;
             }
-            assert!(result.error.is_none(), "{line:?} {}: Argo refused a valid case: {error}", case.id);
+            assert!(
+                result.error.is_none(),
+                "{line:?} {}: Argo refused a valid case: {error}",
+                case.id
+            );
             let input_nodes = decompressed_input_nodes(case);
-            check_round_trip(case, &input_nodes, result.workflow.as_ref().expect("a workflow"));
+            check_round_trip(
+                case,
+                &input_nodes,
+                result.workflow.as_ref().expect("a workflow"),
+            );
             succeeded += 1;
         }
         eprintln!("{line:?}: {succeeded} of {SAMPLE} generated cases retried by Argo");
-        assert!(succeeded > SAMPLE as usize / 3, "{line:?}: only {succeeded} of {SAMPLE} cases were retryable");
+        assert!(
+            succeeded > SAMPLE as usize / 3,
+            "{line:?}: only {succeeded} of {SAMPLE} cases were retryable"
+        );
     }
 }
 

@@ -53,7 +53,9 @@ pub const DEFAULT_BUDGET: usize = 48;
 
 /// `count` cases, the same for the same seed.
 pub fn generate(seed: u64, count: usize) -> Vec<GenCase> {
-    (0..count as u64).map(|i| case_from_seed(splitmix64(seed ^ splitmix64(i)), DEFAULT_BUDGET)).collect()
+    (0..count as u64)
+        .map(|i| case_from_seed(splitmix64(seed ^ splitmix64(i)), DEFAULT_BUDGET))
+        .collect()
 }
 
 /// The case for one seed and node budget (what a `GenCase::id` names).
@@ -69,7 +71,11 @@ pub fn case_strategy() -> impl Strategy<Value = GenCase> {
 /// The case and the defect it was given, if any (for the generator's own checks).
 pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
     let mut r = Rand::new(seed);
-    let collision = if r.chance(0.006) { Some(*r.pick(&COLLISIONS)) } else { None };
+    let collision = if r.chance(0.006) {
+        Some(*r.pick(&COLLISIONS))
+    } else {
+        None
+    };
     let wf_name = collision.map_or_else(|| workflow_name(&mut r), |(wf, _)| wf.to_owned());
     let large = r.chance(0.01);
     let mut sim = Sim::new(wf_name.clone(), &mut r, if large { 600 } else { budget });
@@ -77,13 +83,29 @@ pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
     let run = sim.run(&mut r, large);
     let mut shape = sim.finish();
 
-    let defect = if r.chance(0.06) { Some(corrupt(&mut r, &mut shape, &wf_name)) } else { None };
+    let defect = if r.chance(0.06) {
+        Some(corrupt(&mut r, &mut shape, &wf_name))
+    } else {
+        None
+    };
     let phase = workflow_phase(&mut r, &run);
     let nodes_json = shape.nodes_json();
     let options = options(&mut r, &shape, &phase);
-    let mut workflow = assemble(&mut r, &wf_name, &phase, &run, &shape, nodes_json, &options.params_declared);
+    let mut workflow = assemble(
+        &mut r,
+        &wf_name,
+        &phase,
+        &run,
+        &shape,
+        nodes_json,
+        &options.params_declared,
+    );
 
-    let max_workflow_size = if large || r.chance(0.04) { Some(size_limit(&mut r, &workflow)) } else { None };
+    let max_workflow_size = if large || r.chance(0.04) {
+        Some(size_limit(&mut r, &workflow))
+    } else {
+        None
+    };
     match r.below(100) {
         0..=11 => compress_nodes(&mut r, &mut workflow),
         12 => offload_nodes(&mut workflow),
@@ -138,7 +160,9 @@ impl Rand {
     }
 
     fn hex(&mut self, len: usize) -> String {
-        (0..len).map(|_| char::from_digit(self.below(16) as u32, 16).unwrap_or('0')).collect()
+        (0..len)
+            .map(|_| char::from_digit(self.below(16) as u32, 16).unwrap_or('0'))
+            .collect()
     }
 
     fn alnum(&mut self, len: usize) -> String {
@@ -151,11 +175,15 @@ impl Rand {
 
 /// FNV-1a, as Go's `hash/fnv` computes it for node IDs; a few lines, so no crate.
 fn fnv1a32(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    s.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 fn fnv1a64(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 const WORDS: &[&str] = &[
@@ -211,7 +239,10 @@ const LONG_TEMPLATES: &[&str] = &[
 /// (found by a birthday search): the second node gets Argo's widened 64-bit ID.
 const COLLISIONS: [(&str, [&str; 2]); 2] = [
     ("collide-q7x2k", ["shard-71939", "shard-1580010"]),
-    ("a-workflow-with-an-exceptionally-long-generated-name-c0ll1", ["shard-139599", "shard-322382"]),
+    (
+        "a-workflow-with-an-exceptionally-long-generated-name-c0ll1",
+        ["shard-139599", "shard-322382"],
+    ),
 ];
 
 const WORKFLOW_TEMPLATES: &[&str] = &["shared-steps", "ci-templates", "data-pipeline-library"];
@@ -345,7 +376,10 @@ struct Shape {
 
 impl Shape {
     fn nodes_json(&self) -> Map<String, Value> {
-        self.nodes.iter().map(|n| (n.id.clone(), node_json(n, self.base_time))).collect()
+        self.nodes
+            .iter()
+            .map(|n| (n.id.clone(), node_json(n, self.base_time)))
+            .collect()
     }
 }
 
@@ -353,7 +387,12 @@ impl Shape {
 fn timestamp(secs: u64) -> String {
     let secs = secs % (28 * 86_400);
     let (day, rest) = (secs / 86_400 + 1, secs % 86_400);
-    format!("2024-05-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest / 60 % 60, rest % 60)
+    format!(
+        "2024-05-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 fn text(s: &str) -> Value {
@@ -395,13 +434,23 @@ fn node_json(n: &Node, base: u64) -> Value {
     if !n.message.is_empty() {
         m.insert("message".into(), text(&n.message));
     }
-    m.insert("startedAt".into(), Value::String(timestamp(base + n.started)));
-    m.insert("finishedAt".into(), n.finished.map_or(Value::Null, |f| Value::String(timestamp(base + f))));
+    m.insert(
+        "startedAt".into(),
+        Value::String(timestamp(base + n.started)),
+    );
+    m.insert(
+        "finishedAt".into(),
+        n.finished
+            .map_or(Value::Null, |f| Value::String(timestamp(base + f))),
+    );
     if matches!(n.kind, Kind::Pod | Kind::Http | Kind::Plugin) && n.phase.fulfilled() {
         let done = u64::from(n.phase == Phase::Succeeded);
         m.insert("progress".into(), Value::String(format!("{done}/1")));
         let secs = n.finished.unwrap_or(n.started) - n.started;
-        m.insert("resourcesDuration".into(), json!({"cpu": secs, "memory": secs * 2}));
+        m.insert(
+            "resourcesDuration".into(),
+            json!({"cpu": secs, "memory": secs * 2}),
+        );
     }
     if let Some((hooked, retried)) = n.flag {
         let mut flag = Map::new();
@@ -414,13 +463,20 @@ fn node_json(n: &Node, base: u64) -> Value {
         m.insert("nodeFlag".into(), Value::Object(flag));
     }
     if !n.inputs.is_empty() {
-        let params: Vec<Value> = n.inputs.iter().map(|(k, v)| json!({"name": k, "value": v})).collect();
+        let params: Vec<Value> = n
+            .inputs
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v}))
+            .collect();
         m.insert("inputs".into(), json!({"parameters": params}));
     }
     let mut outputs = Map::new();
     if !n.supplied.is_empty() {
-        let params: Vec<Value> =
-            n.supplied.iter().map(|(k, v)| json!({"name": k, "value": v, "valueFrom": {"supplied": {}}})).collect();
+        let params: Vec<Value> = n
+            .supplied
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v, "valueFrom": {"supplied": {}}}))
+            .collect();
         outputs.insert("parameters".into(), Value::Array(params));
     }
     if let Some(code) = n.exit_code {
@@ -502,7 +558,11 @@ struct Call {
 
 impl Sim {
     fn new(wf: String, r: &mut Rand, budget: usize) -> Self {
-        let id_style = if r.chance(0.06) { IdStyle::Foreign } else { IdStyle::Current };
+        let id_style = if r.chance(0.06) {
+            IdStyle::Foreign
+        } else {
+            IdStyle::Current
+        };
         Sim {
             foreign_prefix: workflow_name(r),
             wf,
@@ -519,7 +579,10 @@ impl Sim {
     }
 
     fn finish(self) -> Shape {
-        Shape { nodes: self.nodes, base_time: self.base_time }
+        Shape {
+            nodes: self.nodes,
+            base_time: self.base_time,
+        }
     }
 
     fn tick(&mut self, r: &mut Rand) -> u64 {
@@ -533,9 +596,17 @@ impl Sim {
         if name == self.wf {
             return self.wf.clone();
         }
-        let prefix = if self.id_style == IdStyle::Foreign { &self.foreign_prefix } else { &self.wf };
+        let prefix = if self.id_style == IdStyle::Foreign {
+            &self.foreign_prefix
+        } else {
+            &self.wf
+        };
         let id = format!("{prefix}-{}", fnv1a32(name));
-        if self.by_id.contains_key(&id) { format!("{prefix}-{}", fnv1a64(name)) } else { id }
+        if self.by_id.contains_key(&id) {
+            format!("{prefix}-{}", fnv1a64(name))
+        } else {
+            id
+        }
     }
 
     /// `initializeNode`: display name relative to the boundary node.
@@ -543,7 +614,10 @@ impl Sim {
         let id = self.node_id(&call.name);
         let display_name = match self.by_id.get(&call.boundary) {
             Some(&b) => {
-                let rest = call.name.strip_prefix(&self.nodes[b].name).unwrap_or(&call.name);
+                let rest = call
+                    .name
+                    .strip_prefix(&self.nodes[b].name)
+                    .unwrap_or(&call.name);
                 strip_separator(rest).to_owned()
             }
             None => call.name.clone(),
@@ -585,7 +659,11 @@ impl Sim {
     }
 
     fn complete(&mut self, r: &mut Rand, idx: usize, phase: Phase, message: &str) {
-        let finished = if phase.fulfilled() { Some(self.tick(r)) } else { None };
+        let finished = if phase.fulfilled() {
+            Some(self.tick(r))
+        } else {
+            None
+        };
         let n = &mut self.nodes[idx];
         n.phase = phase;
         n.message = message.to_owned();
@@ -614,7 +692,11 @@ impl Sim {
                 out
             }
             Kind::Retry if !n.children.is_empty() => vec![n.children[n.children.len() - 1].clone()],
-            _ => n.outbound.iter().flat_map(|o| self.outbound_of(self.by_id[o])).collect(),
+            _ => n
+                .outbound
+                .iter()
+                .flat_map(|o| self.outbound_of(self.by_id[o]))
+                .collect(),
         }
     }
 
@@ -624,9 +706,14 @@ impl Sim {
         }
         match r.below(100) {
             0..=62 => (Phase::Succeeded, ""),
-            63..=88 => {
-                (Phase::Failed, *r.pick(&["Error (exit code 1)", "Error (exit code 2)", "OOMKilled (exit code 137)"]))
-            }
+            63..=88 => (
+                Phase::Failed,
+                *r.pick(&[
+                    "Error (exit code 1)",
+                    "Error (exit code 2)",
+                    "OOMKilled (exit code 137)",
+                ]),
+            ),
             _ => (
                 Phase::Error,
                 *r.pick(&[
@@ -666,7 +753,13 @@ impl Sim {
         if r.chance(0.12) {
             let wft = (*r.pick(WORKFLOW_TEMPLATES)).to_owned();
             let scope = format!("namespaced/{wft}");
-            return (Tmpl::Ref { name: wft, template: name }, scope);
+            return (
+                Tmpl::Ref {
+                    name: wft,
+                    template: name,
+                },
+                scope,
+            );
         }
         self.templates.insert(name.clone(), body);
         let scope = format!("local/{}", self.wf);
@@ -700,8 +793,19 @@ impl Sim {
             t => t,
         };
         let scope = format!("local/{}", self.wf);
-        let root_call = Call { name: self.wf.clone(), boundary: String::new(), flag: None, depth: 0, tmpl, scope };
-        let root = if large { self.exec_large_dag(r, &root_call) } else { self.exec(r, &root_call, Some(body)) };
+        let root_call = Call {
+            name: self.wf.clone(),
+            boundary: String::new(),
+            flag: None,
+            depth: 0,
+            tmpl,
+            scope,
+        };
+        let root = if large {
+            self.exec_large_dag(r, &root_call)
+        } else {
+            self.exec(r, &root_call, Some(body))
+        };
 
         if r.chance(0.05) {
             let hook = self.hook_call(r, &root_call, "hooks.running", String::new());
@@ -726,7 +830,11 @@ impl Sim {
                 scope: format!("local/{}", self.wf),
             };
             let e = self.exec(r, &call, Some(body));
-            Some(OnExit { template, phase: self.nodes[e].phase, message: self.nodes[e].message.clone() })
+            Some(OnExit {
+                template,
+                phase: self.nodes[e].phase,
+                message: self.nodes[e].message.clone(),
+            })
         } else {
             None
         };
@@ -762,7 +870,11 @@ impl Sim {
         let mut last = None;
         for i in 0..attempts {
             let (hooked, _) = call.flag.unwrap_or_default();
-            let attempt = Call { name: format!("{}({i})", call.name), flag: Some((hooked, true)), ..call.clone() };
+            let attempt = Call {
+                name: format!("{}({i})", call.name),
+                flag: Some((hooked, true)),
+                ..call.clone()
+            };
             let a = self.exec_body(r, &attempt, body);
             self.add_child(retry, a);
             last = Some(a);
@@ -772,7 +884,11 @@ impl Sim {
         }
         let last = last.unwrap_or(retry);
         let (phase, message) = (self.nodes[last].phase, self.nodes[last].message.clone());
-        let message = if phase.failed() && r.chance(0.3) { "No more retries left".to_owned() } else { message };
+        let message = if phase.failed() && r.chance(0.3) {
+            "No more retries left".to_owned()
+        } else {
+            message
+        };
         if call.flag.is_some_and(|(hooked, _)| hooked) {
             self.nodes[retry].flag = Some((true, true));
         }
@@ -791,7 +907,9 @@ impl Sim {
                 let idx = self.add_node(r, call, kind, Phase::Pending);
                 if r.chance(0.3) {
                     let value = (*r.pick(WORDS)).to_owned();
-                    self.nodes[idx].inputs.push(((*r.pick(&["message", "count", "target"])).to_owned(), value));
+                    self.nodes[idx]
+                        .inputs
+                        .push(((*r.pick(&["message", "count", "target"])).to_owned(), value));
                 }
                 // Argo's "Orphaned Retried Node Flag" test: a retried flag
                 // inherited from a retryStrategy further up, with no Retry parent.
@@ -800,7 +918,8 @@ impl Sim {
                 }
                 let (phase, message) = self.leaf_phase(r);
                 if kind == Kind::Pod && phase.fulfilled() {
-                    self.nodes[idx].exit_code = Some(if phase == Phase::Succeeded { "0" } else { "1" });
+                    self.nodes[idx].exit_code =
+                        Some(if phase == Phase::Succeeded { "0" } else { "1" });
                 }
                 self.complete(r, idx, phase, message);
                 idx
@@ -812,9 +931,16 @@ impl Sim {
                     7 => (Phase::Running, ""),
                     _ => (Phase::Failed, "Stopped with strategy 'Stop'"),
                 };
-                let phase = if phase == Phase::Running && !self.running { Phase::Succeeded } else { phase };
+                let phase = if phase == Phase::Running && !self.running {
+                    Phase::Succeeded
+                } else {
+                    phase
+                };
                 if phase == Phase::Succeeded && r.chance(0.6) {
-                    self.nodes[idx].supplied.push(("approve".to_owned(), (*r.pick(&["yes", "no", "42"])).to_owned()));
+                    self.nodes[idx].supplied.push((
+                        "approve".to_owned(),
+                        (*r.pick(&["yes", "no", "42"])).to_owned(),
+                    ));
                 }
                 self.complete(r, idx, phase, message);
                 idx
@@ -841,7 +967,11 @@ impl Sim {
         let mut message = "";
         let mut prev = None;
         for c in names {
-            let ccall = Call { name: format!("{}.{c}", call.name), boundary: pod_id.clone(), ..call.clone() };
+            let ccall = Call {
+                name: format!("{}.{c}", call.name),
+                boundary: pod_id.clone(),
+                ..call.clone()
+            };
             let ci = self.add_node(r, &ccall, Kind::Container, Phase::Pending);
             match prev {
                 Some(p) if chained => self.add_child(p, ci),
@@ -882,8 +1012,11 @@ impl Sim {
                 None => vec![steps],
                 Some(prev) if self.nodes[prev].children.is_empty() => vec![prev],
                 Some(prev) => {
-                    let outbound: Vec<String> =
-                        self.nodes[prev].children.iter().flat_map(|c| self.outbound_of(self.by_id[c])).collect();
+                    let outbound: Vec<String> = self.nodes[prev]
+                        .children
+                        .iter()
+                        .flat_map(|c| self.outbound_of(self.by_id[c]))
+                        .collect();
                     outbound.iter().map(|o| self.by_id[o]).collect()
                 }
             };
@@ -918,7 +1051,10 @@ impl Sim {
         }
         if let Some(sg) = last_group {
             let children = self.nodes[sg].children.clone();
-            let outbound = children.iter().flat_map(|c| self.outbound_of(self.by_id[c])).collect();
+            let outbound = children
+                .iter()
+                .flat_map(|c| self.outbound_of(self.by_id[c]))
+                .collect();
             self.nodes[steps].outbound = outbound;
         }
         self.complete(r, steps, phase, &message);
@@ -926,18 +1062,34 @@ impl Sim {
     }
 
     /// The steps of one group (with `withItems` expansion and `when`).
-    fn exec_parallel_steps(&mut self, r: &mut Rand, call: &Call, sg: usize, steps_id: &str) -> (Phase, String) {
+    fn exec_parallel_steps(
+        &mut self,
+        r: &mut Rand,
+        call: &Call,
+        sg: usize,
+        steps_id: &str,
+    ) -> (Phase, String) {
         let count = r.between(1, 3);
         let sg_name = self.nodes[sg].name.clone();
         let mut phase = Phase::Succeeded;
         let mut message = String::new();
         for s in 0..count {
-            let step = format!("{}{}", step_name(r), if s > 0 { format!("-{s}") } else { String::new() });
+            let step = format!(
+                "{}{}",
+                step_name(r),
+                if s > 0 {
+                    format!("-{s}")
+                } else {
+                    String::new()
+                }
+            );
             let items = if r.chance(0.1) { r.between(2, 3) } else { 0 };
             let names: Vec<String> = if items == 0 {
                 vec![format!("{sg_name}.{step}")]
             } else {
-                (0..items).map(|i| format!("{sg_name}.{step}({i}:{})", WORDS[i])).collect()
+                (0..items)
+                    .map(|i| format!("{sg_name}.{step}({i}:{})", WORDS[i]))
+                    .collect()
             };
             let continue_on = r.chance(0.1);
             for name in names {
@@ -945,10 +1097,19 @@ impl Sim {
                     break;
                 }
                 let (tmpl, scope) = self.template_for(r, Body::Pod);
-                let child_call =
-                    Call { name, boundary: steps_id.to_owned(), flag: None, depth: call.depth + 1, tmpl, scope };
+                let child_call = Call {
+                    name,
+                    boundary: steps_id.to_owned(),
+                    flag: None,
+                    depth: call.depth + 1,
+                    tmpl,
+                    scope,
+                };
                 let child = if r.chance(0.08) {
-                    let skipped = Call { flag: Some((false, false)), ..child_call };
+                    let skipped = Call {
+                        flag: Some((false, false)),
+                        ..child_call
+                    };
                     let c = self.add_node(r, &skipped, Kind::Skipped, Phase::Skipped);
                     self.complete(r, c, Phase::Skipped, "when 'false == true' evaluated false");
                     c
@@ -961,7 +1122,11 @@ impl Sim {
                 let child_phase = self.nodes[child].phase;
                 if !child_phase.fulfilled() {
                     phase = child_phase;
-                } else if child_phase.failed() && !continue_on && phase.fulfilled() && !phase.failed() {
+                } else if child_phase.failed()
+                    && !continue_on
+                    && phase.fulfilled()
+                    && !phase.failed()
+                {
                     phase = Phase::Failed;
                     message = format!("child '{}' failed", self.nodes[child].id);
                 }
@@ -1014,7 +1179,11 @@ impl Sim {
             let dep_failed = task.deps.iter().any(|&d| tasks[d].blocks());
             let dep_missing = task.deps.iter().any(|&d| tasks[d].node.is_none());
             let no_parent = !task.deps.is_empty()
-                && task.deps.iter().filter_map(|&d| tasks[d].node).all(|n| self.outbound_of(n).is_empty());
+                && task
+                    .deps
+                    .iter()
+                    .filter_map(|&d| tasks[d].node)
+                    .all(|n| self.outbound_of(n).is_empty());
             if dep_missing || no_parent || (dep_failed && r.chance(0.15)) {
                 tasks.push(task);
                 continue;
@@ -1034,7 +1203,10 @@ impl Sim {
                 } else {
                     (Phase::Skipped, "when 'false' evaluated false")
                 };
-                let skipped = Call { flag: Some((false, false)), ..tc };
+                let skipped = Call {
+                    flag: Some((false, false)),
+                    ..tc
+                };
                 let n = self.add_node(r, &skipped, Kind::Skipped, phase);
                 self.complete(r, n, phase, message);
                 self.connect(dag, &task.deps, &tasks, n);
@@ -1066,16 +1238,26 @@ impl Sim {
         call: Call,
         items: usize,
     ) -> usize {
-        let group_call = Call { flag: Some((false, false)), ..call.clone() };
+        let group_call = Call {
+            flag: Some((false, false)),
+            ..call.clone()
+        };
         let group = self.add_node(r, &group_call, Kind::TaskGroup, Phase::Running);
         self.connect(dag, deps, tasks, group);
         let mut phase = Phase::Succeeded;
-        let body = if r.chance(0.8) { Body::Pod } else { self.choose_body(r, call.depth) };
+        let body = if r.chance(0.8) {
+            Body::Pod
+        } else {
+            self.choose_body(r, call.depth)
+        };
         for i in 0..items {
             if self.budget == 0 && i > 0 {
                 break;
             }
-            let item = Call { name: format!("{}({i}:{})", call.name, item_value(i)), ..call.clone() };
+            let item = Call {
+                name: format!("{}({i}:{})", call.name, item_value(i)),
+                ..call.clone()
+            };
             let c = self.exec(r, &item, Some(body));
             self.add_child(group, c);
             let p = self.nodes[c].phase;
@@ -1113,7 +1295,11 @@ impl Sim {
             .map(|(_, t)| t)
             .collect();
         leaves.sort_by(|a, b| a.name.cmp(&b.name));
-        let outbound = leaves.iter().filter_map(|t| t.node).flat_map(|n| self.outbound_of(n)).collect();
+        let outbound = leaves
+            .iter()
+            .filter_map(|t| t.node)
+            .flat_map(|n| self.outbound_of(n))
+            .collect();
         self.nodes[dag].outbound = outbound;
         let mut phase = Phase::Succeeded;
         let mut message = String::new();
@@ -1158,11 +1344,24 @@ impl Sim {
             phase: Phase::Succeeded,
             continue_on: false,
         };
-        let fan = Call { name: format!("{}.process", call.name), boundary: dag_id, flag: None, depth: 1, tmpl, scope };
+        let fan = Call {
+            name: format!("{}.process", call.name),
+            boundary: dag_id,
+            flag: None,
+            depth: 1,
+            tmpl,
+            scope,
+        };
         let items = r.between(120, 300);
         let group = self.exec_task_group(r, dag, &[0], std::slice::from_ref(&prepare), fan, items);
         let phase = self.nodes[group].phase;
-        let process = Task { name: "process".to_owned(), deps: vec![0], node: Some(group), phase, continue_on: false };
+        let process = Task {
+            name: "process".to_owned(),
+            deps: vec![0],
+            node: Some(group),
+            phase,
+            continue_on: false,
+        };
         let tasks = [prepare, process];
         self.finish_dag(r, dag, &tasks);
         dag
@@ -1287,14 +1486,21 @@ struct Options {
 fn options(r: &mut Rand, shape: &Shape, phase: &str) -> Options {
     let restart_successful = r.chance(if phase == "Succeeded" { 0.8 } else { 0.35 });
     let selector = if r.chance(0.45) {
-        if r.chance(0.1) { invalid_selector(r) } else { valid_selector(r, shape) }
+        if r.chance(0.1) {
+            invalid_selector(r)
+        } else {
+            valid_selector(r, shape)
+        }
     } else {
         String::new()
     };
     let params_declared: Vec<(String, String)> = match r.below(3) {
         0 => Vec::new(),
         1 => vec![("message".to_owned(), "hello".to_owned())],
-        _ => vec![("message".to_owned(), "hello".to_owned()), ("count".to_owned(), "3".to_owned())],
+        _ => vec![
+            ("message".to_owned(), "hello".to_owned()),
+            ("count".to_owned(), "3".to_owned()),
+        ],
     };
     let parameters = match r.below(20) {
         0..=13 => None,
@@ -1312,12 +1518,19 @@ fn options(r: &mut Rand, shape: &Shape, phase: &str) -> Options {
                 .collect(),
         ),
     };
-    Options { restart_successful, selector, parameters, params_declared }
+    Options {
+        restart_successful,
+        selector,
+        parameters,
+        params_declared,
+    }
 }
 
 /// Escapes a field selector value the way `fields.EscapeValue` does.
 fn escape_value(v: &str) -> String {
-    v.replace('\\', "\\\\").replace(',', "\\,").replace('=', "\\=")
+    v.replace('\\', "\\\\")
+        .replace(',', "\\,")
+        .replace('=', "\\=")
 }
 
 fn valid_selector(r: &mut Rand, shape: &Shape) -> String {
@@ -1335,14 +1548,29 @@ fn valid_selector(r: &mut Rand, shape: &Shape) -> String {
             2 => ("phase".to_owned(), n.phase.as_str().to_owned()),
             3 | 4 => ("name".to_owned(), n.name.clone()),
             5 => ("id".to_owned(), n.id.clone()),
-            6 | 7 => match shape.nodes.iter().find(|m| matches!(m.tmpl, Tmpl::Ref { .. })).map(|m| &m.tmpl) {
-                Some(Tmpl::Ref { name, .. }) if r.chance(0.5) => ("templateRef.name".to_owned(), name.clone()),
-                Some(Tmpl::Ref { template, .. }) => ("templateRef.template".to_owned(), template.clone()),
-                _ => ("phase".to_owned(), (*r.pick(&["Failed", "Succeeded", "Error", "Skipped"])).to_owned()),
+            6 | 7 => match shape
+                .nodes
+                .iter()
+                .find(|m| matches!(m.tmpl, Tmpl::Ref { .. }))
+                .map(|m| &m.tmpl)
+            {
+                Some(Tmpl::Ref { name, .. }) if r.chance(0.5) => {
+                    ("templateRef.name".to_owned(), name.clone())
+                }
+                Some(Tmpl::Ref { template, .. }) => {
+                    ("templateRef.template".to_owned(), template.clone())
+                }
+                _ => (
+                    "phase".to_owned(),
+                    (*r.pick(&["Failed", "Succeeded", "Error", "Skipped"])).to_owned(),
+                ),
             },
             _ => match shape.nodes.iter().find_map(|m| m.inputs.first()) {
                 Some((k, v)) => (format!("inputs.parameters.{k}.value"), v.clone()),
-                None => ("inputs.parameters.message.value".to_owned(), "hello".to_owned()),
+                None => (
+                    "inputs.parameters.message.value".to_owned(),
+                    "hello".to_owned(),
+                ),
             },
         };
         let op = *r.pick(&["=", "=", "==", "!="]);
@@ -1360,7 +1588,15 @@ fn template_of(n: &Node) -> String {
 }
 
 fn invalid_selector(r: &mut Rand) -> String {
-    (*r.pick(&["name", "phase=Failed=Error", "name=a\\x", "displayName=trailing\\", "phase", "id=a,b"])).to_owned()
+    (*r.pick(&[
+        "name",
+        "phase=Failed=Error",
+        "name=a\\x",
+        "displayName=trailing\\",
+        "phase",
+        "id=a,b",
+    ]))
+    .to_owned()
 }
 
 /// The `Workflow` object around the nodes.
@@ -1391,10 +1627,16 @@ fn assemble(
         );
     }
     if r.chance(0.2) {
-        labels.insert("workflows.argoproj.io/creator".into(), json!("system-serviceaccount-argo-argo-server"));
+        labels.insert(
+            "workflows.argoproj.io/creator".into(),
+            json!("system-serviceaccount-argo-argo-server"),
+        );
     }
     if r.chance(0.05) {
-        labels.insert("workflows.argoproj.io/resubmitted-from-workflow".into(), json!(workflow_name(r)));
+        labels.insert(
+            "workflows.argoproj.io/resubmitted-from-workflow".into(),
+            json!(workflow_name(r)),
+        );
     }
     if r.chance(0.3) {
         labels.insert("team".into(), json!(*r.pick(WORDS)));
@@ -1416,8 +1658,7 @@ fn assemble(
         4..=6 => metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v2"}),
         7..=8 => metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v1"}),
         _ => {
-            metadata["annotations"] =
-                json!({"workflows.argoproj.io/pod-name-format": "v3", "note": "unknown formats mean the default"})
+            metadata["annotations"] = json!({"workflows.argoproj.io/pod-name-format": "v3", "note": "unknown formats mean the default"})
         }
     }
 
@@ -1425,7 +1666,11 @@ fn assemble(
         Some(Value::String(t)) => t.clone(),
         _ => "main".to_owned(),
     };
-    let templates: Vec<Value> = run.templates.iter().map(|(name, body)| template_json(name, *body)).collect();
+    let templates: Vec<Value> = run
+        .templates
+        .iter()
+        .map(|(name, body)| template_json(name, *body))
+        .collect();
     let arguments = if params.is_empty() {
         json!({})
     } else {
@@ -1459,15 +1704,29 @@ fn assemble(
         spec["serviceAccountName"] = json!("argo-workflow");
     }
 
-    let last = shape.nodes.iter().filter_map(|n| n.finished).max().unwrap_or(0);
+    let last = shape
+        .nodes
+        .iter()
+        .filter_map(|n| n.finished)
+        .max()
+        .unwrap_or(0);
     let mut status = Map::new();
     if !phase.is_empty() {
         status.insert("phase".into(), json!(phase));
     }
     status.insert("startedAt".into(), json!(timestamp(base)));
-    status.insert("finishedAt".into(), if finished { json!(timestamp(base + last + 1)) } else { Value::Null });
+    status.insert(
+        "finishedAt".into(),
+        if finished {
+            json!(timestamp(base + last + 1))
+        } else {
+            Value::Null
+        },
+    );
     let pods = shape.nodes.iter().filter(|n| n.kind == Kind::Pod);
-    let (done, total) = pods.fold((0, 0), |(d, t), n| (d + usize::from(n.phase == Phase::Succeeded), t + 1));
+    let (done, total) = pods.fold((0, 0), |(d, t), n| {
+        (d + usize::from(n.phase == Phase::Succeeded), t + 1)
+    });
     if total > 0 {
         status.insert("progress".into(), json!(format!("{done}/{total}")));
     }
@@ -1496,7 +1755,10 @@ fn assemble(
             status.insert("conditions".into(), json!([{"type": "PodRunning", "status": "False"}, {"type": "Completed", "status": json!(if finished { "True" } else { "False" })}]));
         }
     }
-    status.insert("resourcesDuration".into(), json!({"cpu": last, "memory": last * 3}));
+    status.insert(
+        "resourcesDuration".into(),
+        json!({"cpu": last, "memory": last * 3}),
+    );
     if from_template || r.chance(0.05) {
         let mut stored = full_spec;
         if let Some(s) = shutdown.filter(|_| r.chance(0.5)) {
@@ -1511,7 +1773,10 @@ fn assemble(
         .map(|n| (n.id.clone(), Value::Bool(true)))
         .collect();
     if !task_results.is_empty() {
-        status.insert("taskResultsCompletionStatus".into(), Value::Object(task_results));
+        status.insert(
+            "taskResultsCompletionStatus".into(),
+            Value::Object(task_results),
+        );
     }
 
     // Built by hand: `json!` would re-serialise the whole node map.
@@ -1527,8 +1792,7 @@ fn assemble(
 /// A template as Go marshals `wfv1.Template` (the non-omitempty structs
 /// `inputs`, `outputs` and `metadata` always present).
 fn template_json(name: &str, body: Body) -> Value {
-    let container =
-        json!({"name": "", "image": "alpine:3.23", "command": ["sh", "-c"], "args": ["echo hello"], "resources": {}});
+    let container = json!({"name": "", "image": "alpine:3.23", "command": ["sh", "-c"], "args": ["echo hello"], "resources": {}});
     let mut t = json!({"name": name, "inputs": {}, "outputs": {}, "metadata": {}});
     match body {
         Body::Pod => t["container"] = container,
@@ -1538,8 +1802,12 @@ fn template_json(name: &str, body: Body) -> Value {
         Body::Http => t["http"] = json!({"url": "http://127.0.0.1:8080/health"}),
         Body::Plugin => t["plugin"] = json!({"hello": {}}),
         Body::Suspend => t["suspend"] = json!({}),
-        Body::Steps => t["steps"] = json!([[{"name": "main", "template": "main", "arguments": {}}]]),
-        Body::Dag => t["dag"] = json!({"tasks": [{"name": "main", "template": "main", "arguments": {}}]}),
+        Body::Steps => {
+            t["steps"] = json!([[{"name": "main", "template": "main", "arguments": {}}]])
+        }
+        Body::Dag => {
+            t["dag"] = json!({"tasks": [{"name": "main", "template": "main", "arguments": {}}]})
+        }
     }
     t
 }
@@ -1571,7 +1839,10 @@ fn offload_nodes(workflow: &mut Value) {
     };
     if let Some(nodes) = status.remove("nodes") {
         let version = fnv1a32(&nodes.to_string());
-        status.insert("offloadNodeStatusVersion".into(), Value::String(format!("fnv:{version}")));
+        status.insert(
+            "offloadNodeStatusVersion".into(),
+            Value::String(format!("fnv:{version}")),
+        );
     }
 }
 
@@ -1581,7 +1852,9 @@ fn compress_nodes(r: &mut Rand, workflow: &mut Value) {
     let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else {
         return;
     };
-    let Some(nodes) = status.remove("nodes") else { return };
+    let Some(nodes) = status.remove("nodes") else {
+        return;
+    };
     if nodes.as_object().is_none_or(Map::is_empty) {
         status.insert("nodes".into(), nodes);
         return;
@@ -1602,5 +1875,8 @@ fn compress_nodes(r: &mut Rand, workflow: &mut Value) {
             w.finish().expect("compressing into memory")
         }
     };
-    status.insert("compressedNodes".into(), Value::String(base64::engine::general_purpose::STANDARD.encode(packed)));
+    status.insert(
+        "compressedNodes".into(),
+        Value::String(base64::engine::general_purpose::STANDARD.encode(packed)),
+    );
 }
