@@ -12,16 +12,39 @@
 //! - v4 deletes the children of reset TaskGroup/StepGroup nodes when
 //!   parameters are overridden (argo-workflows#15802), also those of succeeded
 //!   siblings, which reruns them: that regression is reproduced;
-//! - v4 takes a pod name's hash from the node ID ([`pod_name`]).
+//! - v4 takes a pod name's hash from the node ID ([`pod_name`]);
+//! - v3.7 reads gzip `compressedNodes` only, v4 also zstd and brotli.
 //!
 //! Where Argo depends on Go's random map order the planner takes one fixed
 //! choice, documented where it is made: the parent of a node listed by
-//! several nodes (v4's rule: last in node-ID order), the `Retry` parent of a
-//! retried node listed by several (first in node-ID order), the root when
-//! several nodes carry the workflow's name (the one whose ID is the name, else
-//! the first in ID order), and which fault is reported when there are several.
-//! Where Argo's code panics or never terminates the planner returns
+//! several nodes (v4's rule: last in node-ID order; v3.7 is random, see
+//! [`plan_retry_with_parents`]), the node v3.7 checks for a retried node
+//! listed by several, the `Retry` parent in v4 when several list it (first in
+//! node-ID order), the root when several nodes carry the workflow's name (the
+//! one whose ID is the name, else the first in ID order), and which fault an
+//! error names when there are several (the first in node-ID order). Where
+//! Argo's code panics or never terminates the planner returns
 //! [`PlanError::ArgoPanics`] or [`PlanError::ArgoLoops`].
+//!
+//! Other surprises of Argo's rules, reproduced as they are:
+//! - every node whose name starts with `<workflow>.onExit` is dropped, and
+//!   every node below the exact `<workflow>.onExit` node, Steps and DAG nodes
+//!   included, adds a pod name to delete (names that never had a pod);
+//! - the failed node of a Succeeded workflow (continueOn) is retried along
+//!   with the selected nodes; selecting the root node deletes every node;
+//! - a failed node with a succeeded descendant (a hook) is not retried;
+//! - a Container node makes its whole Pod and every container in it rerun;
+//!   without a Pod above it the retry fails ("was seeking node ...");
+//! - only group and failed Retry nodes are ever reset, so `resetNode`'s
+//!   Suspend rule (forget supplied outputs) never applies in a retry;
+//! - a selector term with an empty field and value (`=`, `!=`) matches every
+//!   node, and terms are sorted before parsing, which decides which error is
+//!   reported; without restartSuccessful the selector is not even parsed;
+//! - an input parameter without a value makes Argo's selector matching
+//!   panic; a missing child below a failed node panics instead of the error
+//!   a missing child elsewhere gives;
+//! - the size limit compares the length of Go's JSON, which the planner
+//!   estimates ([`compress::go_json_size`]).
 
 pub mod compress;
 mod dag;
