@@ -424,13 +424,18 @@ fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, 
     let mut mismatches = Vec::new();
     for ((case, oracle), planner) in cases.iter().zip(results).zip(&planned) {
         assert_eq!(oracle.id, case.oracle.id, "oracle answers in order");
+        let refused = oracle.error.is_some();
         match difference(&oracle, planner, &case.oracle.workflow, &window) {
-            None => tally.equal += 1,
+            None => {
+                tally.equal += 1;
+                tally.refused += usize::from(refused);
+            }
             Some(_)
                 if version == ArgoVersion::V3_7
                     && equal_under_another_parent(case, &oracle, &window) =>
             {
                 tally.equal += 1;
+                tally.refused += usize::from(refused);
                 tally.other_parent += 1;
             }
             Some(why) => mismatches.push(Mismatch {
@@ -447,6 +452,8 @@ fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, 
 #[derive(Default)]
 struct Tally {
     equal: usize,
+    /// Equal cases where Argo refused the retry (an error or a panic).
+    refused: usize,
     /// Equal once the planner takes the parent v3.7's random map order took.
     other_parent: usize,
 }
@@ -566,10 +573,11 @@ fn planner_matches_argo_for_both_lines() {
     ] {
         let (tally, mismatches) = compare_all(&cases, line, version);
         let equal = tally.equal;
+        let refused = tally.refused;
         report.push(match tally.other_parent {
-            0 => format!("{version} {equal} cases equal"),
+            0 => format!("{version} {equal} cases equal ({refused} refused by Argo)"),
             n => format!(
-                "{version} {equal} cases equal ({n} with another of Argo's random parent choices)"
+                "{version} {equal} cases equal ({refused} refused by Argo, {n} equal with another of Argo's random parent choices)"
             ),
         });
         let examples: Vec<String> = mismatches
