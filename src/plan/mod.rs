@@ -52,7 +52,6 @@ pub mod pod_name;
 pub mod selector;
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::str::FromStr;
@@ -66,7 +65,7 @@ use crate::workflow::{
 };
 use compress::{CompressError, Nodes};
 use dag::{Graph, failed_or_error, is_execution, node_type};
-use pod_name::{HashTooLong, PodNameFormat};
+use pod_name::HashTooLong;
 use selector::{Selector, SelectorError};
 
 /// The Argo release line whose retry rules to follow.
@@ -280,98 +279,19 @@ pub fn plan_retry_with_parents(
     }
     let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
 
-    let format = PodNameFormat::of(wf);
-    let pod_of = |node: &NodeStatus| {
-        pod_name::pod_name(
-            wf.name(),
-            &node.name,
-            &node.template(),
-            &node.id,
-            format,
-            version,
-        )
-    };
+    let pod_of = |node: &NodeStatus| pod_name::node_pod_name(wf, node, version);
     let mut pods = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         if delete[i] && node.type_ == node_type::POD {
             pods.push(pod_of(node)?);
         }
     }
-
-    let on_exit = format!("{}.onExit", wf.name());
-    // What becomes of each node (graph indices follow the node map's order):
-    // reset, kept as is, or dropped; kept ones get pruned children lists.
-    let mut fates = Vec::with_capacity(nodes.len());
-    let mut nodes_reset = Vec::new();
-    let mut nodes_deleted = Vec::new();
-    for (i, (key, node)) in nodes.iter().enumerate() {
-        let fate = if reset[i] && !delete[i] {
-            nodes_reset.push(key.clone());
-            Fate::Reset
-        } else if !delete[i] && !node.name.starts_with(&on_exit) {
-            Fate::Keep
-        } else {
-            nodes_deleted.push(key.clone());
-            Fate::Drop
-        };
-        if fate != Fate::Drop {
-            let children = node.children().iter().zip(&graph.children[i]);
-            let children = non_empty(
-                children
-                    .filter(|&(_, &c)| !delete[c])
-                    .map(|(id, _)| id.clone())
-                    .collect(),
-            );
-            let is_deleted =
-                |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
-            let outbound = non_empty(
-                node.outbound_nodes
-                    .iter()
-                    .flatten()
-                    .filter(|id| !is_deleted(id))
-                    .cloned()
-                    .collect(),
-            );
-            fates.push((fate, children, outbound));
-        } else {
-            fates.push((fate, None, None));
-        }
-        if node.name == on_exit {
-            // Every node of the exit handler, whatever its type, gets a pod name.
-            pods.push(pod_of(node)?);
-            let mut result = Ok(());
-            graph.descendants(i, |d| {
-                if result.is_ok() {
-                    result = pod_of(graph.nodes[d]).map(|p| pods.push(p));
-                }
-            })?;
-            result?;
-        }
-    }
+    let outcome = node_outcomes(&graph, &reset, &delete, wf.name(), |node| {
+        pods.push(pod_of(node)?);
+        Ok(())
+    })?;
     drop(graph);
-    let finish = |(key, mut node): (String, NodeStatus), (fate, children, outbound)| {
-        if fate == Fate::Reset {
-            reset_node(&mut node, &now);
-        }
-        node.children = children;
-        node.outbound_nodes = outbound;
-        (key, node)
-    };
-    // Nodes decoded from compressedNodes are moved, others cloned.
-    let new_nodes: BTreeMap<String, NodeStatus> = match nodes {
-        Cow::Owned(nodes) => nodes
-            .into_iter()
-            .zip(fates)
-            .filter(|(_, f)| f.0 != Fate::Drop)
-            .map(|(n, f)| finish(n, f))
-            .collect(),
-        Cow::Borrowed(nodes) => nodes
-            .iter()
-            .zip(fates)
-            .filter(|(_, f)| f.0 != Fate::Drop)
-            .map(|((k, n), f)| finish((k.clone(), n.clone()), f))
-            .collect(),
-    };
+    let new_nodes = finish_nodes(nodes, outcome.fates, &now);
     new_wf.status.nodes = Some(new_nodes);
 
     compress::dehydrate(&mut new_wf, opts.max_workflow_size).map_err(|e| PlanError::TooLarge {
@@ -384,16 +304,124 @@ pub fn plan_retry_with_parents(
     Ok(Plan {
         workflow: new_wf,
         pods_to_delete: pods,
-        nodes_deleted,
-        nodes_reset,
+        nodes_deleted: outcome.deleted,
+        nodes_reset: outcome.reset,
     })
 }
 
+/// What becomes of a node, with the children and outbound nodes it keeps.
+struct Fate {
+    kind: FateKind,
+    children: Option<Vec<String>>,
+    outbound_nodes: Option<Vec<String>>,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Fate {
+enum FateKind {
     Reset,
     Keep,
     Drop,
+}
+
+/// Every node's fate (in the node map's order), and the keys reset and
+/// dropped.
+struct Outcome {
+    fates: Vec<Fate>,
+    reset: Vec<String>,
+    deleted: Vec<String>,
+}
+
+/// The fates of the nodes after `resetPath`: reset, kept (pruned of deleted
+/// children and outbound nodes) or dropped, which also drops every node named
+/// like the exit handler. `exit_pod` is called for every node of the exit
+/// handler, whatever its type, whose pod Argo deletes.
+fn node_outcomes(
+    graph: &Graph<'_>,
+    reset: &[bool],
+    delete: &[bool],
+    workflow_name: &str,
+    mut exit_pod: impl FnMut(&NodeStatus) -> Result<(), PlanError>,
+) -> Result<Outcome, PlanError> {
+    let on_exit = format!("{workflow_name}.onExit");
+    let mut outcome = Outcome {
+        fates: Vec::with_capacity(graph.nodes.len()),
+        reset: Vec::new(),
+        deleted: Vec::new(),
+    };
+    let is_deleted = |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let kind = if reset[i] && !delete[i] {
+            outcome.reset.push(node.id.clone());
+            FateKind::Reset
+        } else if !delete[i] && !node.name.starts_with(&on_exit) {
+            FateKind::Keep
+        } else {
+            outcome.deleted.push(node.id.clone());
+            FateKind::Drop
+        };
+        let fate = if kind == FateKind::Drop {
+            Fate {
+                kind,
+                children: None,
+                outbound_nodes: None,
+            }
+        } else {
+            let children = node.children().iter().zip(&graph.children[i]);
+            let outbound = node.outbound_nodes.iter().flatten();
+            Fate {
+                kind,
+                children: non_empty(
+                    children
+                        .filter(|&(_, &c)| !delete[c])
+                        .map(|(id, _)| id.clone())
+                        .collect(),
+                ),
+                outbound_nodes: non_empty(outbound.filter(|id| !is_deleted(id)).cloned().collect()),
+            }
+        };
+        outcome.fates.push(fate);
+        if node.name == on_exit {
+            exit_pod(node)?;
+            let mut result = Ok(());
+            graph.descendants(i, |d| {
+                if result.is_ok() {
+                    result = exit_pod(graph.nodes[d]);
+                }
+            })?;
+            result?;
+        }
+    }
+    Ok(outcome)
+}
+
+/// The reset workflow's nodes. Nodes decoded from `compressedNodes` are
+/// moved, others cloned.
+fn finish_nodes(nodes: Cow<'_, Nodes>, fates: Vec<Fate>, now: &str) -> Nodes {
+    fn kept<T>((_, fate): &(T, Fate)) -> bool {
+        fate.kind != FateKind::Drop
+    }
+    let finish = |(key, mut node): (String, NodeStatus), fate: Fate| {
+        if fate.kind == FateKind::Reset {
+            reset_node(&mut node, now);
+        }
+        node.children = fate.children;
+        node.outbound_nodes = fate.outbound_nodes;
+        (key, node)
+    };
+    match nodes {
+        Cow::Owned(nodes) => nodes
+            .into_iter()
+            .zip(fates)
+            .filter(kept)
+            .map(|(n, f)| finish(n, f))
+            .collect(),
+        Cow::Borrowed(nodes) => nodes
+            .iter()
+            .zip(fates)
+            .filter(kept)
+            .map(|((k, n), f)| finish((k.clone(), n.clone()), f))
+            .collect(),
+    }
 }
 
 fn non_empty(v: Vec<String>) -> Option<Vec<String>> {

@@ -1,5 +1,7 @@
 //! One test per retry rule, on small hand-made workflows.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use super::*;
