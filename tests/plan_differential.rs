@@ -20,11 +20,14 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use rewind::plan::{ArgoVersion, ChooseParent, PlanError, RetryOptions, last_listed, plan_retry_with_parents};
+use rewind::plan::{
+    ArgoVersion, ChooseParent, PlanError, RetryOptions, compress, last_listed,
+    plan_retry_with_parents,
+};
 use rewind::workflow::Workflow;
 use serde_json::{Value, json};
-use support::oracle::{ArgoLine, OracleCase, OracleResult, run_oracle};
 use support::r#gen::{GenCase, case_from_seed, generate};
+use support::oracle::{ArgoLine, OracleCase, OracleResult, run_oracle};
 
 const SEED: u64 = 0x7e71_2026;
 const GENERATED: usize = 2_000;
@@ -56,30 +59,51 @@ impl Case {
 
 fn fixture_cases() -> Vec<Case> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(FIXTURES);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let json: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
     let list = match json {
         Value::Array(list) => list,
         Value::Object(mut o) => match o.remove("cases") {
             Some(Value::Array(list)) => list,
             _ => panic!("{} has no \"cases\" list", path.display()),
         },
-        _ => panic!("{} is neither a list nor an object with \"cases\"", path.display()),
+        _ => panic!(
+            "{} is neither a list nor an object with \"cases\"",
+            path.display()
+        ),
     };
     assert!(!list.is_empty(), "{} holds no cases", path.display());
 
     list.into_iter()
         .map(|c| {
-            let str_of = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let str_of = |k: &str| {
+                c.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
             let oracle = OracleCase {
                 id: str_of("id"),
                 workflow: fixture_workflow(&c, &path),
-                restart_successful: c.get("restartSuccessful").and_then(Value::as_bool).unwrap_or(false),
+                restart_successful: c
+                    .get("restartSuccessful")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
                 node_field_selector: str_of("nodeFieldSelector"),
-                parameters: c.get("parameters").and_then(|p| serde_json::from_value(p.clone()).ok()),
-                max_workflow_size: c.get("maxWorkflowSize").and_then(Value::as_u64).map(|s| s as usize),
+                parameters: c
+                    .get("parameters")
+                    .and_then(|p| serde_json::from_value(p.clone()).ok()),
+                max_workflow_size: c
+                    .get("maxWorkflowSize")
+                    .and_then(Value::as_u64)
+                    .map(|s| s as usize),
             };
-            Case { oracle, seed_budget: None }
+            Case {
+                oracle,
+                seed_budget: None,
+            }
         })
         .collect()
 }
@@ -89,9 +113,13 @@ fn fixture_workflow(case: &Value, cases_path: &std::path::Path) -> Value {
     if let Some(wf) = case.get("workflow") {
         return wf.clone();
     }
-    let file = case.get("file").and_then(Value::as_str).expect("a fixture has a workflow or a file");
+    let file = case
+        .get("file")
+        .and_then(Value::as_str)
+        .expect("a fixture has a workflow or a file");
     let path = cases_path.with_file_name(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
@@ -105,14 +133,20 @@ fn from_gen(g: GenCase) -> Case {
         parameters: g.parameters,
         max_workflow_size: g.max_workflow_size,
     };
-    Case { oracle, seed_budget }
+    Case {
+        oracle,
+        seed_budget,
+    }
 }
 
 /// "case_from_seed(0x1f, 48)" -> (0x1f, 48).
 fn parse_seed_budget(id: &str) -> Option<(u64, usize)> {
     let inner = id.strip_prefix("case_from_seed(")?.strip_suffix(')')?;
     let (seed, budget) = inner.split_once(", ")?;
-    Some((u64::from_str_radix(seed.strip_prefix("0x")?, 16).ok()?, budget.parse().ok()?))
+    Some((
+        u64::from_str_radix(seed.strip_prefix("0x")?, 16).ok()?,
+        budget.parse().ok()?,
+    ))
 }
 
 /// The planner's answer in the oracle's terms.
@@ -137,23 +171,37 @@ fn plan(case: &Case, version: ArgoVersion, now: Timestamp, choose: ChooseParent<
                     workflow.as_object_mut().map(|o| o.remove(key));
                 }
             }
-            Outcome::Done { workflow, pods: plan.pods_to_delete }
+            Outcome::Done {
+                workflow,
+                pods: plan.pods_to_delete,
+            }
         }
         Err(e) => Outcome::Failed(e),
     }
 }
 
 /// Why the outcomes differ, or `None` when they are equal.
-fn difference(oracle: &OracleResult, planner: &Outcome, workflow: &Value, now: &NowWindow) -> Option<String> {
+fn difference(
+    oracle: &OracleResult,
+    planner: &Outcome,
+    workflow: &Value,
+    now: &NowWindow,
+) -> Option<String> {
     match (&oracle.error, planner) {
         (Some(o), Outcome::Failed(p)) => (!same_error(o, p) && !same_graph_fault(o, p, workflow))
             .then(|| format!("errors differ: argo {o:?}, planner {:?}", p.to_string())),
-        (Some(o), Outcome::Undecodable(p)) => {
-            (!o.starts_with("decode workflow")).then(|| format!("argo {o:?}, planner cannot decode: {p}"))
+        (Some(o), Outcome::Undecodable(p)) => (!o.starts_with("decode workflow"))
+            .then(|| format!("argo {o:?}, planner cannot decode: {p}")),
+        (Some(o), Outcome::Done { .. }) => {
+            Some(format!("argo fails with {o:?}, the planner does not"))
         }
-        (Some(o), Outcome::Done { .. }) => Some(format!("argo fails with {o:?}, the planner does not")),
-        (None, Outcome::Failed(p)) => Some(format!("the planner fails with {:?}, argo does not", p.to_string())),
-        (None, Outcome::Undecodable(p)) => Some(format!("the planner cannot decode the workflow: {p}")),
+        (None, Outcome::Failed(p)) => Some(format!(
+            "the planner fails with {:?}, argo does not",
+            p.to_string()
+        )),
+        (None, Outcome::Undecodable(p)) => {
+            Some(format!("the planner cannot decode the workflow: {p}"))
+        }
         (None, Outcome::Done { workflow, pods }) => {
             let mut theirs = oracle.pods_to_delete.clone();
             let mut ours = pods.clone();
@@ -192,15 +240,26 @@ fn same_error(oracle: &str, planner: &PlanError) -> bool {
 /// map order meets first; the planner the first in ID order. Both must name
 /// a real fault of the input, checked here independently.
 fn same_graph_fault(oracle: &str, planner: &PlanError, wf: &Value) -> bool {
-    if !matches!(planner, PlanError::MissingParent { .. } | PlanError::MissingChild { .. }) {
+    if !matches!(
+        planner,
+        PlanError::MissingParent { .. } | PlanError::MissingChild { .. }
+    ) {
         return false;
     }
-    let name = wf.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let name = wf
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let on_exit = format!("{name}.onExit");
-    let empty = serde_json::Map::new();
-    let nodes = wf.pointer("/status/nodes").and_then(Value::as_object).unwrap_or(&empty);
+    let nodes = input_nodes(wf);
     let children = |n: &Value| -> Vec<String> {
-        n.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).map(String::from).collect()
+        n.get("children")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(String::from)
+            .collect()
     };
     let listed: BTreeSet<String> = nodes.values().flat_map(children).collect();
     let is_fault = |message: &str| {
@@ -213,12 +272,31 @@ fn same_graph_fault(oracle: &str, planner: &PlanError, wf: &Value) -> bool {
                     && !node_name.starts_with(&on_exit)
             })
         } else if let Some(id) = message.strip_prefix("coudln't obtain child ") {
-            listed.contains(id) && !nodes.values().any(|n| n.get("id").and_then(Value::as_str) == Some(id))
+            listed.contains(id)
+                && !nodes
+                    .values()
+                    .any(|n| n.get("id").and_then(Value::as_str) == Some(id))
         } else {
             false
         }
     };
     is_fault(oracle) && is_fault(&planner.to_string())
+}
+
+/// The input's nodes, decoded from `compressedNodes` when given that way.
+fn input_nodes(wf: &Value) -> serde_json::Map<String, Value> {
+    if let Some(nodes) = wf.pointer("/status/nodes").and_then(Value::as_object) {
+        return nodes.clone();
+    }
+    let packed = wf
+        .pointer("/status/compressedNodes")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    compress::decode_nodes(packed, ArgoVersion::V4)
+        .ok()
+        .and_then(|nodes| serde_json::to_value(nodes).ok())
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default()
 }
 
 /// The span in which either side may have taken "now".
@@ -229,7 +307,8 @@ struct NowWindow {
 
 impl NowWindow {
     fn covers(&self, s: &str) -> bool {
-        s.parse::<Timestamp>().is_ok_and(|t| t >= self.from && t <= self.to)
+        s.parse::<Timestamp>()
+            .is_ok_and(|t| t >= self.from && t <= self.to)
     }
 }
 
@@ -266,10 +345,14 @@ fn gunzip_nodes(packed: &str) -> Value {
         return json!({"(undecodable base64)": packed});
     };
     let mut text = Vec::new();
-    if flate2::read::MultiGzDecoder::new(&raw[..]).read_to_end(&mut text).is_err() {
+    if flate2::read::MultiGzDecoder::new(&raw[..])
+        .read_to_end(&mut text)
+        .is_err()
+    {
         return json!({"(not gzip)": packed});
     }
-    serde_json::from_slice(&text).unwrap_or_else(|_| json!({"(not JSON)": String::from_utf8_lossy(&text)}))
+    serde_json::from_slice(&text)
+        .unwrap_or_else(|_| json!({"(not JSON)": String::from_utf8_lossy(&text)}))
 }
 
 /// Removes nulls and empty objects and lists, bottom up. Returns whether the
@@ -300,9 +383,11 @@ fn first_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
                 (a, b) => Some(format!("{path}/{k}: argo {a:?}, planner {b:?}")),
             })
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).enumerate().find_map(|(i, (a, b))| first_difference(&format!("{path}/{i}"), a, b))
-        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (a, b))| first_difference(&format!("{path}/{i}"), a, b)),
         _ => (a != b).then(|| format!("{path}: argo {a}, planner {b}")),
     }
 }
@@ -327,19 +412,38 @@ fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, 
     let oracle_cases: Vec<OracleCase> = cases.iter().map(|c| c.oracle.clone()).collect();
     let results = run_oracle(line, &oracle_cases);
     assert_eq!(results.len(), cases.len(), "the oracle answers every case");
-    let planned: Vec<Outcome> = cases.iter().map(|c| plan(c, version, Timestamp::now(), &last_listed)).collect();
-    let window = NowWindow { from, to: Timestamp::now() + SignedDuration::from_secs(2) };
+    let planned: Vec<Outcome> = cases
+        .iter()
+        .map(|c| plan(c, version, Timestamp::now(), &last_listed))
+        .collect();
+    let window = NowWindow {
+        from,
+        to: Timestamp::now() + SignedDuration::from_secs(2),
+    };
     let mut tally = Tally::default();
     let mut mismatches = Vec::new();
     for ((case, oracle), planner) in cases.iter().zip(results).zip(&planned) {
         assert_eq!(oracle.id, case.oracle.id, "oracle answers in order");
+        let refused = oracle.error.is_some();
         match difference(&oracle, planner, &case.oracle.workflow, &window) {
-            None => tally.equal += 1,
-            Some(_) if version == ArgoVersion::V3_7 && equal_under_another_parent(case, &oracle, &window) => {
+            None => {
                 tally.equal += 1;
+                tally.refused += usize::from(refused);
+            }
+            Some(_)
+                if version == ArgoVersion::V3_7
+                    && equal_under_another_parent(case, &oracle, &window) =>
+            {
+                tally.equal += 1;
+                tally.refused += usize::from(refused);
                 tally.other_parent += 1;
             }
-            Some(why) => mismatches.push(Mismatch { case: case.clone(), oracle, planner: planner_json(planner), why }),
+            Some(why) => mismatches.push(Mismatch {
+                case: case.clone(),
+                oracle,
+                planner: planner_json(planner),
+                why,
+            }),
         }
     }
     (tally, mismatches)
@@ -348,19 +452,32 @@ fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, 
 #[derive(Default)]
 struct Tally {
     equal: usize,
+    /// Equal cases where Argo refused the retry (an error or a panic).
+    refused: usize,
     /// Equal once the planner takes the parent v3.7's random map order took.
     other_parent: usize,
 }
 
 /// Nodes listed as a child by several nodes: (ID, number of listing nodes).
 fn multi_parent_nodes(wf: &Value) -> Vec<(String, usize)> {
+    let nodes = input_nodes(wf);
     let mut listers: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (key, node) in wf.pointer("/status/nodes").and_then(Value::as_object).into_iter().flatten() {
-        for child in node.get("children").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+    for (key, node) in &nodes {
+        for child in node
+            .get("children")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
             listers.entry(child).or_default().insert(key);
         }
     }
-    listers.into_iter().filter(|(_, l)| l.len() > 1).map(|(c, l)| (c.to_owned(), l.len())).collect()
+    listers
+        .into_iter()
+        .filter(|(_, l)| l.len() > 1)
+        .map(|(c, l)| (c.to_owned(), l.len()))
+        .collect()
 }
 
 /// Argo v3.7 records a random one of several listing nodes as a node's
@@ -369,8 +486,12 @@ fn multi_parent_nodes(wf: &Value) -> Vec<(String, usize)> {
 fn equal_under_another_parent(case: &Case, oracle: &OracleResult, window: &NowWindow) -> bool {
     const MAX_COMBINATIONS: usize = 4096;
     let multi = multi_parent_nodes(&case.oracle.workflow);
-    let combinations = multi.iter().try_fold(1usize, |acc, (_, n)| acc.checked_mul(*n).filter(|&c| c <= MAX_COMBINATIONS));
-    let Some(combinations) = combinations.filter(|&c| c > 1) else { return false };
+    let combinations = multi.iter().try_fold(1usize, |acc, (_, n)| {
+        acc.checked_mul(*n).filter(|&c| c <= MAX_COMBINATIONS)
+    });
+    let Some(combinations) = combinations.filter(|&c| c > 1) else {
+        return false;
+    };
     (0..combinations).any(|combination| {
         let mut rest = combination;
         let choice: HashMap<&str, usize> = multi
@@ -382,7 +503,10 @@ fn equal_under_another_parent(case: &Case, oracle: &OracleResult, window: &NowWi
             })
             .collect();
         let choose = |child: &str, _: &[&str]| choice.get(child).copied().unwrap_or(0);
-        let outcome = plan(case, ArgoVersion::V3_7, Timestamp::now(), &choose);
+        // A "now" inside the window (this runs after it was measured) even
+        // once cut to whole seconds.
+        let now = window.from + SignedDuration::from_secs(1);
+        let outcome = plan(case, ArgoVersion::V3_7, now, &choose);
         difference(oracle, &outcome, &case.oracle.workflow, window).is_none()
     })
 }
@@ -390,13 +514,21 @@ fn equal_under_another_parent(case: &Case, oracle: &OracleResult, window: &NowWi
 /// The smallest failing variant of a mismatch: generated cases are
 /// regenerated with every smaller node budget; otherwise the case itself.
 fn shrink(m: Mismatch, line: ArgoLine, version: ArgoVersion) -> Mismatch {
-    let Some((seed, budget)) = m.case.seed_budget else { return m };
-    let smaller: Vec<Case> = (1..budget).map(|b| from_gen(case_from_seed(seed, b))).collect();
+    let Some((seed, budget)) = m.case.seed_budget else {
+        return m;
+    };
+    let smaller: Vec<Case> = (1..budget)
+        .map(|b| from_gen(case_from_seed(seed, b)))
+        .collect();
     if smaller.is_empty() {
         return m;
     }
     let (_, mut failing) = compare_all(&smaller, line, version);
-    if failing.is_empty() { m } else { failing.swap_remove(0) }
+    if failing.is_empty() {
+        m
+    } else {
+        failing.swap_remove(0)
+    }
 }
 
 fn size_of(m: &Mismatch) -> usize {
@@ -435,14 +567,24 @@ fn planner_matches_argo_for_both_lines() {
 
     let mut report = Vec::new();
     let mut failures = Vec::new();
-    for (line, version) in [(ArgoLine::V4, ArgoVersion::V4), (ArgoLine::V3, ArgoVersion::V3_7)] {
+    for (line, version) in [
+        (ArgoLine::V4, ArgoVersion::V4),
+        (ArgoLine::V3, ArgoVersion::V3_7),
+    ] {
         let (tally, mismatches) = compare_all(&cases, line, version);
         let equal = tally.equal;
+        let refused = tally.refused;
         report.push(match tally.other_parent {
-            0 => format!("{version} {equal} cases equal"),
-            n => format!("{version} {equal} cases equal ({n} with another of Argo's random parent choices)"),
+            0 => format!("{version} {equal} cases equal ({refused} refused by Argo)"),
+            n => format!(
+                "{version} {equal} cases equal ({refused} refused by Argo, {n} equal with another of Argo's random parent choices)"
+            ),
         });
-        let examples: Vec<String> = mismatches.iter().take(8).map(|m| format!("  {}: {}", m.case.oracle.id, m.why)).collect();
+        let examples: Vec<String> = mismatches
+            .iter()
+            .take(8)
+            .map(|m| format!("  {}: {}", m.case.oracle.id, m.why))
+            .collect();
         if let Some(smallest) = mismatches.into_iter().min_by_key(size_of) {
             let first = examples.join("\n");
             let count = cases.len() - equal;
@@ -463,20 +605,49 @@ fn planner_matches_argo_for_both_lines() {
         "differential: {} ({fixtures} Argo fixtures + {GENERATED} generated per line)",
         report.join(", ")
     );
-    assert!(failures.is_empty(), "planner and Argo differ:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "planner and Argo differ:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn normalising_keeps_real_differences() {
     // The comparison must not hide a change that matters.
-    let window = NowWindow { from: Timestamp::UNIX_EPOCH, to: Timestamp::UNIX_EPOCH };
-    let a = normalise(json!({"status": {"nodes": {"n": {"phase": "Running", "children": []}}}}), &window);
-    let b = normalise(json!({"status": {"nodes": {"n": {"phase": "Failed"}}}}), &window);
-    assert!(first_difference("", &a, &b).unwrap().contains("/status/nodes/n/phase"));
-    let c = normalise(json!({"status": {"nodes": {"n": {"phase": "Failed", "finishedAt": null}}}}), &window);
+    let window = NowWindow {
+        from: Timestamp::UNIX_EPOCH,
+        to: Timestamp::UNIX_EPOCH,
+    };
+    let a = normalise(
+        json!({"status": {"nodes": {"n": {"phase": "Running", "children": []}}}}),
+        &window,
+    );
+    let b = normalise(
+        json!({"status": {"nodes": {"n": {"phase": "Failed"}}}}),
+        &window,
+    );
+    assert!(
+        first_difference("", &a, &b)
+            .unwrap()
+            .contains("/status/nodes/n/phase")
+    );
+    let c = normalise(
+        json!({"status": {"nodes": {"n": {"phase": "Failed", "finishedAt": null}}}}),
+        &window,
+    );
     assert_eq!(first_difference("", &b, &c), None);
-    let stamped = normalise(json!({"status": {"startedAt": "1970-01-01T00:00:00Z"}}), &window);
+    let stamped = normalise(
+        json!({"status": {"startedAt": "1970-01-01T00:00:00Z"}}),
+        &window,
+    );
     assert_eq!(stamped, json!({"status": {"startedAt": "(now)"}}));
-    let old = normalise(json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}}), &window);
-    assert_eq!(old, json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}}));
+    let old = normalise(
+        json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}}),
+        &window,
+    );
+    assert_eq!(
+        old,
+        json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}})
+    );
 }

@@ -25,8 +25,10 @@ const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
 
 /// Go's `base64.StdEncoding`: padded, but lenient about the unused bits of
 /// the last symbol.
-const GO_STD_ENCODING: GeneralPurpose =
-    GeneralPurpose::new(&alphabet::STANDARD, GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true));
+const GO_STD_ENCODING: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
 
 /// The node map of a workflow status.
 pub type Nodes = BTreeMap<String, NodeStatus>;
@@ -80,7 +82,10 @@ impl Algorithm {
 /// `packer.DecompressWorkflow`. JSON `null` is an empty map, as in Go.
 pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, CompressError> {
     // Go's StdEncoding skips line breaks inside the data.
-    let cleaned: Vec<u8> = compressed.bytes().filter(|b| !matches!(b, b'\r' | b'\n')).collect();
+    let cleaned: Vec<u8> = compressed
+        .bytes()
+        .filter(|b| !matches!(b, b'\r' | b'\n'))
+        .collect();
     let raw = GO_STD_ENCODING.decode(cleaned)?;
     let json = match version {
         ArgoVersion::V4 => decompress(&raw),
@@ -97,7 +102,9 @@ pub fn decompress(content: &[u8]) -> Result<Vec<u8>, String> {
     match Algorithm::detect(content) {
         Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(|e| e.to_string()),
         Algorithm::Gzip => return gunzip(content),
-        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024).read_to_end(&mut out).map_err(|e| e.to_string())?,
+        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024)
+            .read_to_end(&mut out)
+            .map_err(|e| e.to_string())?,
     };
     Ok(out)
 }
@@ -111,14 +118,19 @@ fn gunzip(content: &[u8]) -> Result<Vec<u8>, String> {
         return Err("gzip: invalid header".into());
     }
     let mut out = Vec::with_capacity(content.len() * 8);
-    flate2::read::MultiGzDecoder::new(content).read_to_end(&mut out).map_err(|e| e.to_string())?;
+    flate2::read::MultiGzDecoder::new(content)
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
     Ok(out)
 }
 
 /// `file.CompressEncodeString` of the nodes' JSON, with gzip at level 6.
 pub fn encode_nodes(nodes: &Nodes) -> String {
     let json = serde_json::to_vec(nodes).unwrap_or_default();
-    let mut gz = flate2::write::GzEncoder::new(Vec::with_capacity(json.len() / 4), flate2::Compression::new(6));
+    let mut gz = flate2::write::GzEncoder::new(
+        Vec::with_capacity(json.len() / 4),
+        flate2::Compression::new(6),
+    );
     // Writing into a Vec cannot fail.
     let _ = gz.write_all(&json);
     STANDARD.encode(gz.finish().unwrap_or_default())
@@ -128,7 +140,10 @@ pub fn encode_nodes(nodes: &Nodes) -> String {
 /// empty. With both set, Argo works on `nodes` and keeps the stale blob.
 pub fn blob_to_hydrate(status: &WorkflowStatus) -> Option<&str> {
     let has_nodes = status.nodes.as_ref().is_some_and(|n| !n.is_empty());
-    status.compressed_nodes.as_deref().filter(|c| !c.is_empty() && !has_nodes)
+    status
+        .compressed_nodes
+        .as_deref()
+        .filter(|c| !c.is_empty() && !has_nodes)
 }
 
 /// Why the retried workflow cannot be stored.
@@ -143,8 +158,18 @@ pub struct TooLarge {
 /// `compressedNodes`; if it is still too large, nothing changes and the error
 /// says so. Skipped, as in Argo, when the workflow is not hydrated.
 pub fn dehydrate(wf: &mut Workflow, max_size: usize) -> Result<(), TooLarge> {
-    let hydrated = wf.status.compressed_nodes.as_deref().unwrap_or_default().is_empty()
-        && wf.status.offload_node_status_version.as_deref().unwrap_or_default().is_empty();
+    let hydrated = wf
+        .status
+        .compressed_nodes
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+        && wf
+            .status
+            .offload_node_status_version
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty();
     if !hydrated || go_json_size(wf) <= max_size {
         return Ok(());
     }
@@ -154,7 +179,10 @@ pub fn dehydrate(wf: &mut Workflow, max_size: usize) -> Result<(), TooLarge> {
     if compressed_size > max_size {
         wf.status.compressed_nodes = None;
         wf.status.nodes = Some(nodes);
-        return Err(TooLarge { compressed_size, max_size });
+        return Err(TooLarge {
+            compressed_size,
+            max_size,
+        });
     }
     Ok(())
 }
@@ -167,10 +195,10 @@ pub fn dehydrate(wf: &mut Workflow, max_size: usize) -> Result<(), TooLarge> {
 /// the spec that Go would re-encode differently are not modelled, so a
 /// workflow within a few bytes of the limit may be judged differently.
 pub fn go_json_size(wf: &Workflow) -> usize {
-    let json = serde_json::to_vec(wf).unwrap_or_default();
-    let mut size = json.len();
-    size += json.iter().filter(|&&b| matches!(b, b'<' | b'>' | b'&')).count() * 5;
-    size += json.windows(3).filter(|w| matches!(w, [0xe2, 0x80, 0xa8 | 0xa9])).count() * 3;
+    let mut counter = GoSizeCounter::default();
+    // Counting cannot fail, and the types serialise.
+    let _ = serde_json::to_writer(&mut counter, wf);
+    let mut size = counter.size;
     // `"key":null` plus a separating comma (every object involved has other fields).
     let null_field = |key: &str| key.len() + 2 + 1 + 4 + 1;
     if wf.metadata.creation_timestamp.is_none() {
@@ -201,6 +229,34 @@ pub fn go_json_size(wf: &Workflow) -> usize {
     size
 }
 
+/// Counts the bytes Go would write for what serde writes, without keeping
+/// them: each `<`, `>`, `&` becomes 6 bytes, U+2028 and U+2029 too. Serde
+/// writes a multi-byte character within one chunk, so chunks are scanned alone.
+#[derive(Default)]
+struct GoSizeCounter {
+    size: usize,
+}
+
+impl Write for GoSizeCounter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.size += buf.len();
+        for (i, &b) in buf.iter().enumerate() {
+            match b {
+                b'<' | b'>' | b'&' => self.size += 5,
+                0xe2 if matches!(buf.get(i + 1..i + 3), Some([0x80, 0xa8 | 0xa9])) => {
+                    self.size += 3
+                }
+                _ => {}
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,7 +265,12 @@ mod tests {
     const V3: ArgoVersion = ArgoVersion::V3_7;
 
     fn nodes() -> Nodes {
-        let node = NodeStatus { id: "wf".into(), name: "wf".into(), type_: "DAG".into(), ..Default::default() };
+        let node = NodeStatus {
+            id: "wf".into(),
+            name: "wf".into(),
+            type_: "DAG".into(),
+            ..Default::default()
+        };
         [("wf".to_owned(), node)].into()
     }
 
@@ -223,7 +284,9 @@ mod tests {
             Algorithm::Zstd => zstd::stream::encode_all(json, 2).unwrap(),
             Algorithm::Brotli => {
                 let mut out = Vec::new();
-                brotli::CompressorWriter::new(&mut out, 4096, 6, 22).write_all(json).unwrap();
+                brotli::CompressorWriter::new(&mut out, 4096, 6, 22)
+                    .write_all(json)
+                    .unwrap();
                 out
             }
         };
@@ -235,38 +298,69 @@ mod tests {
     fn decodes_every_algorithm_argo_writes() {
         let json = serde_json::to_vec(&nodes()).unwrap();
         for algorithm in [Algorithm::Gzip, Algorithm::Zstd, Algorithm::Brotli] {
-            assert_eq!(decode_nodes(&encode_with(algorithm, &json), V4).unwrap(), nodes(), "{algorithm:?}");
+            assert_eq!(
+                decode_nodes(&encode_with(algorithm, &json), V4).unwrap(),
+                nodes(),
+                "{algorithm:?}"
+            );
         }
         // v3.7 reads gzip only.
-        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, &json), V3).unwrap(), nodes());
+        assert_eq!(
+            decode_nodes(&encode_with(Algorithm::Gzip, &json), V3).unwrap(),
+            nodes()
+        );
         for algorithm in [Algorithm::Zstd, Algorithm::Brotli] {
             let err = decode_nodes(&encode_with(algorithm, &json), V3).unwrap_err();
-            assert_eq!(err.to_string(), "failed to decompress: gzip: invalid header");
+            assert_eq!(
+                err.to_string(),
+                "failed to decompress: gzip: invalid header"
+            );
         }
     }
 
     #[test]
     fn round_trips_and_ignores_line_breaks() {
         let encoded = encode_nodes(&nodes());
-        let wrapped: String = encoded.chars().enumerate().flat_map(|(i, c)| (i % 10 == 9).then_some('\n').into_iter().chain([c])).collect();
+        let wrapped: String = encoded
+            .chars()
+            .enumerate()
+            .flat_map(|(i, c)| (i % 10 == 9).then_some('\n').into_iter().chain([c]))
+            .collect();
         assert_eq!(decode_nodes(&wrapped, V4).unwrap(), nodes());
-        assert_eq!(decode_nodes(&encode_with(Algorithm::Gzip, b"null"), V4).unwrap(), Nodes::new());
+        assert_eq!(
+            decode_nodes(&encode_with(Algorithm::Gzip, b"null"), V4).unwrap(),
+            Nodes::new()
+        );
     }
 
     #[test]
     fn corrupt_input_is_an_error() {
-        assert_eq!(decode_nodes("ab%%", V4).unwrap_err().to_string(), "illegal base64 data at input byte 2");
         assert_eq!(
-            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4).unwrap_err().to_string(),
+            decode_nodes("ab%%", V4).unwrap_err().to_string(),
+            "illegal base64 data at input byte 2"
+        );
+        assert_eq!(
+            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4)
+                .unwrap_err()
+                .to_string(),
             "failed to decompress: gzip: invalid header"
         );
-        assert!(matches!(decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4), Err(CompressError::Decompress(_))));
-        assert!(matches!(decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4), Err(CompressError::Json(_))));
+        assert!(matches!(
+            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4),
+            Err(CompressError::Decompress(_))
+        ));
+        assert!(matches!(
+            decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4),
+            Err(CompressError::Json(_))
+        ));
     }
 
     #[test]
     fn hydrates_only_without_plain_nodes() {
-        let mut status = WorkflowStatus { compressed_nodes: Some("blob".into()), ..Default::default() };
+        let mut status = WorkflowStatus {
+            compressed_nodes: Some("blob".into()),
+            ..Default::default()
+        };
         assert_eq!(blob_to_hydrate(&status), Some("blob"));
         status.nodes = Some(Nodes::new());
         assert_eq!(blob_to_hydrate(&status), Some("blob"));
@@ -283,7 +377,15 @@ mod tests {
         let many: Nodes = (0..50)
             .map(|i| {
                 let id = format!("wf-{i}");
-                (id.clone(), NodeStatus { id, name: format!("wf.step-{i}"), type_: "Pod".into(), ..Default::default() })
+                (
+                    id.clone(),
+                    NodeStatus {
+                        id,
+                        name: format!("wf.step-{i}"),
+                        type_: "Pod".into(),
+                        ..Default::default()
+                    },
+                )
             })
             .collect();
         let mut wf = Workflow::default();
@@ -293,7 +395,10 @@ mod tests {
         assert!(wf.status.compressed_nodes.is_none());
         dehydrate(&mut wf, size - 1).unwrap();
         assert!(wf.status.nodes.is_none());
-        assert_eq!(decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(), many);
+        assert_eq!(
+            decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(),
+            many
+        );
     }
 
     #[test]
@@ -309,9 +414,16 @@ mod tests {
 
     #[test]
     fn go_size_counts_what_go_writes() {
-        let mut wf = Workflow { api_version: "v".into(), kind: "k".into(), ..Default::default() };
+        let mut wf = Workflow {
+            api_version: "v".into(),
+            kind: "k".into(),
+            ..Default::default()
+        };
         wf.metadata.name = Some("a<b".into());
-        wf.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        wf.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
         wf.spec.arguments = Some(Default::default());
         wf.status.started_at = Some("x".into());
         wf.status.finished_at = Some("y".into());

@@ -7,10 +7,12 @@
 //! where Argo would not terminate. Nodes are indexed in node-ID order, the
 //! order Argo v4 builds the parent map in.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 
-use crate::plan::{ChooseParent, PlanError};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
 use crate::plan::compress::Nodes;
+use crate::plan::{ChooseParent, PlanError};
 use crate::workflow::NodeStatus;
 
 pub(crate) mod node_type {
@@ -27,11 +29,17 @@ pub(crate) mod node_type {
 }
 
 pub(crate) fn is_group(type_: &str) -> bool {
-    matches!(type_, node_type::DAG | node_type::TASK_GROUP | node_type::STEP_GROUP | node_type::STEPS)
+    matches!(
+        type_,
+        node_type::DAG | node_type::TASK_GROUP | node_type::STEP_GROUP | node_type::STEPS
+    )
 }
 
 pub(crate) fn is_execution(type_: &str) -> bool {
-    matches!(type_, node_type::CONTAINER | node_type::POD | node_type::HTTP | node_type::PLUGIN)
+    matches!(
+        type_,
+        node_type::CONTAINER | node_type::POD | node_type::HTTP | node_type::PLUGIN
+    )
 }
 
 pub(crate) fn failed_or_error(node: &NodeStatus) -> bool {
@@ -56,44 +64,76 @@ impl<'a> Graph<'a> {
     /// IDs, in ID order (see [`crate::plan::ChooseParent`]). Of several
     /// faults, Argo reports whichever its random map order meets first; the
     /// planner reports the first in node-ID order.
-    pub fn build(nodes: &'a Nodes, workflow_name: &str, choose: ChooseParent<'_>) -> Result<Self, PlanError> {
+    pub fn build(
+        nodes: &'a Nodes,
+        workflow_name: &str,
+        choose: ChooseParent<'_>,
+    ) -> Result<Self, PlanError> {
         let list: Vec<&NodeStatus> = nodes.values().collect();
-        let index: HashMap<&str, usize> = list.iter().enumerate().map(|(i, n)| (n.id.as_str(), i)).collect();
-        let mut listers: HashMap<&str, Vec<usize>> = HashMap::with_capacity(list.len());
+        let n = list.len();
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(n);
         for (i, node) in list.iter().enumerate() {
-            for child in node.children() {
-                let l = listers.entry(child.as_str()).or_default();
-                if l.last() != Some(&i) {
-                    l.push(i);
+            index.insert(node.id.as_str(), i);
+        }
+        let resolved: Vec<Vec<Option<usize>>> = list
+            .iter()
+            .map(|node| {
+                node.children()
+                    .iter()
+                    .map(|c| index.get(c.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        // The listing nodes of each node, in ID order: the first, and all of
+        // them only for the few nodes listed several times.
+        let mut first_lister: Vec<Option<usize>> = vec![None; n];
+        let mut listers: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, kids) in resolved.iter().enumerate() {
+            for &c in kids.iter().flatten() {
+                match first_lister[c] {
+                    None => first_lister[c] = Some(i),
+                    Some(f) if f == i => {}
+                    Some(f) => {
+                        let l = listers.entry(c).or_insert_with(|| vec![f]);
+                        if l.last() != Some(&i) {
+                            l.push(i);
+                        }
+                    }
                 }
             }
         }
-        let parent_of = |id: &str| -> Option<usize> {
-            let l = listers.get(id)?;
-            if l.len() == 1 {
-                return Some(l[0]);
-            }
-            let ids: Vec<&str> = l.iter().map(|&i| list[i].id.as_str()).collect();
-            Some(l[choose(id, &ids).min(l.len() - 1)])
-        };
         let on_exit = format!("{workflow_name}.onExit");
-        let mut parent = vec![None; list.len()];
-        let mut children = Vec::with_capacity(list.len());
-        for (i, node) in list.iter().enumerate() {
-            let p = parent_of(node.id.as_str());
+        let mut parent = vec![None; n];
+        let mut children = Vec::with_capacity(n);
+        for (i, (node, kids)) in list.iter().zip(resolved).enumerate() {
+            let p = match listers.get(&i) {
+                Some(l) => {
+                    let ids: Vec<&str> = l.iter().map(|&j| list[j].id.as_str()).collect();
+                    Some(l[choose(&node.id, &ids).min(l.len() - 1)])
+                }
+                None => first_lister[i],
+            };
             if p.is_none() && node.name != workflow_name && !node.name.starts_with(&on_exit) {
-                return Err(PlanError::MissingParent { node: node.id.clone() });
+                return Err(PlanError::MissingParent {
+                    node: node.id.clone(),
+                });
             }
             parent[i] = p;
-            let kids = node
-                .children()
-                .iter()
-                .map(|c| index.get(c.as_str()).copied().ok_or_else(|| PlanError::MissingChild { child: c.clone() }))
-                .collect::<Result<Vec<_>, _>>()?;
-            children.push(kids);
+            if let Some(missing) = kids.iter().position(Option::is_none) {
+                return Err(PlanError::MissingChild {
+                    child: node.children()[missing].clone(),
+                });
+            }
+            children.push(kids.into_iter().flatten().collect());
         }
         let reaches_cycle = reaches_cycle(&children);
-        Ok(Self { nodes: list, index, parent, children, reaches_cycle })
+        Ok(Self {
+            nodes: list,
+            index,
+            parent,
+            children,
+            reaches_cycle,
+        })
     }
 
     fn id(&self, i: usize) -> &str {
@@ -152,7 +192,13 @@ impl<'a> Graph<'a> {
     /// `resetPath` of one start node: adds to `reset` the nodes Argo resets on
     /// the way up and to `delete` the start node, everything below it and the
     /// pods of containers on the way. `root` is `singularPath`'s root.
-    pub fn reset_path(&self, root: usize, start: usize, reset: &mut [bool], delete: &mut [bool]) -> Result<(), PlanError> {
+    pub fn reset_path(
+        &self,
+        root: usize,
+        start: usize,
+        reset: &mut [bool],
+        delete: &mut [bool],
+    ) -> Result<(), PlanError> {
         // singularPath: its errors make Argo index an empty slice.
         let mut curr = start;
         let mut steps = 0;
@@ -212,7 +258,9 @@ impl<'a> Graph<'a> {
                 reset[p] = true;
                 curr = p;
             }
-            if let Some(p) = self.parent[curr].filter(|&p| matches!(self.type_(p), node_type::STEP_GROUP | node_type::TASK_GROUP)) {
+            if let Some(p) = self.parent[curr]
+                .filter(|&p| matches!(self.type_(p), node_type::STEP_GROUP | node_type::TASK_GROUP))
+            {
                 reset[p] = true;
             }
             let boundary = self.nodes[curr].boundary_id.as_deref().unwrap_or_default();
@@ -224,7 +272,12 @@ impl<'a> Graph<'a> {
     }
 
     /// `resetUntil`: the first node from `n` upwards that matches, reset.
-    fn reset_until(&self, n: usize, reset: &mut [bool], matches: impl Fn(&NodeStatus) -> bool) -> Result<usize, PlanError> {
+    fn reset_until(
+        &self,
+        n: usize,
+        reset: &mut [bool],
+        matches: impl Fn(&NodeStatus) -> bool,
+    ) -> Result<usize, PlanError> {
         let mut curr = Some(n);
         while let Some(c) = curr {
             if matches(self.nodes[c]) {
@@ -233,11 +286,15 @@ impl<'a> Graph<'a> {
             }
             curr = self.parent[c];
         }
-        Err(PlanError::NoAncestor { node: self.id(n).to_owned() })
+        Err(PlanError::NoAncestor {
+            node: self.id(n).to_owned(),
+        })
     }
 
     fn loops(&self, i: usize, why: &str) -> PlanError {
-        PlanError::ArgoLoops { reason: format!("at node {}: {why}", self.id(i)) }
+        PlanError::ArgoLoops {
+            reason: format!("at node {}: {why}", self.id(i)),
+        }
     }
 }
 
@@ -289,7 +346,10 @@ mod tests {
     fn cycle_reachability() {
         // 0 -> 1 -> 2 -> 1, 3 -> 4, 5 -> 5
         let children = vec![vec![1], vec![2], vec![1], vec![4], vec![], vec![5]];
-        assert_eq!(reaches_cycle(&children), vec![true, true, true, false, false, true]);
+        assert_eq!(
+            reaches_cycle(&children),
+            vec![true, true, true, false, false, true]
+        );
         // A diamond is no cycle.
         let diamond = vec![vec![1, 2], vec![3], vec![3], vec![]];
         assert_eq!(reaches_cycle(&diamond), vec![false; 4]);

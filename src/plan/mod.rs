@@ -12,16 +12,39 @@
 //! - v4 deletes the children of reset TaskGroup/StepGroup nodes when
 //!   parameters are overridden (argo-workflows#15802), also those of succeeded
 //!   siblings, which reruns them: that regression is reproduced;
-//! - v4 takes a pod name's hash from the node ID ([`pod_name`]).
+//! - v4 takes a pod name's hash from the node ID ([`pod_name`]);
+//! - v3.7 reads gzip `compressedNodes` only, v4 also zstd and brotli.
 //!
 //! Where Argo depends on Go's random map order the planner takes one fixed
 //! choice, documented where it is made: the parent of a node listed by
-//! several nodes (v4's rule: last in node-ID order), the `Retry` parent of a
-//! retried node listed by several (first in node-ID order), the root when
-//! several nodes carry the workflow's name (the one whose ID is the name, else
-//! the first in ID order), and which fault is reported when there are several.
-//! Where Argo's code panics or never terminates the planner returns
+//! several nodes (v4's rule: last in node-ID order; v3.7 is random, see
+//! [`plan_retry_with_parents`]), the node v3.7 checks for a retried node
+//! listed by several, the `Retry` parent in v4 when several list it (first in
+//! node-ID order), the root when several nodes carry the workflow's name (the
+//! one whose ID is the name, else the first in ID order), and which fault an
+//! error names when there are several (the first in node-ID order). Where
+//! Argo's code panics or never terminates the planner returns
 //! [`PlanError::ArgoPanics`] or [`PlanError::ArgoLoops`].
+//!
+//! Other surprises of Argo's rules, reproduced as they are:
+//! - every node whose name starts with `<workflow>.onExit` is dropped, and
+//!   every node below the exact `<workflow>.onExit` node, Steps and DAG nodes
+//!   included, adds a pod name to delete (names that never had a pod);
+//! - the failed node of a Succeeded workflow (continueOn) is retried along
+//!   with the selected nodes; selecting the root node deletes every node;
+//! - a failed node with a succeeded descendant (a hook) is not retried;
+//! - a Container node makes its whole Pod and every container in it rerun;
+//!   without a Pod above it the retry fails ("was seeking node ...");
+//! - only group and failed Retry nodes are ever reset, so `resetNode`'s
+//!   Suspend rule (forget supplied outputs) never applies in a retry;
+//! - a selector term with an empty field and value (`=`, `!=`) matches every
+//!   node, and terms are sorted before parsing, which decides which error is
+//!   reported; without restartSuccessful the selector is not even parsed;
+//! - an input parameter without a value makes Argo's selector matching
+//!   panic; a missing child below a failed node panics instead of the error
+//!   a missing child elsewhere gives;
+//! - the size limit compares the length of Go's JSON, which the planner
+//!   estimates ([`compress::go_json_size`]).
 
 pub mod compress;
 mod dag;
@@ -29,17 +52,20 @@ pub mod pod_name;
 pub mod selector;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::str::FromStr;
 
 use k8s_openapi::jiff::Timestamp;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::workflow::{Condition, NodeStatus, Parameter, Workflow, WorkflowSpec, WorkflowStatus, labels};
+use crate::workflow::{
+    Condition, NodeStatus, Parameter, Workflow, WorkflowSpec, WorkflowStatus, labels,
+};
 use compress::{CompressError, Nodes};
 use dag::{Graph, failed_or_error, is_execution, node_type};
-use pod_name::{HashTooLong, PodNameFormat};
+use pod_name::HashTooLong;
 use selector::{Selector, SelectorError};
 
 /// The Argo release line whose retry rules to follow.
@@ -125,7 +151,9 @@ pub struct Plan {
 pub enum PlanError {
     #[error("Cannot retry a workflow in phase {phase}")]
     PhaseNotRetryable { phase: String },
-    #[error("To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector")]
+    #[error(
+        "To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector"
+    )]
     SucceededNeedsSelector,
     #[error("expected parameter of the form: NAME=VALUE. Received: {parameter}")]
     BadParameter { parameter: String },
@@ -143,7 +171,10 @@ pub enum PlanError {
     #[error(
         "workflow is longer than maximum allowed size. compressed size {compressed_size} > maxSize {max_size}Tried to offload but encountered error: offload node status is not supported"
     )]
-    TooLarge { compressed_size: usize, max_size: usize },
+    TooLarge {
+        compressed_size: usize,
+        max_size: usize,
+    },
     /// The nodes are in Argo's offload database, which rewind does not read.
     #[error("offload node status is not supported")]
     OffloadedNodes,
@@ -160,7 +191,9 @@ pub enum PlanError {
 
 impl From<HashTooLong> for PlanError {
     fn from(e: HashTooLong) -> Self {
-        Self::ArgoPanics { reason: format!("runtime error: slice bounds out of range ({e})") }
+        Self::ArgoPanics {
+            reason: format!("runtime error: slice bounds out of range ({e})"),
+        }
     }
 }
 
@@ -170,7 +203,11 @@ pub fn plan_retry(wf: &Workflow, opts: &RetryOptions) -> Result<Plan, PlanError>
 }
 
 /// [`plan_retry`] with "now" given, for the timestamps Argo sets.
-pub fn plan_retry_at(wf: &Workflow, opts: &RetryOptions, now: Timestamp) -> Result<Plan, PlanError> {
+pub fn plan_retry_at(
+    wf: &Workflow,
+    opts: &RetryOptions,
+    now: Timestamp,
+) -> Result<Plan, PlanError> {
     plan_retry_with_parents(wf, opts, now, &last_listed)
 }
 
@@ -202,9 +239,18 @@ pub fn plan_retry_with_parents(
     let compressed = compress::blob_to_hydrate(&wf.status);
     let nodes: Cow<'_, Nodes> = match compressed {
         Some(c) => Cow::Owned(compress::decode_nodes(c, version)?),
-        None => wf.status.nodes.as_ref().map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
+        None => wf
+            .status
+            .nodes
+            .as_ref()
+            .map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
     };
-    if wf.status.offload_node_status_version.as_deref().is_some_and(|v| !v.is_empty()) {
+    if wf
+        .status
+        .offload_node_status_version
+        .as_deref()
+        .is_some_and(|v| !v.is_empty())
+    {
         return Err(PlanError::OffloadedNodes);
     }
 
@@ -213,71 +259,169 @@ pub fn plan_retry_with_parents(
         "Failed" | "Error" => {}
         "Succeeded" if opts.restart_successful && !opts.node_field_selector.is_empty() => {}
         "Succeeded" => return Err(PlanError::SucceededNeedsSelector),
-        _ => return Err(PlanError::PhaseNotRetryable { phase: phase.to_owned() }),
+        _ => {
+            return Err(PlanError::PhaseNotRetryable {
+                phase: phase.to_owned(),
+            });
+        }
     }
 
     let mut new_wf = new_retry_workflow(wf, compressed.is_some(), opts, &now)?;
-    let mut seeds = selected_nodes(&nodes, opts)?;
-    seeds.extend(failed_nodes(&nodes, &seeds, version, choose)?);
+    let selected = selected_nodes(&nodes, opts)?;
+    let failed = failed_nodes(&nodes, &selected, version, choose)?;
 
     let graph = Graph::build(&nodes, wf.name(), choose)?;
-    let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
-
-    let format = PodNameFormat::of(wf);
-    let pod_of = |node: &NodeStatus| {
-        pod_name::pod_name(wf.name(), &node.name, &node.template(), &node.id, format, version)
-    };
-    let mut pods = HashSet::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if delete[i] && node.type_ == node_type::POD {
-            pods.insert(pod_of(node)?);
+    let mut seeds = vec![false; graph.nodes.len()];
+    for id in selected.iter().copied().chain(failed) {
+        if let Some(&i) = graph.index.get(id) {
+            seeds[i] = true;
         }
     }
+    let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
 
-    let on_exit = format!("{}.onExit", wf.name());
-    let is_deleted = |id: &str| graph.index.get(id).is_some_and(|&i| delete[i]);
-    let mut new_nodes = BTreeMap::new();
-    let mut nodes_reset = Vec::new();
-    for (key, node) in nodes.iter() {
-        let i = graph.index[node.id.as_str()];
-        let kept = if reset[i] && !delete[i] {
-            nodes_reset.push(key.clone());
-            Some(reset_node(node, &now))
-        } else if !delete[i] && !node.name.starts_with(&on_exit) {
-            Some(node.clone())
-        } else {
-            None
-        };
-        if let Some(mut kept) = kept {
-            kept.children = non_empty(node.children().iter().filter(|c| !is_deleted(c)).cloned().collect());
-            kept.outbound_nodes = non_empty(
-                node.outbound_nodes.iter().flatten().filter(|c| !is_deleted(c)).cloned().collect(),
-            );
-            new_nodes.insert(key.clone(), kept);
+    let pod_of = |node: &NodeStatus| pod_name::node_pod_name(wf, node, version);
+    let mut pods = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if delete[i] && node.type_ == node_type::POD {
+            pods.push(pod_of(node)?);
         }
+    }
+    let outcome = node_outcomes(&graph, &reset, &delete, wf.name(), |node| {
+        pods.push(pod_of(node)?);
+        Ok(())
+    })?;
+    drop(graph);
+    let new_nodes = finish_nodes(nodes, outcome.fates, &now);
+    new_wf.status.nodes = Some(new_nodes);
+
+    compress::dehydrate(&mut new_wf, opts.max_workflow_size).map_err(|e| PlanError::TooLarge {
+        compressed_size: e.compressed_size,
+        max_size: e.max_size,
+    })?;
+
+    pods.sort_unstable();
+    pods.dedup();
+    Ok(Plan {
+        workflow: new_wf,
+        pods_to_delete: pods,
+        nodes_deleted: outcome.deleted,
+        nodes_reset: outcome.reset,
+    })
+}
+
+/// What becomes of a node, with the children and outbound nodes it keeps.
+struct Fate {
+    kind: FateKind,
+    children: Option<Vec<String>>,
+    outbound_nodes: Option<Vec<String>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FateKind {
+    Reset,
+    Keep,
+    Drop,
+}
+
+/// Every node's fate (in the node map's order), and the keys reset and
+/// dropped.
+struct Outcome {
+    fates: Vec<Fate>,
+    reset: Vec<String>,
+    deleted: Vec<String>,
+}
+
+/// The fates of the nodes after `resetPath`: reset, kept (pruned of deleted
+/// children and outbound nodes) or dropped, which also drops every node named
+/// like the exit handler. `exit_pod` is called for every node of the exit
+/// handler, whatever its type, whose pod Argo deletes.
+fn node_outcomes(
+    graph: &Graph<'_>,
+    reset: &[bool],
+    delete: &[bool],
+    workflow_name: &str,
+    mut exit_pod: impl FnMut(&NodeStatus) -> Result<(), PlanError>,
+) -> Result<Outcome, PlanError> {
+    let on_exit = format!("{workflow_name}.onExit");
+    let mut outcome = Outcome {
+        fates: Vec::with_capacity(graph.nodes.len()),
+        reset: Vec::new(),
+        deleted: Vec::new(),
+    };
+    let is_deleted = |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let kind = if reset[i] && !delete[i] {
+            outcome.reset.push(node.id.clone());
+            FateKind::Reset
+        } else if !delete[i] && !node.name.starts_with(&on_exit) {
+            FateKind::Keep
+        } else {
+            outcome.deleted.push(node.id.clone());
+            FateKind::Drop
+        };
+        let fate = if kind == FateKind::Drop {
+            Fate {
+                kind,
+                children: None,
+                outbound_nodes: None,
+            }
+        } else {
+            let children = node.children().iter().zip(&graph.children[i]);
+            let outbound = node.outbound_nodes.iter().flatten();
+            Fate {
+                kind,
+                children: non_empty(
+                    children
+                        .filter(|&(_, &c)| !delete[c])
+                        .map(|(id, _)| id.clone())
+                        .collect(),
+                ),
+                outbound_nodes: non_empty(outbound.filter(|id| !is_deleted(id)).cloned().collect()),
+            }
+        };
+        outcome.fates.push(fate);
         if node.name == on_exit {
-            // Every node of the exit handler, whatever its type, gets a pod name.
-            pods.insert(pod_of(node)?);
+            exit_pod(node)?;
             let mut result = Ok(());
             graph.descendants(i, |d| {
                 if result.is_ok() {
-                    result = pod_of(graph.nodes[d]).map(|p| {
-                        pods.insert(p);
-                    });
+                    result = exit_pod(graph.nodes[d]);
                 }
             })?;
             result?;
         }
     }
-    let nodes_deleted = nodes.keys().filter(|k| !new_nodes.contains_key(*k)).cloned().collect();
-    new_wf.status.nodes = Some(new_nodes);
+    Ok(outcome)
+}
 
-    compress::dehydrate(&mut new_wf, opts.max_workflow_size)
-        .map_err(|e| PlanError::TooLarge { compressed_size: e.compressed_size, max_size: e.max_size })?;
-
-    let mut pods_to_delete: Vec<String> = pods.into_iter().collect();
-    pods_to_delete.sort_unstable();
-    Ok(Plan { workflow: new_wf, pods_to_delete, nodes_deleted, nodes_reset })
+/// The reset workflow's nodes. Nodes decoded from `compressedNodes` are
+/// moved, others cloned.
+fn finish_nodes(nodes: Cow<'_, Nodes>, fates: Vec<Fate>, now: &str) -> Nodes {
+    fn kept<T>((_, fate): &(T, Fate)) -> bool {
+        fate.kind != FateKind::Drop
+    }
+    let finish = |(key, mut node): (String, NodeStatus), fate: Fate| {
+        if fate.kind == FateKind::Reset {
+            reset_node(&mut node, now);
+        }
+        node.children = fate.children;
+        node.outbound_nodes = fate.outbound_nodes;
+        (key, node)
+    };
+    match nodes {
+        Cow::Owned(nodes) => nodes
+            .into_iter()
+            .zip(fates)
+            .filter(kept)
+            .map(|(n, f)| finish(n, f))
+            .collect(),
+        Cow::Borrowed(nodes) => nodes
+            .iter()
+            .zip(fates)
+            .filter(kept)
+            .map(|((k, n), f)| finish((k.clone(), n.clone()), f))
+            .collect(),
+    }
 }
 
 fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
@@ -287,7 +431,12 @@ fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
 /// `createNewRetryWorkflow`: the workflow without nodes, marked as running
 /// again. `hydrated` says the input's nodes came from `compressedNodes`,
 /// which Argo clears when it reads them.
-fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &str) -> Result<Workflow, PlanError> {
+fn new_retry_workflow(
+    wf: &Workflow,
+    hydrated: bool,
+    opts: &RetryOptions,
+    now: &str,
+) -> Result<Workflow, PlanError> {
     // Destructured so that a field added to the status is not silently dropped.
     let WorkflowStatus {
         phase: _,
@@ -313,8 +462,12 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
             finished_at: None,
             message: None,
             nodes: None,
-            compressed_nodes: compressed_nodes.clone().filter(|c| !hydrated && !c.is_empty()),
-            offload_node_status_version: offload_node_status_version.clone().filter(|v| !v.is_empty()),
+            compressed_nodes: compressed_nodes
+                .clone()
+                .filter(|c| !hydrated && !c.is_empty()),
+            offload_node_status_version: offload_node_status_version
+                .clone()
+                .filter(|v| !v.is_empty()),
             persistent_volume_claims: None,
             conditions: conditions.clone(),
             stored_workflow_spec: stored_workflow_spec.clone(),
@@ -329,7 +482,11 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
     }
     upsert_condition(
         new_wf.status.conditions.get_or_insert_default(),
-        Condition { type_: Some("Completed".into()), status: Some("False".into()), ..Default::default() },
+        Condition {
+            type_: Some("Completed".into()),
+            status: Some("False".into()),
+            ..Default::default()
+        },
     );
     if opts.argo_version == ArgoVersion::V3_7 {
         let Some(l) = new_wf.metadata.labels.as_mut() else {
@@ -350,7 +507,10 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
     }
     if let Some(params) = opts.parameters.as_deref().filter(|p| !p.is_empty()) {
         if wf.label(labels::PREVIOUS_WORKFLOW_NAME).is_some() {
-            tracing::warn!(workflow = wf.name(), "Overriding parameters on resubmitted workflows may have unexpected results");
+            tracing::warn!(
+                workflow = wf.name(),
+                "Overriding parameters on resubmitted workflows may have unexpected results"
+            );
         }
         override_parameters(&mut new_wf, params)?;
     }
@@ -360,7 +520,10 @@ fn new_retry_workflow(wf: &Workflow, hydrated: bool, opts: &RetryOptions, now: &
 /// `Conditions.UpsertCondition`: replaces the condition of the same type.
 fn upsert_condition(conditions: &mut Vec<Condition>, condition: Condition) {
     let type_ = condition.type_.as_deref().unwrap_or_default();
-    match conditions.iter_mut().find(|c| c.type_.as_deref().unwrap_or_default() == type_) {
+    match conditions
+        .iter_mut()
+        .find(|c| c.type_.as_deref().unwrap_or_default() == type_)
+    {
         Some(c) => *c = condition,
         None => conditions.push(condition),
     }
@@ -373,14 +536,31 @@ fn override_parameters(wf: &mut Workflow, params: &[String]) -> Result<(), PlanE
     let mut passed = HashSet::new();
     for p in params {
         let Some((name, value)) = p.split_once('=') else {
-            return Err(PlanError::BadParameter { parameter: p.clone() });
+            return Err(PlanError::BadParameter {
+                parameter: p.clone(),
+            });
         };
-        new_params.push(Parameter { name: name.into(), value: Some(value.into()), ..Default::default() });
+        new_params.push(Parameter {
+            name: name.into(),
+            value: Some(value.into()),
+            ..Default::default()
+        });
         passed.insert(name);
     }
-    let old = wf.spec.arguments.as_ref().and_then(|a| a.parameters.as_ref());
-    new_params.extend(old.into_iter().flatten().filter(|p| !passed.contains(p.name.as_str())).cloned());
-    let set = |spec: &mut WorkflowSpec| spec.arguments.get_or_insert_default().parameters = Some(new_params.clone());
+    let old = wf
+        .spec
+        .arguments
+        .as_ref()
+        .and_then(|a| a.parameters.as_ref());
+    new_params.extend(
+        old.into_iter()
+            .flatten()
+            .filter(|p| !passed.contains(p.name.as_str()))
+            .cloned(),
+    );
+    let set = |spec: &mut WorkflowSpec| {
+        spec.arguments.get_or_insert_default().parameters = Some(new_params.clone())
+    };
     if let Some(stored) = wf.status.stored_workflow_spec.as_deref_mut() {
         set(stored);
     }
@@ -390,7 +570,10 @@ fn override_parameters(wf: &mut Workflow, params: &[String]) -> Result<(), PlanE
 
 /// `getNodeIDsToReset`: the node IDs the selector picks, when restarting
 /// successful nodes.
-fn selected_nodes<'a>(nodes: &'a Nodes, opts: &RetryOptions) -> Result<HashSet<&'a str>, PlanError> {
+fn selected_nodes<'a>(
+    nodes: &'a Nodes,
+    opts: &RetryOptions,
+) -> Result<HashSet<&'a str>, PlanError> {
     let mut selected = HashSet::new();
     if !opts.restart_successful || opts.node_field_selector.is_empty() {
         return Ok(selected);
@@ -428,7 +611,10 @@ fn failed_nodes<'a>(
         let mut check = node;
         if node.node_flag.as_ref().is_some_and(|f| f.retried) {
             let parents = parents_of.get_or_insert_with(|| index_parents(nodes));
-            let candidates = parents.get(key.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let candidates = parents
+                .get(key.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
             // Go's `Find` takes the first match in random map order.
             match version {
                 // Several Retry nodes with one child do not occur: the first in ID order.
@@ -486,7 +672,8 @@ fn descendant_succeeded<'a>(
 ) -> Result<bool, PlanError> {
     // Frames of (node, index of the next child); `on_stack` finds recursion into itself.
     let mut stack: Vec<(&NodeStatus, usize)> = vec![(node, 0)];
-    let mut on_stack: HashSet<&str> = HashSet::from([node.id.as_str()]);
+    let mut on_stack: HashSet<&str> = HashSet::new();
+    on_stack.insert(node.id.as_str());
     let mut returned: Option<bool> = None;
     while let Some((curr, next)) = stack.last_mut() {
         if returned.take() == Some(true) {
@@ -506,7 +693,9 @@ fn descendant_succeeded<'a>(
         *next += 1;
         let Some(child) = nodes.get(child_id) else {
             let reason = match version {
-                ArgoVersion::V4 => format!("runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"),
+                ArgoVersion::V4 => format!(
+                    "runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"
+                ),
                 ArgoVersion::V3_7 => format!("Coudn't obtain child for {child_id}, panicking"),
             };
             return Err(PlanError::ArgoPanics { reason });
@@ -521,7 +710,10 @@ fn descendant_succeeded<'a>(
         }
         if !on_stack.insert(child.id.as_str()) {
             return Err(PlanError::ArgoPanics {
-                reason: format!("stack overflow (the children below node {} form a cycle)", child.id),
+                reason: format!(
+                    "stack overflow (the children below node {} form a cycle)",
+                    child.id
+                ),
             });
         }
         stack.push((child, 0));
@@ -534,7 +726,7 @@ fn descendant_succeeded<'a>(
 fn reset_and_delete(
     graph: &Graph<'_>,
     workflow_name: &str,
-    seeds: &HashSet<&str>,
+    seeds: &[bool],
     opts: &RetryOptions,
 ) -> Result<(Vec<bool>, Vec<bool>), PlanError> {
     let n = graph.nodes.len();
@@ -545,21 +737,34 @@ fn reset_and_delete(
     }
     // Several nodes named like the workflow: Go takes the first in random
     // order; here the one whose ID is the name, else the first in ID order.
-    let named: Vec<usize> = (0..n).filter(|&i| graph.nodes[i].name == workflow_name).collect();
-    let Some(&root) = named.iter().find(|&&i| graph.nodes[i].id == workflow_name).or(named.first()) else {
-        return Err(PlanError::ArgoPanics { reason: "couldn't find root node".into() });
+    let named: Vec<usize> = (0..n)
+        .filter(|&i| graph.nodes[i].name == workflow_name)
+        .collect();
+    let Some(&root) = named
+        .iter()
+        .find(|&&i| graph.nodes[i].id == workflow_name)
+        .or(named.first())
+    else {
+        return Err(PlanError::ArgoPanics {
+            reason: "couldn't find root node".into(),
+        });
     };
     let order = graph.bfs_order(root, opts.argo_version == ArgoVersion::V3_7)?;
     // singularPath's root: the last parentless node in that order.
-    let path_root = order.iter().rev().copied().find(|&i| graph.parent[i].is_none());
+    let path_root = order
+        .iter()
+        .rev()
+        .copied()
+        .find(|&i| graph.parent[i].is_none());
     for &i in &order {
-        let id = graph.nodes[i].id.as_str();
-        if !seeds.contains(id) || delete[i] {
+        if !seeds[i] || delete[i] {
             continue;
         }
         let Some(path_root) = path_root else {
             return Err(PlanError::ArgoPanics {
-                reason: "runtime error: index out of range [-1] (no parentless node below the root)".into(),
+                reason:
+                    "runtime error: index out of range [-1] (no parentless node below the root)"
+                        .into(),
             });
         };
         graph.reset_path(path_root, i, &mut reset, &mut delete)?;
@@ -572,7 +777,8 @@ fn reset_and_delete(
         // regression), and the result is the same in any order.
         for i in 0..n {
             let t = graph.nodes[i].type_.as_str();
-            if reset[i] && !delete[i] && matches!(t, node_type::TASK_GROUP | node_type::STEP_GROUP) {
+            if reset[i] && !delete[i] && matches!(t, node_type::TASK_GROUP | node_type::STEP_GROUP)
+            {
                 graph.descendants(i, |d| delete[d] = true)?;
             }
         }
@@ -582,10 +788,13 @@ fn reset_and_delete(
 
 /// `resetNode`: the node runs again (a Skipped node stays Skipped, so the
 /// workflow does not hang on it); a Suspend node forgets supplied outputs.
-fn reset_node(node: &NodeStatus, now: &str) -> NodeStatus {
-    let mut node = node.clone();
+fn reset_node(node: &mut NodeStatus, now: &str) {
     if node.type_ == node_type::SUSPEND {
-        for p in node.outputs.iter_mut().flat_map(|o| o.parameters.iter_mut().flatten()) {
+        for p in node
+            .outputs
+            .iter_mut()
+            .flat_map(|o| o.parameters.iter_mut().flatten())
+        {
             *p = Parameter {
                 name: std::mem::take(&mut p.name),
                 value_from: Some(serde_json::json!({"supplied": {}})),
@@ -599,7 +808,6 @@ fn reset_node(node: &NodeStatus, now: &str) -> NodeStatus {
     node.message = None;
     node.started_at = Some(now.to_owned());
     node.finished_at = None;
-    node
 }
 
 #[cfg(test)]

@@ -58,7 +58,9 @@ impl fmt::Display for HashTooLong {
 /// 32-bit FNV-1a, Go's `hash/fnv.New32a`. Hand-written: the `fnv` crate only
 /// offers the 64-bit variant.
 pub fn fnv1a_32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |hash, &b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// The ID Argo gives the node named `node_name` (`Workflow.NodeID`).
@@ -95,15 +97,22 @@ pub fn pod_name(
     prefix.truncate(MAX_PREFIX_LENGTH - 1);
 
     let hash = match version {
-        ArgoVersion::V4 => node_id.strip_prefix(workflow_name).and_then(|rest| rest.strip_prefix('-')),
+        ArgoVersion::V4 => node_id
+            .strip_prefix(workflow_name)
+            .and_then(|rest| rest.strip_prefix('-')),
         ArgoVersion::V3_7 => None,
     };
     let name = match hash {
         Some(hash) => {
             let len = prefix.len() + 1 + hash.len();
-            if let Some(excess) = len.checked_sub(MAX_K8S_RESOURCE_NAME_LENGTH).filter(|&e| e > 0) {
+            if let Some(excess) = len
+                .checked_sub(MAX_K8S_RESOURCE_NAME_LENGTH)
+                .filter(|&e| e > 0)
+            {
                 if excess > prefix.len() {
-                    return Err(HashTooLong { node_id: node_id.to_owned() });
+                    return Err(HashTooLong {
+                        node_id: node_id.to_owned(),
+                    });
                 }
                 prefix.truncate(prefix.len() - excess);
             }
@@ -122,8 +131,19 @@ pub fn pod_name(
 
 /// The pod name of `node` in `wf`, with the node's template as Argo reads it
 /// (`GetTemplateFromNode`).
-pub fn node_pod_name(wf: &Workflow, node: &NodeStatus, version: ArgoVersion) -> Result<String, HashTooLong> {
-    pod_name(wf.name(), &node.name, &node.template(), &node.id, PodNameFormat::of(wf), version)
+pub fn node_pod_name(
+    wf: &Workflow,
+    node: &NodeStatus,
+    version: ArgoVersion,
+) -> Result<String, HashTooLong> {
+    pod_name(
+        wf.name(),
+        &node.name,
+        &node.template(),
+        &node.id,
+        PodNameFormat::of(wf),
+        version,
+    )
 }
 
 /// Bytes as Go's JSON encoder writes them: each byte that is not part of valid
@@ -172,7 +192,10 @@ mod tests {
     #[test]
     fn node_ids_hash_the_name() {
         assert_eq!(node_id("wf", "wf"), "wf");
-        assert_eq!(node_id("wf", "wf[0].a"), format!("wf-{}", fnv1a_32(b"wf[0].a")));
+        assert_eq!(
+            node_id("wf", "wf[0].a"),
+            format!("wf-{}", fnv1a_32(b"wf[0].a"))
+        );
     }
 
     // Cases from Argo's pod_name_v2_test.go / pod_name_v1_test.go.
@@ -187,18 +210,43 @@ mod tests {
         let id = node_id("wf", "wf[0].a");
         let hash = fnv1a_32(b"wf[0].a");
         for v in [V4, V3] {
-            assert_eq!(pod_name("wf", "wf[0].a", "tmpl", &id, PodNameFormat::V2, v).unwrap(), format!("wf-tmpl-{hash}"));
-            assert_eq!(pod_name("wf", "wf[0].a", "", &id, PodNameFormat::V2, v).unwrap(), format!("wf-{hash}"));
-            assert_eq!(pod_name("wf", "wf", "tmpl", "wf", PodNameFormat::V2, v).unwrap(), "wf");
+            assert_eq!(
+                pod_name("wf", "wf[0].a", "tmpl", &id, PodNameFormat::V2, v).unwrap(),
+                format!("wf-tmpl-{hash}")
+            );
+            assert_eq!(
+                pod_name("wf", "wf[0].a", "", &id, PodNameFormat::V2, v).unwrap(),
+                format!("wf-{hash}")
+            );
+            assert_eq!(
+                pod_name("wf", "wf", "tmpl", "wf", PodNameFormat::V2, v).unwrap(),
+                "wf"
+            );
         }
     }
 
     #[test]
     fn v4_takes_the_hash_from_the_node_id_v3_rehashes() {
         // A widened (collision) ID: v4 keeps its hash, v3.7 hashes the name.
-        let name = pod_name("wf", "wf.a", "t", "wf-18446744073709551615", PodNameFormat::V2, V4).unwrap();
+        let name = pod_name(
+            "wf",
+            "wf.a",
+            "t",
+            "wf-18446744073709551615",
+            PodNameFormat::V2,
+            V4,
+        )
+        .unwrap();
         assert_eq!(name, "wf-t-18446744073709551615");
-        let name = pod_name("wf", "wf.a", "t", "wf-18446744073709551615", PodNameFormat::V2, V3).unwrap();
+        let name = pod_name(
+            "wf",
+            "wf.a",
+            "t",
+            "wf-18446744073709551615",
+            PodNameFormat::V2,
+            V3,
+        )
+        .unwrap();
         assert_eq!(name, format!("wf-t-{}", fnv1a_32(b"wf.a")));
         // An ID that does not start with the workflow name: hashed in both.
         let name = pod_name("wf", "wf.a", "t", "other-1", PodNameFormat::V2, V4).unwrap();
@@ -248,8 +296,13 @@ mod tests {
     fn format_comes_from_the_annotation() {
         let mut wf = Workflow::default();
         assert_eq!(PodNameFormat::of(&wf), PodNameFormat::V2);
-        for (value, want) in [("v1", PodNameFormat::V1), ("v2", PodNameFormat::V2), ("v9", PodNameFormat::V2)] {
-            wf.metadata.annotations = Some([(labels::POD_NAME_FORMAT.to_owned(), value.to_owned())].into());
+        for (value, want) in [
+            ("v1", PodNameFormat::V1),
+            ("v2", PodNameFormat::V2),
+            ("v9", PodNameFormat::V2),
+        ] {
+            wf.metadata.annotations =
+                Some([(labels::POD_NAME_FORMAT.to_owned(), value.to_owned())].into());
             assert_eq!(PodNameFormat::of(&wf), want);
         }
     }

@@ -57,7 +57,10 @@ impl Selector {
         let mut terms = Vec::with_capacity(parts.len());
         for part in parts.into_iter().filter(|p| !p.is_empty()) {
             let Some((field, op, rhs)) = split_term(part) else {
-                return Err(SelectorError::NoOperator { selector: selector.to_owned(), term: part.to_owned() });
+                return Err(SelectorError::NoOperator {
+                    selector: selector.to_owned(),
+                    term: part.to_owned(),
+                });
             };
             let value = unescape_value(rhs)?;
             // `Transform` turns a term with an empty field and value into
@@ -65,7 +68,11 @@ impl Selector {
             if field.is_empty() && value.is_empty() {
                 continue;
             }
-            terms.push(Term { field: field.to_owned(), value, equal: op != "!=" });
+            terms.push(Term {
+                field: field.to_owned(),
+                value,
+                equal: op != "!=",
+            });
         }
         Ok(Self { terms })
     }
@@ -87,19 +94,31 @@ impl Selector {
 /// The fields of Argo's `SelectorMatchesNode`.
 pub fn node_fields(node: &NodeStatus) -> Result<NodeFields<'_>, ParameterWithoutValue> {
     let mut fields: NodeFields<'_> = HashMap::with_capacity(8);
-    fields.insert("displayName".into(), node.display_name.as_deref().unwrap_or_default());
+    fields.insert(
+        "displayName".into(),
+        node.display_name.as_deref().unwrap_or_default(),
+    );
     fields.insert("templateName".into(), node_template(node));
     fields.insert("phase".into(), node.phase());
     fields.insert("name".into(), &node.name);
     fields.insert("id".into(), &node.id);
     if let Some(r) = &node.template_ref {
-        fields.insert("templateRef.name".into(), r.name.as_deref().unwrap_or_default());
-        fields.insert("templateRef.template".into(), r.template.as_deref().unwrap_or_default());
+        fields.insert(
+            "templateRef.name".into(),
+            r.name.as_deref().unwrap_or_default(),
+        );
+        fields.insert(
+            "templateRef.template".into(),
+            r.template.as_deref().unwrap_or_default(),
+        );
     }
     if let Some(inputs) = &node.inputs {
         for p in inputs.parameters.iter().flatten() {
             let Some(value) = p.value.as_deref() else {
-                return Err(ParameterWithoutValue { node_id: node.id.clone(), parameter: p.name.clone() });
+                return Err(ParameterWithoutValue {
+                    node_id: node.id.clone(),
+                    parameter: p.name.clone(),
+                });
             };
             fields.insert(format!("inputs.parameters.{}.value", p.name), value);
         }
@@ -160,7 +179,11 @@ fn unescape_value(s: &str) -> Result<String, SelectorError> {
         if in_slash {
             match c {
                 '\\' | ',' | '=' => out.push(c),
-                _ => return Err(SelectorError::InvalidEscape { sequence: format!("\\{c}") }),
+                _ => {
+                    return Err(SelectorError::InvalidEscape {
+                        sequence: format!("\\{c}"),
+                    });
+                }
             }
             in_slash = false;
             continue;
@@ -172,7 +195,9 @@ fn unescape_value(s: &str) -> Result<String, SelectorError> {
         }
     }
     if in_slash {
-        return Err(SelectorError::InvalidEscape { sequence: "\\".into() });
+        return Err(SelectorError::InvalidEscape {
+            sequence: "\\".into(),
+        });
     }
     Ok(out)
 }
@@ -191,7 +216,11 @@ mod tests {
             template_name: Some("tmpl".into()),
             phase: Some("Failed".into()),
             inputs: Some(IoParameters {
-                parameters: Some(vec![Parameter { name: "p".into(), value: Some("a,b=c".into()), ..Default::default() }]),
+                parameters: Some(vec![Parameter {
+                    name: "p".into(),
+                    value: Some("a,b=c".into()),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             }),
             ..Default::default()
@@ -199,7 +228,10 @@ mod tests {
     }
 
     fn matches(selector: &str, node: &NodeStatus) -> bool {
-        Selector::parse(selector).unwrap().matches_node(node).unwrap()
+        Selector::parse(selector)
+            .unwrap()
+            .matches_node(node)
+            .unwrap()
     }
 
     #[test]
@@ -212,7 +244,11 @@ mod tests {
         assert!(matches("id=wf-1", &n));
         assert!(matches(r"inputs.parameters.p.value=a\,b\=c", &n));
         assert!(!matches("templateRef.name=lib", &n));
-        n.template_ref = Some(TemplateRef { name: Some("lib".into()), template: Some("t2".into()), ..Default::default() });
+        n.template_ref = Some(TemplateRef {
+            name: Some("lib".into()),
+            template: Some("t2".into()),
+            ..Default::default()
+        });
         assert!(matches("templateRef.name=lib,templateRef.template=t2", &n));
         // With a templateRef, templateName is the referenced template.
         assert!(matches("templateName=t2", &n));
@@ -251,34 +287,89 @@ mod tests {
             "invalid field selector: unescaped character in value: 61"
         );
         let term = |s: &str| Selector::parse(s).unwrap().terms;
-        assert_eq!(term("x!=y"), vec![Term { field: "x".into(), value: "y".into(), equal: false }]);
-        assert_eq!(term("x==y"), vec![Term { field: "x".into(), value: "y".into(), equal: true }]);
-        assert_eq!(term("x y=z"), vec![Term { field: "x y".into(), value: "z".into(), equal: true }]);
+        assert_eq!(
+            term("x!=y"),
+            vec![Term {
+                field: "x".into(),
+                value: "y".into(),
+                equal: false
+            }]
+        );
+        assert_eq!(
+            term("x==y"),
+            vec![Term {
+                field: "x".into(),
+                value: "y".into(),
+                equal: true
+            }]
+        );
+        assert_eq!(
+            term("x y=z"),
+            vec![Term {
+                field: "x y".into(),
+                value: "z".into(),
+                equal: true
+            }]
+        );
     }
 
     #[test]
     fn errors_are_apimachinerys() {
         let err = |s: &str| Selector::parse(s).unwrap_err().to_string();
-        assert_eq!(err("phase"), "invalid selector: 'phase'; can't understand 'phase'");
-        assert_eq!(err(r"a=b\x"), r"invalid field selector: invalid escape sequence: \x");
-        assert_eq!(err(r"a=b\"), r"invalid field selector: invalid escape sequence: \");
-        assert_eq!(err("a=b=c"), "invalid field selector: unescaped character in value: 61");
+        assert_eq!(
+            err("phase"),
+            "invalid selector: 'phase'; can't understand 'phase'"
+        );
+        assert_eq!(
+            err(r"a=b\x"),
+            r"invalid field selector: invalid escape sequence: \x"
+        );
+        assert_eq!(
+            err(r"a=b\"),
+            r"invalid field selector: invalid escape sequence: \"
+        );
+        assert_eq!(
+            err("a=b=c"),
+            "invalid field selector: unescaped character in value: 61"
+        );
         // Terms are sorted before parsing: the first bad term in byte order is reported.
-        assert_eq!(err("zzz,aaa"), "invalid selector: 'zzz,aaa'; can't understand 'aaa'");
-        assert_eq!(err(r"b=\q,a"), "invalid selector: 'b=\\q,a'; can't understand 'a'");
+        assert_eq!(
+            err("zzz,aaa"),
+            "invalid selector: 'zzz,aaa'; can't understand 'aaa'"
+        );
+        assert_eq!(
+            err(r"b=\q,a"),
+            "invalid selector: 'b=\\q,a'; can't understand 'a'"
+        );
     }
 
     #[test]
     fn escaped_comma_does_not_split() {
         let s = Selector::parse(r"a=x\,y").unwrap();
-        assert_eq!(s.terms, vec![Term { field: "a".into(), value: "x,y".into(), equal: true }]);
+        assert_eq!(
+            s.terms,
+            vec![Term {
+                field: "a".into(),
+                value: "x,y".into(),
+                equal: true
+            }]
+        );
     }
 
     #[test]
     fn input_parameter_without_value_is_go_panicking() {
         let mut n = node();
         n.inputs.as_mut().unwrap().parameters.as_mut().unwrap()[0].value = None;
-        let err = Selector::parse("id=x").unwrap().matches_node(&n).unwrap_err();
-        assert_eq!(err, ParameterWithoutValue { node_id: "wf-1".into(), parameter: "p".into() });
+        let err = Selector::parse("id=x")
+            .unwrap()
+            .matches_node(&n)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ParameterWithoutValue {
+                node_id: "wf-1".into(),
+                parameter: "p".into()
+            }
+        );
     }
 }
