@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt, future, stream};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -170,20 +170,26 @@ impl FailedDag {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
         let workflow = workflows.create(&PostParams::default(), &self.workflow(namespace)).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        stream::iter(self.pods(&workflow))
+        // Owned items, futures owning their client, and progress reported
+        // through the stream: with borrowed ones this future is not Send (a
+        // higher-ranked lifetime error), so callers could not spawn it.
+        let owned: Vec<(Pod, String)> = self.pods(&workflow).into_iter().map(|(p, phase)| (p, phase.to_owned())).collect();
+        stream::iter(owned)
             .map(|(pod, phase)| {
-                let (pods, progress) = (&pods, &progress);
+                let pods = pods.clone();
                 async move {
                     let created = pods.create(&PostParams::default(), &pod).await?;
                     let status = serde_json::json!({"status": {"phase": phase}});
                     let name = created.metadata.name.as_deref().unwrap_or_default();
                     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-                    progress();
                     Ok::<_, kube::Error>(())
                 }
             })
             .buffer_unordered(concurrency.max(1))
-            .try_collect::<()>()
+            .try_for_each(|()| {
+                progress();
+                future::ready(Ok(()))
+            })
             .await?;
         Ok(workflow)
     }
