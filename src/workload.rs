@@ -21,6 +21,8 @@ use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels
 
 const TEMPLATE: &str = "work";
 const TIME: &str = "2026-01-01T00:00:00Z";
+/// A scheduler name no scheduler serves.
+const UNSCHEDULED: &str = "rewind-workload-unscheduled";
 
 /// A failed DAG workflow: `failed` tasks whose pods failed and `succeeded`
 /// tasks whose pods succeeded.
@@ -148,6 +150,9 @@ impl FailedDag {
                             ..Default::default()
                         }],
                         restart_policy: Some("Never".into()),
+                        // Unscheduled even where a scheduler runs: on a (fake) node the
+                        // pod would be set Running, overwriting the phase given here.
+                        scheduler_name: Some(UNSCHEDULED.into()),
                         ..Default::default()
                     }),
                     status: None,
