@@ -5,6 +5,7 @@
 //! cannot be built or started, every test fails: these tests are never skipped.
 
 mod budget;
+mod idempotency;
 mod lifecycle;
 mod pods;
 mod rbac;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
         retry::the_reset_is_written_after_the_last_plan_pod_is_gone,
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
+        idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

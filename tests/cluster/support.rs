@@ -269,8 +269,6 @@ pub mod controller {
         pub user: String,
         pub verb: String,
         pub resource: String,
-        pub subresource: String,
-        pub namespace: String,
         pub name: String,
         pub code: u16,
         /// When the API server received the request.
@@ -305,8 +303,6 @@ pub mod controller {
                 user: s(&event["user"]["username"]),
                 verb: s(&event["verb"]),
                 resource: s(&object["resource"]),
-                subresource: s(&object["subresource"]),
-                namespace: namespace.to_owned(),
                 name: s(&object["name"]),
                 code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
                 received: received.parse().with_context(|| format!("audit timestamp {received:?}"))?,
