@@ -24,13 +24,22 @@ const GHOST: &str = "ghost";
 /// Thousands of orphan pods queued for background deletion at 20 writes/s, then a user retry
 /// of 100 single deletes: it finishes long before the backlog (100 s of budget) drains, and its
 /// first delete goes out within a second of the request.
-pub async fn a_user_retry_overtakes_a_background_backlog(cluster: Arc<LocalCluster>, namespace: String) -> anyhow::Result<()> {
+pub async fn a_user_retry_overtakes_a_background_backlog(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let dag = FailedDag { name: "wf".into(), failed: 100, succeeded: 0 };
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 100,
+        succeeded: 0,
+    };
     let created = dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
     let plan = ctl::expected_plan(&created)?;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
-    let orphans: Vec<Pod> = (0..ORPHANS).map(|i| ctl::pod(&format!("{GHOST}-{i:04}"), GHOST)).collect();
+    let orphans: Vec<Pod> = (0..ORPHANS)
+        .map(|i| ctl::pod(&format!("{GHOST}-{i:04}"), GHOST))
+        .collect();
     let started = tokio::time::Instant::now();
     stream::iter(orphans)
         .map(|pod| {
@@ -51,7 +60,10 @@ pub async fn a_user_retry_overtakes_a_background_backlog(cluster: Arc<LocalClust
     let first_orphan = format!("{GHOST}-0000");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while pods.get_opt(&first_orphan).await?.is_some() {
-        ensure!(tokio::time::Instant::now() < deadline, "garbage collection did not delete {first_orphan} within 20s");
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "garbage collection did not delete {first_orphan} within 20s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -59,11 +71,21 @@ pub async fn a_user_retry_overtakes_a_background_backlog(cluster: Arc<LocalClust
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
-    let orphans_left = ctl::pod_names(&cluster, &namespace, &format!("{}={GHOST}", labels::WORKFLOW)).await?.len();
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    let orphans_left = ctl::pod_names(
+        &cluster,
+        &namespace,
+        &format!("{}={GHOST}", labels::WORKFLOW),
+    )
+    .await?
+    .len();
     controller.stop().await?;
 
-    ensure!(status.phase == RetryPhase::Succeeded, "expected the retry to succeed, its status is {status:?}");
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
     ensure!(
         orphans_left > 0,
         "the background backlog of {ORPHANS} orphans drained before the user's retry finished"
@@ -71,19 +93,32 @@ pub async fn a_user_retry_overtakes_a_background_backlog(cluster: Arc<LocalClust
     let log = ctl::audit_log(&cluster, &namespace)?;
     let asked = log
         .iter()
-        .find(|a| a.user == ADMIN_NAME && a.verb == "patch" && a.resource == "workflows" && a.name == dag.name)
+        .find(|a| {
+            a.user == ADMIN_NAME
+                && a.verb == "patch"
+                && a.resource == "workflows"
+                && a.name == dag.name
+        })
         .context("the audit log has no patch of workflow wf (the retry request)")?
         .received;
-    let planned: std::collections::BTreeSet<&str> = plan.pods_to_delete.iter().map(String::as_str).collect();
+    let planned: std::collections::BTreeSet<&str> =
+        plan.pods_to_delete.iter().map(String::as_str).collect();
     let first_delete = log
         .iter()
-        .filter(|a| a.user == CONTROLLER_NAME && a.verb == "delete" && planned.contains(a.name.as_str()))
+        .filter(|a| {
+            a.user == CONTROLLER_NAME && a.verb == "delete" && planned.contains(a.name.as_str())
+        })
         .map(|a| a.received)
         .min()
         .context("the audit log has no delete of a plan pod by the controller")?;
     let orphans_deleted_during = log
         .iter()
-        .filter(|a| a.user == CONTROLLER_NAME && a.verb == "delete" && a.name.starts_with(GHOST) && a.received > asked)
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "delete"
+                && a.name.starts_with(GHOST)
+                && a.received > asked
+        })
         .count();
     let delay = first_delete.duration_since(asked);
     tracing::info!(?delay, orphans_left, orphans_deleted_during, "priority");
@@ -97,22 +132,41 @@ pub async fn a_user_retry_overtakes_a_background_backlog(cluster: Arc<LocalClust
 /// With a budget that binds (10 writes/s, burst 15, 150 single deletes), the API server's audit
 /// log never has more than burst + qps mutating requests from the controller in any one-second
 /// window, the window sliding over every request's arrival.
-pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(cluster: Arc<LocalCluster>, namespace: String) -> anyhow::Result<()> {
+pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
     const QPS: usize = 10;
     const BURST: usize = 15;
     let admin = cluster.admin_client();
-    let dag = FailedDag { name: "wf".into(), failed: 150, succeeded: 10 };
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 150,
+        succeeded: 10,
+    };
     dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
-    let controller = ctl::start(&cluster, &namespace, ctl::options(QPS as u32, BURST as u32, false)).await?;
+    let controller = ctl::start(
+        &cluster,
+        &namespace,
+        ctl::options(QPS as u32, BURST as u32, false),
+    )
+    .await?;
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
     controller.stop().await?;
-    ensure!(status.phase == RetryPhase::Succeeded, "expected the retry to succeed, its status is {status:?}");
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
 
     let log = ctl::audit_log(&cluster, &namespace)?;
-    let mut writes: Vec<&Audited> = log.iter().filter(|a| a.user == CONTROLLER_NAME && a.is_mutating()).collect();
+    let mut writes: Vec<&Audited> = log
+        .iter()
+        .filter(|a| a.user == CONTROLLER_NAME && a.is_mutating())
+        .collect();
     writes.sort_by_key(|a| a.received);
     ensure!(
         writes.len() > dag.failed,
@@ -125,10 +179,22 @@ pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(cluster
     let (busiest, start) = writes
         .iter()
         .enumerate()
-        .map(|(i, a)| (writes[i..].iter().take_while(|b| b.received < a.received + second).count(), a.received))
+        .map(|(i, a)| {
+            (
+                writes[i..]
+                    .iter()
+                    .take_while(|b| b.received < a.received + second)
+                    .count(),
+                a.received,
+            )
+        })
         .max_by_key(|(n, _)| *n)
         .context("requests")?;
-    let span = writes.last().context("requests")?.received.duration_since(writes[0].received);
+    let span = writes
+        .last()
+        .context("requests")?
+        .received
+        .duration_since(writes[0].received);
     tracing::info!(writes = writes.len(), busiest, ?span, "budget");
     ensure!(
         busiest <= BURST + QPS,

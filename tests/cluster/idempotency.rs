@@ -20,19 +20,30 @@ use tokio::process::{Child, Command};
 use crate::support::controller as ctl;
 
 /// How long each run lives before it is killed; a last run finishes the retry.
-const KILL_AFTER: [Duration; 3] = [Duration::from_millis(500), Duration::from_millis(1500), Duration::from_secs(3)];
+const KILL_AFTER: [Duration; 3] = [
+    Duration::from_millis(500),
+    Duration::from_millis(1500),
+    Duration::from_secs(3),
+];
 
 pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let dag = FailedDag { name: "wf".into(), failed: 120, succeeded: 10 };
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 120,
+        succeeded: 10,
+    };
     let created = dag.create(&admin, &namespace, 16, || ()).await?;
     let plan = ctl::expected_plan(&created)?;
     let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
     let selector = format!("{}={}", labels::WORKFLOW, dag.name);
-    let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector).await?.into_iter().collect();
+    let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
     let logs = tempfile::tempdir()?;
 
     let from = Timestamp::now() - SignedDuration::from_secs(1);
@@ -45,7 +56,10 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         let mut child = spawn_controller(&cluster, &namespace, &log)?;
         tokio::time::sleep(*lifetime).await;
         if let Some(exit) = child.try_wait()? {
-            bail!("controller run {run} exited by itself ({exit}) before it was killed:\n{}", read(&log));
+            bail!(
+                "controller run {run} exited by itself ({exit}) before it was killed:\n{}",
+                read(&log)
+            );
         }
         child.start_kill()?;
         child.wait().await?;
@@ -60,8 +74,13 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
     let ready = readyz(&log).await;
     child.start_kill()?;
     child.wait().await?;
-    let (after, status) = finished.with_context(|| format!("the last controller run's log:\n{}", read(&log)))?;
-    tracing::info!(?left_after_kill, planned = planned.len(), "plan pods left after each kill");
+    let (after, status) =
+        finished.with_context(|| format!("the last controller run's log:\n{}", read(&log)))?;
+    tracing::info!(
+        ?left_after_kill,
+        planned = planned.len(),
+        "plan pods left after each kill"
+    );
 
     ready.context("the controller's HTTP endpoints on 127.0.0.1:0")?;
     ensure!(
@@ -69,7 +88,10 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         "no kill fell while pods were being deleted (plan pods left after each kill: {left_after_kill:?} of {}): the test proves nothing",
         planned.len()
     );
-    ensure!(status.phase == RetryPhase::Succeeded, "expected the retry to succeed, its status is {status:?}");
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
     ensure!(
         after.annotation(annotations::OBSERVED) == Some(token),
         "expected {}={token}, found {:?}",
@@ -77,14 +99,26 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         after.annotation(annotations::OBSERVED)
     );
     ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
-    let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector).await?.into_iter().collect();
+    let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
     let expected: BTreeSet<String> = pods_before.difference(&planned).cloned().collect();
-    ensure!(pods_after == expected, "expected only the {} pods outside the plan to remain, found {pods_after:?}", expected.len());
+    ensure!(
+        pods_after == expected,
+        "expected only the {} pods outside the plan to remain, found {pods_after:?}",
+        expected.len()
+    );
 
     let log = ctl::audit_log(&cluster, &namespace)?;
     let updates: Vec<u16> = log
         .iter()
-        .filter(|a| a.user == CONTROLLER_NAME && a.verb == "update" && a.resource == "workflows" && a.name == dag.name)
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "update"
+                && a.resource == "workflows"
+                && a.name == dag.name
+        })
         .map(|a| a.code)
         .collect();
     ensure!(
@@ -98,7 +132,15 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
 fn spawn_controller(cluster: &LocalCluster, namespace: &str, log: &Path) -> anyhow::Result<Child> {
     let out = std::fs::File::create(log)?;
     Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(["--log-format", "json", "controller", "--namespace", namespace, "--http-addr", "127.0.0.1:0"])
+        .args([
+            "--log-format",
+            "json",
+            "controller",
+            "--namespace",
+            namespace,
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
         // Slow enough that the retry spans the kills: 10 single deletes a second.
         .args(["--qps", "10", "--burst", "10", "--no-bulk"])
         .env("KUBECONFIG", cluster.kubeconfig_path(Role::Controller))
@@ -123,12 +165,19 @@ async fn readyz(log: &PathBuf) -> anyhow::Result<()> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find_map(|l| l["fields"]["addr"].as_str().map(str::to_owned))
         .with_context(|| format!("no log line names the HTTP address:\n{text}"))?;
-    let addr: std::net::SocketAddr = addr.parse().with_context(|| format!("{addr:?} is not an address"))?;
+    let addr: std::net::SocketAddr = addr
+        .parse()
+        .with_context(|| format!("{addr:?} is not an address"))?;
     ensure!(addr.port() != 0, "the controller reports port 0");
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: rewind\r\nConnection: close\r\n\r\n").await?;
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: rewind\r\nConnection: close\r\n\r\n")
+        .await?;
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await?;
-    ensure!(answer.starts_with("HTTP/1.1 200"), "GET /readyz on {addr} answered: {answer}");
+    ensure!(
+        answer.starts_with("HTTP/1.1 200"),
+        "GET /readyz on {addr} answered: {answer}"
+    );
     Ok(())
 }

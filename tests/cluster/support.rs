@@ -59,16 +59,29 @@ pub mod controller {
     }
 
     /// Starts a controller serving `namespace` only, and waits until its cache has synced.
-    pub async fn start(cluster: &LocalCluster, namespace: &str, mut options: Options) -> anyhow::Result<Running> {
-        options.scope = Scope { namespaces: vec![namespace.to_owned()], instance_id: None };
+    pub async fn start(
+        cluster: &LocalCluster,
+        namespace: &str,
+        mut options: Options,
+    ) -> anyhow::Result<Running> {
+        options.scope = Scope {
+            namespaces: vec![namespace.to_owned()],
+            instance_id: None,
+        };
         let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
         let state = controller.state();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(controller.run(shutdown.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !state.is_ready() {
-            ensure!(tokio::time::Instant::now() < deadline, "the controller's workflow cache did not sync within 30s");
-            ensure!(!task.is_finished(), "the controller stopped before its cache synced");
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the controller's workflow cache did not sync within 30s"
+            );
+            ensure!(
+                !task.is_finished(),
+                "the controller stopped before its cache synced"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(Running { shutdown, task })
@@ -77,7 +90,10 @@ pub mod controller {
     impl Running {
         pub async fn stop(self) -> anyhow::Result<()> {
             self.shutdown.cancel();
-            self.task.await.context("the controller task panicked")?.context("the controller failed")
+            self.task
+                .await
+                .context("the controller task panicked")?
+                .context("the controller failed")
         }
     }
 
@@ -91,25 +107,43 @@ pub mod controller {
 
     /// Asks for a retry as a user would (`kubectl annotate ... rewind.dev/retry=TOKEN`), with
     /// the admin's credentials (the test user has no RoleBinding in fresh namespaces).
-    pub async fn request_retry(cluster: &LocalCluster, namespace: &str, workflow: &str, token: &str) -> anyhow::Result<()> {
+    pub async fn request_retry(
+        cluster: &LocalCluster,
+        namespace: &str,
+        workflow: &str,
+        token: &str,
+    ) -> anyhow::Result<()> {
         let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), namespace);
         let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
         workflows
             .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .with_context(|| format!("annotating workflow {namespace}/{workflow} with {}={token}", annotations::RETRY))?;
+            .with_context(|| {
+                format!(
+                    "annotating workflow {namespace}/{workflow} with {}={token}",
+                    annotations::RETRY
+                )
+            })?;
         Ok(())
     }
 
     /// The request's `rewind.dev/retry-status`, if it is about `token`.
     pub fn status_of(wf: &Workflow, token: &str) -> anyhow::Result<Option<RetryStatus>> {
-        let Some(text) = wf.annotation(annotations::STATUS) else { return Ok(None) };
-        let status: RetryStatus = serde_json::from_str(text).with_context(|| format!("{} is not a retry status: {text}", annotations::STATUS))?;
+        let Some(text) = wf.annotation(annotations::STATUS) else {
+            return Ok(None);
+        };
+        let status: RetryStatus = serde_json::from_str(text)
+            .with_context(|| format!("{} is not a retry status: {text}", annotations::STATUS))?;
         Ok(Some(status).filter(|s| s.token == token))
     }
 
     /// Waits until the request `token` on `workflow` reports a final phase.
-    pub async fn wait_finished(api: &Api<Workflow>, workflow: &str, token: &str, timeout: Duration) -> anyhow::Result<(Workflow, RetryStatus)> {
+    pub async fn wait_finished(
+        api: &Api<Workflow>,
+        workflow: &str,
+        token: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(Workflow, RetryStatus)> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last = None;
         loop {
@@ -121,14 +155,20 @@ pub mod controller {
                 last = Some(status);
             }
             if tokio::time::Instant::now() >= deadline {
-                bail!("retry {token} of {workflow} did not finish within {timeout:?}; last status: {last:?}");
+                bail!(
+                    "retry {token} of {workflow} did not finish within {timeout:?}; last status: {last:?}"
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     /// Names of the pods labelled with `workflow`.
-    pub async fn pod_names(cluster: &LocalCluster, namespace: &str, selector: &str) -> anyhow::Result<Vec<String>> {
+    pub async fn pod_names(
+        cluster: &LocalCluster,
+        namespace: &str,
+        selector: &str,
+    ) -> anyhow::Result<Vec<String>> {
         let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
         let mut names: Vec<String> = pods
             .list_metadata(&ListParams::default().labels(selector))
@@ -142,13 +182,25 @@ pub mod controller {
     }
 
     /// Creates a pod labelled with `workflow` and sets its phase (as a kubelet would).
-    pub async fn create_pod(cluster: &LocalCluster, namespace: &str, name: &str, workflow: &str, phase: Option<&str>) -> anyhow::Result<Pod> {
+    pub async fn create_pod(
+        cluster: &LocalCluster,
+        namespace: &str,
+        name: &str,
+        workflow: &str,
+        phase: Option<&str>,
+    ) -> anyhow::Result<Pod> {
         let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
-        let created = pods.create(&PostParams::default(), &pod(name, workflow)).await.with_context(|| format!("creating pod {name}"))?;
+        let created = pods
+            .create(&PostParams::default(), &pod(name, workflow))
+            .await
+            .with_context(|| format!("creating pod {name}"))?;
         match phase {
             Some(phase) => {
                 let status = serde_json::json!({"status": {"phase": phase}});
-                Ok(pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await.with_context(|| format!("setting pod {name} to {phase}"))?)
+                Ok(pods
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .with_context(|| format!("setting pod {name} to {phase}"))?)
             }
             None => Ok(created),
         }
@@ -182,11 +234,18 @@ pub mod controller {
     /// apart from what the API server and the request itself write: resourceVersion,
     /// generation, managedFields and the rewind.dev/* annotations. Each place the plan
     /// has [`NOW`] must hold a time within `[from, to]`.
-    pub fn ensure_reset_as_planned(actual: &Workflow, expected: &Workflow, from: Timestamp, to: Timestamp) -> anyhow::Result<()> {
+    pub fn ensure_reset_as_planned(
+        actual: &Workflow,
+        expected: &Workflow,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> anyhow::Result<()> {
         let mut actual = serde_json::to_value(actual)?;
         let mut expected = serde_json::to_value(expected)?;
         for value in [&mut actual, &mut expected] {
-            let meta = value["metadata"].as_object_mut().context("a workflow has metadata")?;
+            let meta = value["metadata"]
+                .as_object_mut()
+                .context("a workflow has metadata")?;
             for server_managed in ["resourceVersion", "generation", "managedFields"] {
                 meta.remove(server_managed);
             }
@@ -199,16 +258,30 @@ pub mod controller {
         }
         let mut mismatches = Vec::new();
         replace_now(&mut actual, &expected, from, to, "", &mut mismatches);
-        ensure!(mismatches.is_empty(), "timestamps Argo sets to now are not within [{from}, {to}]: {mismatches:?}");
+        ensure!(
+            mismatches.is_empty(),
+            "timestamps Argo sets to now are not within [{from}, {to}]: {mismatches:?}"
+        );
         if actual != expected {
             let mut differences = Vec::new();
             diff(&actual, &expected, "", &mut differences);
-            bail!("the workflow after the retry differs from the planner's output at {} places: {:?}", differences.len(), differences.iter().take(10).collect::<Vec<_>>());
+            bail!(
+                "the workflow after the retry differs from the planner's output at {} places: {:?}",
+                differences.len(),
+                differences.iter().take(10).collect::<Vec<_>>()
+            );
         }
         Ok(())
     }
 
-    fn replace_now(actual: &mut Value, expected: &Value, from: Timestamp, to: Timestamp, path: &str, bad: &mut Vec<String>) {
+    fn replace_now(
+        actual: &mut Value,
+        expected: &Value,
+        from: Timestamp,
+        to: Timestamp,
+        path: &str,
+        bad: &mut Vec<String>,
+    ) {
         match (actual, expected) {
             (Value::Object(a), Value::Object(e)) => {
                 for (k, ev) in e {
@@ -223,7 +296,10 @@ pub mod controller {
                 }
             }
             (a @ Value::String(_), Value::String(e)) if e == NOW => {
-                let within = a.as_str().and_then(|s| s.parse::<Timestamp>().ok()).is_some_and(|t| t >= from && t <= to);
+                let within = a
+                    .as_str()
+                    .and_then(|s| s.parse::<Timestamp>().ok())
+                    .is_some_and(|t| t >= from && t <= to);
                 if within {
                     *a = Value::String(NOW.into());
                 } else {
@@ -250,7 +326,11 @@ pub mod controller {
     }
 
     /// The reasons of the Events about `workflow`, oldest first.
-    pub async fn event_reasons(cluster: &LocalCluster, namespace: &str, workflow: &str) -> anyhow::Result<Vec<String>> {
+    pub async fn event_reasons(
+        cluster: &LocalCluster,
+        namespace: &str,
+        workflow: &str,
+    ) -> anyhow::Result<Vec<String>> {
         let events: Api<Event> = Api::namespaced(cluster.admin_client(), namespace);
         let mut about: Vec<Event> = events
             .list(&ListParams::default())
@@ -277,22 +357,30 @@ pub mod controller {
 
     impl Audited {
         pub fn is_mutating(&self) -> bool {
-            matches!(self.verb.as_str(), "create" | "update" | "patch" | "delete" | "deletecollection")
+            matches!(
+                self.verb.as_str(),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
         }
     }
 
     /// The requests in `namespace` the audit log holds so far.
     pub fn audit_log(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Vec<Audited>> {
-        let path = cluster.audit_log_path().context("the shared cluster has audit logging on")?;
+        let path = cluster
+            .audit_log_path()
+            .context("the shared cluster has audit logging on")?;
         read_audit_log(&path, namespace)
     }
 
     fn read_audit_log(path: &Path, namespace: &str) -> anyhow::Result<Vec<Audited>> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut out = Vec::new();
         for line in text.lines() {
             // The log is written while we read it: a last line may be incomplete.
-            let Ok(event) = serde_json::from_str::<Value>(line) else { continue };
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
             let object = &event["objectRef"];
             if object["namespace"] != namespace {
                 continue;
@@ -305,7 +393,9 @@ pub mod controller {
                 resource: s(&object["resource"]),
                 name: s(&object["name"]),
                 code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
-                received: received.parse().with_context(|| format!("audit timestamp {received:?}"))?,
+                received: received
+                    .parse()
+                    .with_context(|| format!("audit timestamp {received:?}"))?,
             });
         }
         Ok(out)
@@ -315,7 +405,9 @@ pub mod controller {
     pub fn summary(log: &[Audited], user: &str) -> BTreeMap<String, usize> {
         let mut counts = BTreeMap::new();
         for a in log.iter().filter(|a| a.user == user) {
-            *counts.entry(format!("{} {}", a.verb, a.resource)).or_default() += 1;
+            *counts
+                .entry(format!("{} {}", a.verb, a.resource))
+                .or_default() += 1;
         }
         counts
     }
