@@ -88,12 +88,20 @@ pub mod controller {
     }
 
     impl Running {
-        pub async fn stop(self) -> anyhow::Result<()> {
+        pub async fn stop(mut self) -> anyhow::Result<()> {
             self.shutdown.cancel();
-            self.task
+            (&mut self.task)
                 .await
                 .context("the controller task panicked")?
                 .context("the controller failed")
+        }
+    }
+
+    /// A test that fails early stops its controller too, so it does not act on the cluster
+    /// while other tests run.
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.shutdown.cancel();
         }
     }
 
