@@ -51,6 +51,7 @@ impl Default for Options {
 /// A configured controller; [`Controller::run`] starts it.
 pub struct Controller {
     options: Options,
+    budget: Budget,
     ctx: retry::Context,
     state: State,
 }
@@ -70,7 +71,7 @@ impl Controller {
             config: options.retry.clone(),
             metrics,
         };
-        Ok(Controller { options, ctx, state: State::default() })
+        Ok(Controller { options, budget, ctx, state: State::default() })
     }
 
     /// The metrics this controller updates (for the demo's report).
@@ -86,10 +87,11 @@ impl Controller {
     /// Runs until `shutdown` is cancelled. Requests in progress stay pending
     /// in their annotations and resume at the next start.
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
-        let Controller { options, ctx, state } = self;
+        let Controller { options, budget, ctx, state } = self;
         let mut tasks = tokio::task::JoinSet::new();
+        let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
-            tasks.spawn(workers::run(ctx.client.clone(), ctx.queue.clone(), ctx.outcomes.clone()));
+            tasks.spawn(workers::run(ctx.client.clone(), budget.clone(), turn.clone(), ctx.queue.clone(), ctx.outcomes.clone()));
         }
         if let Some(interval) = options.pod_gc {
             tasks.spawn(crate::gc::run(

@@ -13,6 +13,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use crate::budget::Budget;
 use crate::delete::DeleteWork;
 use crate::queue::{Lease, WorkQueue};
 use crate::workflow::labels;
@@ -93,10 +94,21 @@ impl Outcomes {
 /// Attempts per item before a transient error is reported as a failure.
 const MAX_ATTEMPTS: u32 = 8;
 
+/// Whose turn it is to take an item: one worker at a time leases an item and then waits for
+/// its write token, so an interactive item queued meanwhile waits behind at most that one
+/// item, not one per worker, and other writes (events, status, commits) queue behind at
+/// most one worker in the budget's line.
+pub type Turn = Arc<tokio::sync::Mutex<()>>;
+
 /// Runs one worker until the queue shuts down.
-pub async fn run(client: Client, queue: Queue, outcomes: Outcomes) {
-    while let Some(lease) = queue.next().await {
-        let result = execute(&client, &lease.item).await;
+pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outcomes: Outcomes) {
+    loop {
+        let (lease, token) = {
+            let _turn = turn.lock().await;
+            let Some(lease) = queue.next().await else { break };
+            (lease, budget.take_write_token().await)
+        };
+        let result = token.spend_on(execute(&client, &lease.item)).await;
         match result {
             Err(e) if is_transient(&e) && lease.failures + 1 < MAX_ATTEMPTS => {
                 debug!(namespace = lease.item.namespace, work = ?lease.item.work, error = %e, "transient failure; requeued");

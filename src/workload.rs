@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, TryStreamExt, future, stream};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -22,6 +22,8 @@ use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels
 
 const TEMPLATE: &str = "work";
 const TIME: &str = "2026-01-01T00:00:00Z";
+/// A scheduler name no scheduler serves.
+const UNSCHEDULED: &str = "rewind-workload-unscheduled";
 
 /// A failed DAG workflow: `failed` tasks whose pods failed and `succeeded`
 /// tasks whose pods succeeded.
@@ -154,6 +156,9 @@ impl FailedDag {
                             ..Default::default()
                         }],
                         restart_policy: Some("Never".into()),
+                        // Unscheduled even where a scheduler runs: on a (fake) node the
+                        // pod would be set Running, overwriting the phase given here.
+                        scheduler_name: Some(UNSCHEDULED.into()),
                         ..Default::default()
                     }),
                     status: None,
@@ -176,20 +181,26 @@ impl FailedDag {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
         let workflow = workflows.create(&PostParams::default(), &self.workflow(namespace)).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        stream::iter(self.pods(&workflow))
+        // Owned items, futures owning their client, and progress reported
+        // through the stream: with borrowed ones this future is not Send (a
+        // higher-ranked lifetime error), so callers could not spawn it.
+        let owned: Vec<(Pod, String)> = self.pods(&workflow).into_iter().map(|(p, phase)| (p, phase.to_owned())).collect();
+        stream::iter(owned)
             .map(|(pod, phase)| {
-                let (pods, progress) = (&pods, &progress);
+                let pods = pods.clone();
                 async move {
                     let created = pods.create(&PostParams::default(), &pod).await?;
                     let status = serde_json::json!({"status": {"phase": phase}});
                     let name = created.metadata.name.as_deref().unwrap_or_default();
                     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-                    progress();
                     Ok::<_, kube::Error>(())
                 }
             })
             .buffer_unordered(concurrency.max(1))
-            .try_collect::<()>()
+            .try_for_each(|()| {
+                progress();
+                future::ready(Ok(()))
+            })
             .await?;
         Ok(workflow)
     }

@@ -10,6 +10,7 @@ mod layer;
 pub use bucket::Rate;
 pub use layer::{BudgetLayer, BudgetService, client};
 
+use std::cell::Cell;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,8 +181,19 @@ impl Budget {
         self.inner.max_workers - self.inner.workers.available_permits()
     }
 
+    /// Waits for a write token for a request to be chosen only now and sent at once (with
+    /// [`WriteToken::spend_on`]). The delete workers take their token first, then the most
+    /// urgent item: were they to take items first, each would hold one (background work,
+    /// say) in the bucket's line ahead of any interactive item queued after it.
+    pub async fn take_write_token(&self) -> WriteToken {
+        let waited = self.inner.writes.acquire().await;
+        self.inner.observer.token_wait(Bucket::Write, waited);
+        WriteToken(())
+    }
+
     /// Waits until a request of `verb` may be sent: a worker slot (except for watches), then a
-    /// token. The slot is held until the returned admission is dropped.
+    /// token (unless the task spends a [`WriteToken`] on this write). The slot is held until
+    /// the returned admission is dropped.
     async fn admit(&self, verb: Verb) -> Admission {
         let slot = match verb {
             Verb::Watch => None,
@@ -193,9 +205,12 @@ impl Budget {
             ),
         };
         let bucket = verb.bucket();
-        let waited = self.bucket(bucket).acquire().await;
         let observer = &self.inner.observer;
-        observer.token_wait(bucket, waited);
+        let prepaid = bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
+        if !prepaid {
+            let waited = self.bucket(bucket).acquire().await;
+            observer.token_wait(bucket, waited);
+        }
         if slot.is_some() {
             observer.in_flight(self.in_flight());
         }
@@ -235,6 +250,25 @@ impl Budget {
             Bucket::Read => &self.inner.reads,
             Bucket::Write => &self.inner.writes,
         }
+    }
+}
+
+tokio::task_local! {
+    /// Set while a task spends a [`WriteToken`]: its next write takes no token from the bucket.
+    static PREPAID: Cell<bool>;
+}
+
+/// A write token taken before the request that spends it is chosen; see
+/// [`Budget::take_write_token`].
+#[must_use = "a token not spent on a request is wasted budget"]
+#[derive(Debug)]
+pub struct WriteToken(());
+
+impl WriteToken {
+    /// Runs `work`, whose first write request spends this token instead of waiting for
+    /// another. Start it right away: a token is the permission to send now.
+    pub async fn spend_on<F: Future>(self, work: F) -> F::Output {
+        PREPAID.scope(Cell::new(true), work).await
     }
 }
 

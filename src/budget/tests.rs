@@ -458,3 +458,22 @@ async fn the_kube_client_sends_every_attempt_through_the_budget() {
     assert_eq!(recorder.waits.lock().unwrap().len(), 2);
     server.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
+    let start = Instant::now();
+    let (budget, _) = budget((1, 1), (50, 100), 10);
+    let (server, sent) = server(start, ok);
+    let service = budget.layer().layer(server);
+    let token = budget.take_write_token().await;
+    // The bucket is empty now: without the token this write would wait a second.
+    token
+        .spend_on(async {
+            service.clone().oneshot(post()).await.unwrap();
+            service.clone().oneshot(post()).await.unwrap();
+        })
+        .await;
+    service.clone().oneshot(post()).await.unwrap();
+    let times = times_of(&sent, Verb::Post);
+    assert_eq!(times, [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(2)]);
+}

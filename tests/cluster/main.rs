@@ -4,9 +4,12 @@
 //! test gets a fresh namespace. The control plane is stopped when the tests are done. If it
 //! cannot be built or started, every test fails: these tests are never skipped.
 
+mod budget;
+mod idempotency;
 mod lifecycle;
 mod pods;
 mod rbac;
+mod retry;
 mod scheduling;
 mod support;
 mod workflow_roundtrip;
@@ -47,6 +50,12 @@ fn main() -> ExitCode {
         lifecycle::a_taken_port_is_a_clear_error,
         lifecycle::a_missing_binary_is_a_clear_error,
         lifecycle::a_component_exiting_at_startup_is_a_clear_error_with_its_log,
+        retry::retry_resets_as_planned_and_deletes_exactly_the_plan_pods,
+        retry::a_plan_pod_replaced_before_its_delete_is_kept_and_stops_the_retry,
+        retry::the_reset_is_written_after_the_last_plan_pod_is_gone,
+        budget::a_user_retry_overtakes_a_background_backlog,
+        budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
+        idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

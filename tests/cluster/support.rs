@@ -29,3 +29,394 @@ pub fn namespace_for(test: &str) -> String {
         .trim_end_matches('-')
         .to_owned()
 }
+
+pub mod controller {
+    //! Running the controller in-process, asking for retries, and checking what it did.
+
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use anyhow::{Context as _, bail, ensure};
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+    use rewind::controller::{Controller, Options};
+    use rewind::localcluster::{LocalCluster, Role};
+    use rewind::plan::{RetryOptions, plan_retry_at};
+    use rewind::request::{RetryStatus, annotations};
+    use rewind::watch::Scope;
+    use rewind::workflow::{Workflow, labels};
+    use serde_json::Value;
+    use tokio::task::JoinHandle;
+    use tokio_util::sync::CancellationToken;
+
+    /// A controller running in this process with the controller's credentials.
+    pub struct Running {
+        shutdown: CancellationToken,
+        task: JoinHandle<std::io::Result<()>>,
+    }
+
+    /// Starts a controller serving `namespace` only, and waits until its cache has synced.
+    pub async fn start(
+        cluster: &LocalCluster,
+        namespace: &str,
+        mut options: Options,
+    ) -> anyhow::Result<Running> {
+        options.scope = Scope {
+            namespaces: vec![namespace.to_owned()],
+            instance_id: None,
+        };
+        let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+        let state = controller.state();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(controller.run(shutdown.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !state.is_ready() {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the controller's workflow cache did not sync within 30s"
+            );
+            ensure!(
+                !task.is_finished(),
+                "the controller stopped before its cache synced"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Running { shutdown, task })
+    }
+
+    impl Running {
+        pub async fn stop(mut self) -> anyhow::Result<()> {
+            self.shutdown.cancel();
+            (&mut self.task)
+                .await
+                .context("the controller task panicked")?
+                .context("the controller failed")
+        }
+    }
+
+    /// A test that fails early stops its controller too, so it does not act on the cluster
+    /// while other tests run.
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.shutdown.cancel();
+        }
+    }
+
+    /// Options with a write budget of `qps`/`burst` and the bulk path on or off.
+    pub fn options(qps: u32, burst: u32, allow_bulk: bool) -> Options {
+        let mut options = Options::default();
+        options.budget.writes = rewind::budget::Rate::new(qps, burst).expect("non-zero rate");
+        options.retry.allow_bulk = allow_bulk;
+        options
+    }
+
+    /// Asks for a retry as a user would (`kubectl annotate ... rewind.dev/retry=TOKEN`), with
+    /// the admin's credentials (the test user has no RoleBinding in fresh namespaces).
+    pub async fn request_retry(
+        cluster: &LocalCluster,
+        namespace: &str,
+        workflow: &str,
+        token: &str,
+    ) -> anyhow::Result<()> {
+        let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), namespace);
+        let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+        workflows
+            .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| {
+                format!(
+                    "annotating workflow {namespace}/{workflow} with {}={token}",
+                    annotations::RETRY
+                )
+            })?;
+        Ok(())
+    }
+
+    /// The request's `rewind.dev/retry-status`, if it is about `token`.
+    pub fn status_of(wf: &Workflow, token: &str) -> anyhow::Result<Option<RetryStatus>> {
+        let Some(text) = wf.annotation(annotations::STATUS) else {
+            return Ok(None);
+        };
+        let status: RetryStatus = serde_json::from_str(text)
+            .with_context(|| format!("{} is not a retry status: {text}", annotations::STATUS))?;
+        Ok(Some(status).filter(|s| s.token == token))
+    }
+
+    /// Waits until the request `token` on `workflow` reports a final phase.
+    pub async fn wait_finished(
+        api: &Api<Workflow>,
+        workflow: &str,
+        token: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(Workflow, RetryStatus)> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            let wf = api.get(workflow).await?;
+            if let Some(status) = status_of(&wf, token)? {
+                if status.phase.is_finished() {
+                    return Ok((wf, status));
+                }
+                last = Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "retry {token} of {workflow} did not finish within {timeout:?}; last status: {last:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Names of the pods labelled with `workflow`.
+    pub async fn pod_names(
+        cluster: &LocalCluster,
+        namespace: &str,
+        selector: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
+        let mut names: Vec<String> = pods
+            .list_metadata(&ListParams::default().labels(selector))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Creates a pod labelled with `workflow` and sets its phase (as a kubelet would).
+    pub async fn create_pod(
+        cluster: &LocalCluster,
+        namespace: &str,
+        name: &str,
+        workflow: &str,
+        phase: Option<&str>,
+    ) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
+        let created = pods
+            .create(&PostParams::default(), &pod(name, workflow))
+            .await
+            .with_context(|| format!("creating pod {name}"))?;
+        match phase {
+            Some(phase) => {
+                let status = serde_json::json!({"status": {"phase": phase}});
+                Ok(pods
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .with_context(|| format!("setting pod {name} to {phase}"))?)
+            }
+            None => Ok(created),
+        }
+    }
+
+    /// A pod labelled like Argo's for `workflow`, never scheduled (no scheduler serves its
+    /// scheduler name), so no fake node overwrites its phase.
+    pub fn pod(name: &str, workflow: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {labels::WORKFLOW: workflow, labels::COMPLETED: "true"}},
+            "spec": {
+                "restartPolicy": "Never",
+                "schedulerName": "rewind-test-unscheduled",
+                "containers": [{"name": "main", "image": "argoproj/argosay:v2"}],
+            },
+        }))
+        .expect("a valid pod")
+    }
+
+    /// What the planner says the retry must produce from `before`, with every
+    /// timestamp Argo sets to "now" replaced by [`NOW`].
+    pub fn expected_plan(before: &Workflow) -> anyhow::Result<rewind::plan::Plan> {
+        let now: Timestamp = NOW.parse().expect("a valid timestamp");
+        Ok(plan_retry_at(before, &RetryOptions::default(), now)?)
+    }
+
+    /// Stands for "the time of the retry" in [`expected_plan`].
+    pub const NOW: &str = "2000-01-01T00:00:00Z";
+
+    /// Checks that `actual` (read after the retry) is `expected` (the planner's output),
+    /// apart from what the API server and the request itself write: resourceVersion,
+    /// generation, managedFields and the rewind.dev/* annotations. Each place the plan
+    /// has [`NOW`] must hold a time within `[from, to]`.
+    pub fn ensure_reset_as_planned(
+        actual: &Workflow,
+        expected: &Workflow,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> anyhow::Result<()> {
+        let mut actual = serde_json::to_value(actual)?;
+        let mut expected = serde_json::to_value(expected)?;
+        for value in [&mut actual, &mut expected] {
+            let meta = value["metadata"]
+                .as_object_mut()
+                .context("a workflow has metadata")?;
+            for server_managed in ["resourceVersion", "generation", "managedFields"] {
+                meta.remove(server_managed);
+            }
+            if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                annotations.retain(|k, _| !k.starts_with("rewind.dev/"));
+                if annotations.is_empty() {
+                    meta.remove("annotations");
+                }
+            }
+        }
+        let mut mismatches = Vec::new();
+        replace_now(&mut actual, &expected, from, to, "", &mut mismatches);
+        ensure!(
+            mismatches.is_empty(),
+            "timestamps Argo sets to now are not within [{from}, {to}]: {mismatches:?}"
+        );
+        if actual != expected {
+            let mut differences = Vec::new();
+            diff(&actual, &expected, "", &mut differences);
+            bail!(
+                "the workflow after the retry differs from the planner's output at {} places: {:?}",
+                differences.len(),
+                differences.iter().take(10).collect::<Vec<_>>()
+            );
+        }
+        Ok(())
+    }
+
+    fn replace_now(
+        actual: &mut Value,
+        expected: &Value,
+        from: Timestamp,
+        to: Timestamp,
+        path: &str,
+        bad: &mut Vec<String>,
+    ) {
+        match (actual, expected) {
+            (Value::Object(a), Value::Object(e)) => {
+                for (k, ev) in e {
+                    if let Some(av) = a.get_mut(k) {
+                        replace_now(av, ev, from, to, &format!("{path}/{k}"), bad);
+                    }
+                }
+            }
+            (Value::Array(a), Value::Array(e)) => {
+                for (i, (av, ev)) in a.iter_mut().zip(e).enumerate() {
+                    replace_now(av, ev, from, to, &format!("{path}/{i}"), bad);
+                }
+            }
+            (a @ Value::String(_), Value::String(e)) if e == NOW => {
+                let within = a
+                    .as_str()
+                    .and_then(|s| s.parse::<Timestamp>().ok())
+                    .is_some_and(|t| t >= from && t <= to);
+                if within {
+                    *a = Value::String(NOW.into());
+                } else {
+                    bad.push(format!("{path}: {a}"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn diff(actual: &Value, expected: &Value, path: &str, out: &mut Vec<String>) {
+        match (actual, expected) {
+            (Value::Object(a), Value::Object(e)) => {
+                for k in a.keys().chain(e.keys().filter(|k| !a.contains_key(*k))) {
+                    match (a.get(k), e.get(k)) {
+                        (Some(av), Some(ev)) => diff(av, ev, &format!("{path}/{k}"), out),
+                        (av, ev) => out.push(format!("{path}/{k}: got {av:?}, expected {ev:?}")),
+                    }
+                }
+            }
+            (a, e) if a != e => out.push(format!("{path}: got {a}, expected {e}")),
+            _ => {}
+        }
+    }
+
+    /// The reasons of the Events about `workflow`, oldest first.
+    pub async fn event_reasons(
+        cluster: &LocalCluster,
+        namespace: &str,
+        workflow: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let events: Api<Event> = Api::namespaced(cluster.admin_client(), namespace);
+        let mut about: Vec<Event> = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workflow))
+            .collect();
+        about.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        Ok(about.into_iter().filter_map(|e| e.reason).collect())
+    }
+
+    /// One request in the API server's audit log.
+    #[derive(Clone, Debug)]
+    pub struct Audited {
+        pub user: String,
+        pub verb: String,
+        pub resource: String,
+        pub name: String,
+        pub code: u16,
+        /// When the API server received the request.
+        pub received: Timestamp,
+    }
+
+    impl Audited {
+        pub fn is_mutating(&self) -> bool {
+            matches!(
+                self.verb.as_str(),
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+        }
+    }
+
+    /// The requests in `namespace` the audit log holds so far.
+    pub fn audit_log(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Vec<Audited>> {
+        let path = cluster
+            .audit_log_path()
+            .context("the shared cluster has audit logging on")?;
+        read_audit_log(&path, namespace)
+    }
+
+    fn read_audit_log(path: &Path, namespace: &str) -> anyhow::Result<Vec<Audited>> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut out = Vec::new();
+        for line in text.lines() {
+            // The log is written while we read it: a last line may be incomplete.
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let object = &event["objectRef"];
+            if object["namespace"] != namespace {
+                continue;
+            }
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let received = s(&event["requestReceivedTimestamp"]);
+            out.push(Audited {
+                user: s(&event["user"]["username"]),
+                verb: s(&event["verb"]),
+                resource: s(&object["resource"]),
+                name: s(&object["name"]),
+                code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                received: received
+                    .parse()
+                    .with_context(|| format!("audit timestamp {received:?}"))?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Counts of the requests by `user`, keyed by verb and resource, for fail messages.
+    pub fn summary(log: &[Audited], user: &str) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for a in log.iter().filter(|a| a.user == user) {
+            *counts
+                .entry(format!("{} {}", a.verb, a.resource))
+                .or_default() += 1;
+        }
+        counts
+    }
+}
