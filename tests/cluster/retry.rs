@@ -623,3 +623,73 @@ where
         latest,
     })
 }
+
+/// Pods held by Argo's `workflows.argoproj.io/status` finalizer: rewind releases that
+/// finalizer (and only it) after deleting the pod, and does not reset the workflow while a
+/// plan pod is still held by anything else.
+pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_respected(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const FOREIGN: &str = "example.com/keep";
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 4,
+        succeeded: 1,
+    };
+    let created = dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let (held, doubly_held) = (&plan.pods_to_delete[0], &plan.pods_to_delete[1]);
+    for (name, finalizers) in [
+        (held, vec![labels::POD_STATUS_FINALIZER]),
+        (doubly_held, vec![FOREIGN, labels::POD_STATUS_FINALIZER]),
+    ] {
+        let patch = serde_json::json!({"metadata": {"finalizers": finalizers}});
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("adding finalizers to {name}"))?;
+    }
+
+    let controller = ctl::start(&cluster, &namespace, ctl::options(20, 30, true)).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+
+    // The pod held only by Argo's finalizer goes; the other stays, without Argo's finalizer.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = pods.get_opt(doubly_held).await?.context("the doubly held pod is kept")?;
+        let finalizers = left.finalizers().to_vec();
+        if pods.get_opt(held).await?.is_none() && finalizers == [FOREIGN] {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "expected {held} gone and {doubly_held} held only by {FOREIGN}; {doubly_held} has {finalizers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let wf = workflows.get(&dag.name).await?;
+    ensure!(
+        wf.label(labels::COMPLETED).is_some(),
+        "the workflow was reset while plan pod {doubly_held} still existed"
+    );
+
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    pods.patch(doubly_held, &PatchParams::default(), &Patch::Merge(&release))
+        .await?;
+    let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, FINISH).await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed once the pod was released, got {status:?}"
+    );
+    let left = ctl::pod_names(&cluster, &namespace, &format!("{}={}", labels::WORKFLOW, dag.name)).await?;
+    ensure!(
+        left.iter().all(|p| !plan.pods_to_delete.contains(p)),
+        "plan pods left after the retry: {left:?}"
+    );
+    controller.stop().await
+}
