@@ -98,19 +98,23 @@ impl Tracker {
             .iter()
             .filter_map(|p| Some((p.metadata.name.as_deref()?, p.metadata.uid.as_deref().unwrap_or_default())))
             .collect();
-        for name in &self.plan {
-            let now = if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).copied() };
-            match (self.seen.get(name), now) {
-                (Some(None), Some(uid)) => return Err(Recreated { pod: name.clone(), uid: uid.to_owned() }),
-                (Some(Some(before)), Some(uid)) if before != uid => {
-                    return Err(Recreated { pod: name.clone(), uid: uid.to_owned() });
-                }
-                _ => {}
+        let now: Vec<(&String, Option<&str>)> = self
+            .plan
+            .iter()
+            .map(|name| (name, if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).copied() }))
+            .collect();
+        for &(name, uid) in &now {
+            let came_back = match (self.seen.get(name), uid) {
+                (Some(None), Some(_)) => true,
+                (Some(Some(before)), Some(uid)) => before != uid,
+                _ => false,
+            };
+            if came_back {
+                return Err(Recreated { pod: name.clone(), uid: uid.unwrap_or_default().to_owned() });
             }
         }
-        for name in &self.plan {
-            let now = if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).map(|u| u.to_string()) };
-            self.seen.insert(name.clone(), now);
+        for (name, uid) in now {
+            self.seen.insert(name.clone(), uid.map(str::to_owned));
         }
         Ok(assessment)
     }

@@ -333,14 +333,24 @@ impl<'a> Job<'a> {
         if self.started.elapsed() < interval || self.last_status_write.is_some_and(|t| t.elapsed() < interval) {
             return Ok(());
         }
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            annotations::STATUS: serde_json::to_string(&self.status).expect("status serializes"),
-        }}});
+        self.patch_status(false).await?;
+        self.wrote_since_read = true;
+        Ok(())
+    }
+
+    /// Writes the status annotation, and the observed token with it when
+    /// `observe` (the request is answered).
+    async fn patch_status(&mut self, observe: bool) -> Result<(), kube::Error> {
+        let mut annotations = serde_json::Map::new();
+        annotations.insert(annotations::STATUS.into(), serde_json::to_string(&self.status).expect("status serializes").into());
+        if observe {
+            annotations.insert(annotations::OBSERVED.into(), self.target.token.clone().into());
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         self.workflows()
             .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         self.last_status_write = Some(Instant::now());
-        self.wrote_since_read = true;
         Ok(())
     }
 
@@ -357,15 +367,7 @@ impl<'a> Job<'a> {
         self.status.message = error.to_string();
         self.status.finished_at = Some(now());
         self.wait_status_slot().await;
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            annotations::STATUS: serde_json::to_string(&self.status).expect("status serializes"),
-            annotations::OBSERVED: self.target.token,
-        }}});
-        if let Err(e) = self
-            .workflows()
-            .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        if let Err(e) = self.patch_status(true).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the failed retry");
         }
         self.event(EventType::Warning, "RetryFailed", error.to_string()).await;
@@ -377,14 +379,7 @@ impl<'a> Job<'a> {
         self.status.phase = RetryPhase::Pending;
         self.status.message = format!("{error}; rewind will try again");
         self.wait_status_slot().await;
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            annotations::STATUS: serde_json::to_string(&self.status).expect("status serializes"),
-        }}});
-        if let Err(e) = self
-            .workflows()
-            .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        if let Err(e) = self.patch_status(false).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the retry's error");
         }
         self.event(EventType::Warning, "RetryError", self.status.message.clone()).await;
