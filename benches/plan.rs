@@ -135,5 +135,10 @@ fn plan_compressed(bencher: divan::Bencher) {
 fn decompress_nodes(bencher: divan::Bencher) {
     let wf = big_workflow(true);
     let packed = wf.status.compressed_nodes.clone().expect("compressed");
-    bencher.bench(|| drop(compress::decode_nodes(divan::black_box(&packed), ArgoVersion::V4)));
+    bencher.bench(|| {
+        drop(compress::decode_nodes(
+            divan::black_box(&packed),
+            ArgoVersion::V4,
+        ))
+    });
 }

@@ -62,7 +62,10 @@ impl Controller {
         let metrics = Arc::new(Metrics::default());
         let budget = Budget::with_observer(&options.budget, metrics.clone());
         let client = budget::client(config, &budget)?;
-        let reporter = Reporter { controller: options.reporter.clone(), instance: std::env::var("POD_NAME").ok() };
+        let reporter = Reporter {
+            controller: options.reporter.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
         let ctx = retry::Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -71,7 +74,12 @@ impl Controller {
             config: options.retry.clone(),
             metrics,
         };
-        Ok(Controller { options, budget, ctx, state: State::default() })
+        Ok(Controller {
+            options,
+            budget,
+            ctx,
+            state: State::default(),
+        })
     }
 
     /// The metrics this controller updates (for the demo's report).
@@ -87,11 +95,22 @@ impl Controller {
     /// Runs until `shutdown` is cancelled. Requests in progress stay pending
     /// in their annotations and resume at the next start.
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
-        let Controller { options, budget, ctx, state } = self;
+        let Controller {
+            options,
+            budget,
+            ctx,
+            state,
+        } = self;
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
-            tasks.spawn(workers::run(ctx.client.clone(), budget.clone(), turn.clone(), ctx.queue.clone(), ctx.outcomes.clone()));
+            tasks.spawn(workers::run(
+                ctx.client.clone(),
+                budget.clone(),
+                turn.clone(),
+                ctx.queue.clone(),
+                ctx.outcomes.clone(),
+            ));
         }
         if let Some(interval) = options.pod_gc {
             tasks.spawn(crate::gc::run(
@@ -107,8 +126,16 @@ impl Controller {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 info!(addr = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
-                let endpoints = crate::server::Endpoints { state: state.clone(), metrics: ctx.metrics.clone(), queue: ctx.queue.clone() };
-                Some(tokio::spawn(crate::server::serve(listener, endpoints, shutdown.clone())))
+                let endpoints = crate::server::Endpoints {
+                    state: state.clone(),
+                    metrics: ctx.metrics.clone(),
+                    queue: ctx.queue.clone(),
+                };
+                Some(tokio::spawn(crate::server::serve(
+                    listener,
+                    endpoints,
+                    shutdown.clone(),
+                )))
             }
             None => None,
         };

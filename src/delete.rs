@@ -19,13 +19,21 @@ const SUCCEEDED: &str = "Succeeded";
 pub enum DeleteWork {
     /// DeleteCollection of the workflow's pods with this field selector; the
     /// label selector is always `workflows.argoproj.io/workflow=<workflow>`.
-    Bulk { workflow: String, field_selector: String, pods: Vec<String> },
+    Bulk {
+        workflow: String,
+        field_selector: String,
+        pods: Vec<String>,
+    },
     /// Delete one pod, only if it still has this UID.
     Pod { name: String, uid: String },
     /// Remove Argo's `workflows.argoproj.io/status` finalizer (at `index` in
     /// the pod's finalizers) from a pod that is already being deleted, only if
     /// the pod still has this UID and the finalizer is still at that index.
-    Finalizer { name: String, uid: String, index: usize },
+    Finalizer {
+        name: String,
+        uid: String,
+        index: usize,
+    },
 }
 
 impl DeleteWork {
@@ -33,7 +41,9 @@ impl DeleteWork {
     pub fn pods(&self) -> Vec<&str> {
         match self {
             DeleteWork::Bulk { pods, .. } => pods.iter().map(String::as_str).collect(),
-            DeleteWork::Pod { name, .. } | DeleteWork::Finalizer { name, .. } => vec![name.as_str()],
+            DeleteWork::Pod { name, .. } | DeleteWork::Finalizer { name, .. } => {
+                vec![name.as_str()]
+            }
         }
     }
 }
@@ -61,7 +71,9 @@ impl Assessment {
 /// UID. Someone else created it; deleting it would break rule 3 and resetting
 /// the workflow over it would break rule 2, so the request must stop.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("pod {pod} was recreated (new UID {uid}) while its workflow was being retried; rewind deletes only the pods it planned to delete, so it stopped: find out what recreates it, then request the retry again")]
+#[error(
+    "pod {pod} was recreated (new UID {uid}) while its workflow was being retried; rewind deletes only the pods it planned to delete, so it stopped: find out what recreates it, then request the retry again"
+)]
 pub struct Recreated {
     pub pod: String,
     pub uid: String,
@@ -78,7 +90,10 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(plan: impl IntoIterator<Item = String>) -> Self {
-        Tracker { plan: plan.into_iter().collect(), seen: BTreeMap::new() }
+        Tracker {
+            plan: plan.into_iter().collect(),
+            seen: BTreeMap::new(),
+        }
     }
 
     pub fn plan(&self) -> &BTreeSet<String> {
@@ -92,16 +107,35 @@ impl Tracker {
 
     /// Assesses a fresh list (see [`assess`]), first checking that no plan
     /// pod was recreated since an earlier list.
-    pub fn assess(&mut self, workflow: &str, listed: &[Pod], allow_bulk: bool) -> Result<Assessment, Recreated> {
+    pub fn assess(
+        &mut self,
+        workflow: &str,
+        listed: &[Pod],
+        allow_bulk: bool,
+    ) -> Result<Assessment, Recreated> {
         let assessment = assess(workflow, &self.plan, listed, allow_bulk);
         let uids: BTreeMap<&str, &str> = listed
             .iter()
-            .filter_map(|p| Some((p.metadata.name.as_deref()?, p.metadata.uid.as_deref().unwrap_or_default())))
+            .filter_map(|p| {
+                Some((
+                    p.metadata.name.as_deref()?,
+                    p.metadata.uid.as_deref().unwrap_or_default(),
+                ))
+            })
             .collect();
         let now: Vec<(&String, Option<&str>)> = self
             .plan
             .iter()
-            .map(|name| (name, if assessment.gone.contains(name) { None } else { uids.get(name.as_str()).copied() }))
+            .map(|name| {
+                (
+                    name,
+                    if assessment.gone.contains(name) {
+                        None
+                    } else {
+                        uids.get(name.as_str()).copied()
+                    },
+                )
+            })
             .collect();
         for &(name, uid) in &now {
             let came_back = match (self.seen.get(name), uid) {
@@ -110,7 +144,10 @@ impl Tracker {
                 _ => false,
             };
             if came_back {
-                return Err(Recreated { pod: name.clone(), uid: uid.unwrap_or_default().to_owned() });
+                return Err(Recreated {
+                    pod: name.clone(),
+                    uid: uid.unwrap_or_default().to_owned(),
+                });
             }
         }
         for (name, uid) in now {
@@ -125,10 +162,22 @@ impl Tracker {
 ///
 /// `allow_bulk` lets the caller turn off DeleteCollection (tests, benchmarks,
 /// or clusters that forbid it).
-pub fn assess(workflow: &str, plan_pods: &BTreeSet<String>, listed: &[Pod], allow_bulk: bool) -> Assessment {
+pub fn assess(
+    workflow: &str,
+    plan_pods: &BTreeSet<String>,
+    listed: &[Pod],
+    allow_bulk: bool,
+) -> Assessment {
     let listed: BTreeMap<&str, &Pod> = listed
         .iter()
-        .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(labels::WORKFLOW)).map(String::as_str) == Some(workflow))
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::WORKFLOW))
+                .map(String::as_str)
+                == Some(workflow)
+        })
         .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
         .collect();
 
@@ -142,7 +191,11 @@ pub fn assess(workflow: &str, plan_pods: &BTreeSet<String>, listed: &[Pod], allo
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         if pod.metadata.deletion_timestamp.is_some() {
             if let Some(index) = status_finalizer_index(pod) {
-                out.work.push(DeleteWork::Finalizer { name: name.clone(), uid: uid.to_owned(), index });
+                out.work.push(DeleteWork::Finalizer {
+                    name: name.clone(),
+                    uid: uid.to_owned(),
+                    index,
+                });
             } else {
                 out.terminating.insert(name.clone());
             }
@@ -155,7 +208,9 @@ pub fn assess(workflow: &str, plan_pods: &BTreeSet<String>, listed: &[Pod], allo
     // not) is a plan pod. The planner only plans terminal workflows, for which
     // Argo creates no pods, so nothing new can match between list and delete.
     let bulk_selects = |p: &Pod| phase(p) != SUCCEEDED;
-    let outsiders = listed.iter().any(|(name, p)| bulk_selects(p) && !plan_pods.contains(*name));
+    let outsiders = listed
+        .iter()
+        .any(|(name, p)| bulk_selects(p) && !plan_pods.contains(*name));
     let in_bulk: Vec<String> = deletable
         .iter()
         .filter(|(_, _, p)| bulk_selects(p))
@@ -172,18 +227,28 @@ pub fn assess(workflow: &str, plan_pods: &BTreeSet<String>, listed: &[Pod], allo
     }
     for (name, uid, pod) in deletable {
         if !(use_bulk && bulk_selects(pod)) {
-            out.work.push(DeleteWork::Pod { name: name.to_owned(), uid: uid.to_owned() });
+            out.work.push(DeleteWork::Pod {
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+            });
         }
     }
     out
 }
 
 fn phase(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default()
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or_default()
 }
 
 fn status_finalizer_index(pod: &Pod) -> Option<usize> {
-    pod.metadata.finalizers.as_ref()?.iter().position(|f| f == labels::POD_STATUS_FINALIZER)
+    pod.metadata
+        .finalizers
+        .as_ref()?
+        .iter()
+        .position(|f| f == labels::POD_STATUS_FINALIZER)
 }
 
 #[cfg(test)]
@@ -200,7 +265,10 @@ mod tests {
                 labels: Some([(labels::WORKFLOW.to_string(), wf.to_string())].into()),
                 ..Default::default()
             },
-            status: Some(PodStatus { phase: Some(phase.into()), ..Default::default() }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -219,7 +287,11 @@ mod tests {
 
     #[test]
     fn bulk_when_the_selector_selects_only_plan_pods() {
-        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), pod("wf", "ok", "Succeeded")];
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            pod("wf", "ok", "Succeeded"),
+        ];
         let got = assess("wf", &names(&["a", "b", "gone"]), &listed, true);
         assert_eq!(
             got.work,
@@ -235,23 +307,43 @@ mod tests {
     #[test]
     fn an_outsider_matching_the_selector_forces_single_deletes() {
         // "keep" failed but is not in the plan (e.g. a retried attempt whose retry succeeded).
-        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Error"), pod("wf", "keep", "Failed")];
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Error"),
+            pod("wf", "keep", "Failed"),
+        ];
         let got = assess("wf", &names(&["a", "b"]), &listed, true);
         assert_eq!(
             got.work,
             vec![
-                DeleteWork::Pod { name: "a".into(), uid: "uid-a".into() },
-                DeleteWork::Pod { name: "b".into(), uid: "uid-b".into() },
+                DeleteWork::Pod {
+                    name: "a".into(),
+                    uid: "uid-a".into()
+                },
+                DeleteWork::Pod {
+                    name: "b".into(),
+                    uid: "uid-b".into()
+                },
             ]
         );
     }
 
     #[test]
     fn succeeded_plan_pods_are_deleted_singly_beside_a_bulk() {
-        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), pod("wf", "s", "Succeeded")];
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            pod("wf", "s", "Succeeded"),
+        ];
         let got = assess("wf", &names(&["a", "b", "s"]), &listed, true);
         assert!(matches!(&got.work[0], DeleteWork::Bulk { pods, .. } if pods == &["a", "b"]));
-        assert_eq!(got.work[1], DeleteWork::Pod { name: "s".into(), uid: "uid-s".into() });
+        assert_eq!(
+            got.work[1],
+            DeleteWork::Pod {
+                name: "s".into(),
+                uid: "uid-s".into()
+            }
+        );
         assert_eq!(got.work.len(), 2);
     }
 
@@ -260,7 +352,13 @@ mod tests {
         // Only the label decides membership: a similar name in another workflow is not ours.
         let listed = [pod("wf", "wf-1", "Failed"), pod("wf-2", "wf-1x", "Failed")];
         let got = assess("wf", &names(&["wf-1"]), &listed, true);
-        assert_eq!(got.work, vec![DeleteWork::Pod { name: "wf-1".into(), uid: "uid-wf-1".into() }]);
+        assert_eq!(
+            got.work,
+            vec![DeleteWork::Pod {
+                name: "wf-1".into(),
+                uid: "uid-wf-1".into()
+            }]
+        );
     }
 
     #[test]
@@ -270,16 +368,31 @@ mod tests {
             terminating(pod("wf", "going", "Failed"), false),
         ];
         let got = assess("wf", &names(&["held", "going"]), &listed, true);
-        assert_eq!(got.work, vec![DeleteWork::Finalizer { name: "held".into(), uid: "uid-held".into(), index: 1 }]);
+        assert_eq!(
+            got.work,
+            vec![DeleteWork::Finalizer {
+                name: "held".into(),
+                uid: "uid-held".into(),
+                index: 1
+            }]
+        );
         assert_eq!(got.terminating, names(&["going"]));
         assert!(!got.all_gone(2));
     }
 
     #[test]
     fn a_terminating_outsider_still_blocks_bulk() {
-        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed"), terminating(pod("wf", "x", "Failed"), false)];
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            terminating(pod("wf", "x", "Failed"), false),
+        ];
         let got = assess("wf", &names(&["a", "b"]), &listed, true);
-        assert!(got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })), "{:?}", got.work);
+        assert!(
+            got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })),
+            "{:?}",
+            got.work
+        );
     }
 
     #[test]
@@ -297,7 +410,13 @@ mod tests {
         // Same pod again: fine.
         t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
         // "b" was gone and is back.
-        let err = t.assess("wf", &[pod("wf", "a", "Failed"), pod("wf", "b", "Failed")], true).unwrap_err();
+        let err = t
+            .assess(
+                "wf",
+                &[pod("wf", "a", "Failed"), pod("wf", "b", "Failed")],
+                true,
+            )
+            .unwrap_err();
         assert_eq!(err.pod, "b");
         // "a" under a new UID.
         let mut t = Tracker::new(names(&["a"]));

@@ -52,14 +52,27 @@ pub async fn run(
 }
 
 /// One sweep: returns how many pods it queued.
-async fn sweep(client: &Client, namespaces: &[String], queue: &Queue, key: &RequestKey) -> Result<usize, kube::Error> {
+async fn sweep(
+    client: &Client,
+    namespaces: &[String],
+    queue: &Queue,
+    key: &RequestKey,
+) -> Result<usize, kube::Error> {
     let lp = ListParams::default().labels(labels::WORKFLOW);
     let pods: Vec<PartialObjectMeta<Pod>> = if namespaces.is_empty() {
-        Api::<Pod>::all(client.clone()).list_metadata(&lp).await?.items
+        Api::<Pod>::all(client.clone())
+            .list_metadata(&lp)
+            .await?
+            .items
     } else {
         let mut all = Vec::new();
         for ns in namespaces {
-            all.extend(Api::<Pod>::namespaced(client.clone(), ns).list_metadata(&lp).await?.items);
+            all.extend(
+                Api::<Pod>::namespaced(client.clone(), ns)
+                    .list_metadata(&lp)
+                    .await?
+                    .items,
+            );
         }
         all
     };
@@ -73,20 +86,45 @@ async fn sweep(client: &Client, namespaces: &[String], queue: &Queue, key: &Requ
     }
     let mut orphaned = BTreeSet::new();
     for (ns, wf) in owners {
-        if Api::<Workflow>::namespaced(client.clone(), &ns).get_metadata_opt(&wf).await?.is_none() {
+        if Api::<Workflow>::namespaced(client.clone(), &ns)
+            .get_metadata_opt(&wf)
+            .await?
+            .is_none()
+        {
             orphaned.insert((ns, wf));
         }
     }
     let mut queued = 0;
     for pod in pods {
-        let (Some(ns), Some(wf), Some(uid)) = (pod.namespace(), pod.labels().get(labels::WORKFLOW), pod.uid()) else {
+        let (Some(ns), Some(wf), Some(uid)) = (
+            pod.namespace(),
+            pod.labels().get(labels::WORKFLOW),
+            pod.uid(),
+        ) else {
             continue;
         };
-        if pod.metadata.deletion_timestamp.is_some() || !orphaned.contains(&(ns.clone(), wf.clone())) {
+        if pod.metadata.deletion_timestamp.is_some()
+            || !orphaned.contains(&(ns.clone(), wf.clone()))
+        {
             continue;
         }
-        debug!(pod = pod.name_any(), namespace = ns, workflow = wf, "orphan pod");
-        queue.add(key.clone(), Class::Background, WorkItem { namespace: ns, work: DeleteWork::Pod { name: pod.name_any(), uid } });
+        debug!(
+            pod = pod.name_any(),
+            namespace = ns,
+            workflow = wf,
+            "orphan pod"
+        );
+        queue.add(
+            key.clone(),
+            Class::Background,
+            WorkItem {
+                namespace: ns,
+                work: DeleteWork::Pod {
+                    name: pod.name_any(),
+                    uid,
+                },
+            },
+        );
         queued += 1;
     }
     Ok(queued)

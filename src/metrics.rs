@@ -62,7 +62,10 @@ impl std::ops::Sub for RequestCounts {
     type Output = RequestCounts;
 
     fn sub(self, earlier: RequestCounts) -> RequestCounts {
-        RequestCounts { total: self.total - earlier.total, mutating: self.mutating - earlier.mutating }
+        RequestCounts {
+            total: self.total - earlier.total,
+            mutating: self.mutating - earlier.mutating,
+        }
     }
 }
 
@@ -70,21 +73,51 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("rewind");
         let queue_depth = Family::<ClassLabels, Gauge>::default();
-        registry.register("queue_depth", "Items queued, by class (interactive, background, waiting for backoff, leased)", queue_depth.clone());
+        registry.register(
+            "queue_depth",
+            "Items queued, by class (interactive, background, waiting for backoff, leased)",
+            queue_depth.clone(),
+        );
         let api_requests = Family::<RequestLabels, Counter>::default();
-        registry.register("api_requests", "Kubernetes API requests sent, by verb and response code", api_requests.clone());
+        registry.register(
+            "api_requests",
+            "Kubernetes API requests sent, by verb and response code",
+            api_requests.clone(),
+        );
         let token_wait = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
-        registry.register("api_token_wait_seconds", "Time requests spent waiting for a budget token, by bucket", token_wait.clone());
+        registry.register(
+            "api_token_wait_seconds",
+            "Time requests spent waiting for a budget token, by bucket",
+            token_wait.clone(),
+        );
         let pauses = Family::<BucketLabels, Counter>::default();
-        registry.register("api_pauses", "Pauses of a bucket ordered by the API server (429/503 with Retry-After)", pauses.clone());
+        registry.register(
+            "api_pauses",
+            "Pauses of a bucket ordered by the API server (429/503 with Retry-After)",
+            pauses.clone(),
+        );
         let in_flight = Gauge::default();
-        registry.register("api_requests_in_flight", "Kubernetes API requests in flight (watches excluded)", in_flight.clone());
+        registry.register(
+            "api_requests_in_flight",
+            "Kubernetes API requests in flight (watches excluded)",
+            in_flight.clone(),
+        );
         let pods_deleted = Counter::default();
-        registry.register("pods_deleted", "Pods deleted (or released from Argo's finalizer) for retries and GC", pods_deleted.clone());
+        registry.register(
+            "pods_deleted",
+            "Pods deleted (or released from Argo's finalizer) for retries and GC",
+            pods_deleted.clone(),
+        );
         let retry_duration = Family::<ResultLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0])
+            Histogram::new([
+                0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            ])
         });
-        registry.register("retry_duration_seconds", "Time from picking up a retry request to its end, by result", retry_duration.clone());
+        registry.register(
+            "retry_duration_seconds",
+            "Time from picking up a retry request to its end, by result",
+            retry_duration.clone(),
+        );
         Metrics {
             registry,
             queue_depth,
@@ -109,15 +142,20 @@ impl Metrics {
             ("waiting", queue.waiting),
             ("leased", queue.leased),
         ] {
-            self.queue_depth.get_or_create(&ClassLabels { class }).set(depth as i64);
+            self.queue_depth
+                .get_or_create(&ClassLabels { class })
+                .set(depth as i64);
         }
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
         out
     }
 
     pub fn observe_retry(&self, result: &'static str, elapsed: Duration) {
-        self.retry_duration.get_or_create(&ResultLabels { result }).observe(elapsed.as_secs_f64());
+        self.retry_duration
+            .get_or_create(&ResultLabels { result })
+            .observe(elapsed.as_secs_f64());
     }
 
     pub fn api_requests(&self) -> RequestCounts {
@@ -134,7 +172,11 @@ impl Metrics {
 
 impl BudgetObserver for Metrics {
     fn token_wait(&self, bucket: Bucket, waited: Duration) {
-        self.token_wait.get_or_create(&BucketLabels { bucket: bucket.as_str() }).inc_by(waited.as_secs_f64());
+        self.token_wait
+            .get_or_create(&BucketLabels {
+                bucket: bucket.as_str(),
+            })
+            .inc_by(waited.as_secs_f64());
     }
 
     fn in_flight(&self, requests: usize) {
@@ -143,7 +185,12 @@ impl BudgetObserver for Metrics {
 
     fn response(&self, verb: Verb, status: Option<StatusCode>) {
         let code = status.map_or_else(|| "error".to_owned(), |s| s.as_u16().to_string());
-        self.api_requests.get_or_create(&RequestLabels { verb: verb.as_str(), code }).inc();
+        self.api_requests
+            .get_or_create(&RequestLabels {
+                verb: verb.as_str(),
+                code,
+            })
+            .inc();
         self.requests_total.fetch_add(1, Ordering::Relaxed);
         if verb.bucket() == Bucket::Write {
             self.mutating_total.fetch_add(1, Ordering::Relaxed);
@@ -151,7 +198,11 @@ impl BudgetObserver for Metrics {
     }
 
     fn paused(&self, bucket: Bucket, _pause: Duration) {
-        self.pauses.get_or_create(&BucketLabels { bucket: bucket.as_str() }).inc();
+        self.pauses
+            .get_or_create(&BucketLabels {
+                bucket: bucket.as_str(),
+            })
+            .inc();
     }
 }
 
@@ -167,8 +218,17 @@ mod tests {
         m.token_wait(Bucket::Write, Duration::from_millis(250));
         m.observe_retry("succeeded", Duration::from_secs(3));
         m.pods_deleted(5);
-        assert_eq!(m.api_requests(), RequestCounts { total: 2, mutating: 2 });
-        let text = m.encode(QueueStats { interactive: 2, ..Default::default() });
+        assert_eq!(
+            m.api_requests(),
+            RequestCounts {
+                total: 2,
+                mutating: 2
+            }
+        );
+        let text = m.encode(QueueStats {
+            interactive: 2,
+            ..Default::default()
+        });
         for needle in [
             r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,
             r#"rewind_api_requests_total{verb="DELETE",code="error"} 1"#,

@@ -62,19 +62,31 @@ pub enum RequestError {
 /// The request a workflow's annotations carry that the controller has not
 /// finished yet, if any. `Some(Err)` is a request with bad options: it must be
 /// answered (with the error) and marked observed, not retried.
-pub fn pending(annotations: &BTreeMap<String, String>) -> Option<Result<RetryRequest, RequestError>> {
+pub fn pending(
+    annotations: &BTreeMap<String, String>,
+) -> Option<Result<RetryRequest, RequestError>> {
     let token = annotations.get(annotations::RETRY)?.trim();
     if token.is_empty() || annotations.get(annotations::OBSERVED).map(|o| o.trim()) == Some(token) {
         return None;
     }
-    Some(options(annotations).map(|options| RetryRequest { token: token.to_owned(), options }))
+    Some(options(annotations).map(|options| RetryRequest {
+        token: token.to_owned(),
+        options,
+    }))
 }
 
 fn options(annotations: &BTreeMap<String, String>) -> Result<RequestOptions, RequestError> {
-    let restart_successful = match annotations.get(annotations::RESTART_SUCCESSFUL).map(|v| v.trim()) {
+    let restart_successful = match annotations
+        .get(annotations::RESTART_SUCCESSFUL)
+        .map(|v| v.trim())
+    {
         None | Some("") | Some("false") => false,
         Some("true") => true,
-        Some(other) => return Err(RequestError::RestartSuccessful { value: other.to_owned() }),
+        Some(other) => {
+            return Err(RequestError::RestartSuccessful {
+                value: other.to_owned(),
+            });
+        }
     };
     let node_field_selector = annotations
         .get(annotations::NODE_FIELD_SELECTOR)
@@ -84,16 +96,24 @@ fn options(annotations: &BTreeMap<String, String>) -> Result<RequestOptions, Req
         None | Some("") => None,
         Some(json) => Some(parse_parameters(json)?),
     };
-    Ok(RequestOptions { restart_successful, node_field_selector, parameters })
+    Ok(RequestOptions {
+        restart_successful,
+        node_field_selector,
+        parameters,
+    })
 }
 
 fn parse_parameters(json: &str) -> Result<Vec<String>, RequestError> {
     let parameters: Vec<String> =
-        serde_json::from_str(json).map_err(|e| RequestError::Parameters { reason: e.to_string() })?;
+        serde_json::from_str(json).map_err(|e| RequestError::Parameters {
+            reason: e.to_string(),
+        })?;
     // Argo rejects a parameter without '=' too, but only after the workflow
     // is read; saying so here names the annotation the user must fix.
     if let Some(bad) = parameters.iter().find(|p| !p.contains('=')) {
-        return Err(RequestError::Parameters { reason: format!("{bad:?} has no '='") });
+        return Err(RequestError::Parameters {
+            reason: format!("{bad:?} has no '='"),
+        });
     }
     Ok(parameters)
 }
@@ -135,14 +155,23 @@ mod tests {
     use super::*;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn no_request_without_token_or_when_observed() {
         assert_eq!(pending(&ann(&[])), None);
         assert_eq!(pending(&ann(&[(annotations::RETRY, " ")])), None);
-        assert_eq!(pending(&ann(&[(annotations::RETRY, "1"), (annotations::OBSERVED, "1")])), None);
+        assert_eq!(
+            pending(&ann(&[
+                (annotations::RETRY, "1"),
+                (annotations::OBSERVED, "1")
+            ])),
+            None
+        );
     }
 
     #[test]
@@ -169,13 +198,27 @@ mod tests {
 
     #[test]
     fn bad_options_are_errors_naming_the_annotation() {
-        let bad_bool = pending(&ann(&[(annotations::RETRY, "1"), (annotations::RESTART_SUCCESSFUL, "yes")]));
-        let Some(Err(e)) = bad_bool else { panic!("expected an error, got {bad_bool:?}") };
-        assert!(e.to_string().contains(annotations::RESTART_SUCCESSFUL), "{e}");
+        let bad_bool = pending(&ann(&[
+            (annotations::RETRY, "1"),
+            (annotations::RESTART_SUCCESSFUL, "yes"),
+        ]));
+        let Some(Err(e)) = bad_bool else {
+            panic!("expected an error, got {bad_bool:?}")
+        };
+        assert!(
+            e.to_string().contains(annotations::RESTART_SUCCESSFUL),
+            "{e}"
+        );
 
         for json in ["not json", r#"{"x":"1"}"#, r#"["x"]"#] {
-            let got = pending(&ann(&[(annotations::RETRY, "1"), (annotations::PARAMETERS, json)]));
-            assert!(matches!(got, Some(Err(RequestError::Parameters { .. }))), "{json}: {got:?}");
+            let got = pending(&ann(&[
+                (annotations::RETRY, "1"),
+                (annotations::PARAMETERS, json),
+            ]));
+            assert!(
+                matches!(got, Some(Err(RequestError::Parameters { .. }))),
+                "{json}: {got:?}"
+            );
         }
     }
 

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::Resource;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -69,7 +69,11 @@ pub struct Target {
 
 impl Target {
     fn key(&self) -> RequestKey {
-        format!("{}/{}/{}/{}", self.namespace, self.name, self.uid, self.token).into()
+        format!(
+            "{}/{}/{}/{}",
+            self.namespace, self.name, self.uid, self.token
+        )
+        .into()
     }
 }
 
@@ -85,7 +89,9 @@ pub enum RetryError {
     Recreated(#[from] Recreated),
     #[error("{0}")]
     Delete(#[from] crate::workers::WorkError),
-    #[error("the workflow was deleted or replaced (UID changed) during the retry; nothing more was deleted")]
+    #[error(
+        "the workflow was deleted or replaced (UID changed) during the retry; nothing more was deleted"
+    )]
     WorkflowGone,
     #[error("Kubernetes API request failed: {0}")]
     Api(#[from] kube::Error),
@@ -134,8 +140,14 @@ pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError>
     ctx.metrics.observe_retry(label, started.elapsed());
     match &result {
         Ok(Finished::Retried { pods_deleted }) => {
-            info!(workflow = target.name, namespace = target.namespace, token = target.token, pods_deleted,
-                elapsed_ms = started.elapsed().as_millis() as u64, "workflow retried");
+            info!(
+                workflow = target.name,
+                namespace = target.namespace,
+                token = target.token,
+                pods_deleted,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "workflow retried"
+            );
             job.event(EventType::Normal, "Retried", format!(
                 "rewind reset the workflow after deleting {pods_deleted} pods in {:.1}s (request {})",
                 started.elapsed().as_secs_f64(), target.token)).await;
@@ -206,11 +218,26 @@ impl<'a> Job<'a> {
         Ok(Some(wf))
     }
 
-    async fn run(&mut self, outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>) -> Result<Finished, RetryError> {
-        info!(workflow = self.target.name, namespace = self.target.namespace, token = self.target.token, "retry started");
-        self.event(EventType::Normal, "RetryStarted", format!("rewind started retry request {}", self.target.token)).await;
+    async fn run(
+        &mut self,
+        outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
+    ) -> Result<Finished, RetryError> {
+        info!(
+            workflow = self.target.name,
+            namespace = self.target.namespace,
+            token = self.target.token,
+            "retry started"
+        );
+        self.event(
+            EventType::Normal,
+            "RetryStarted",
+            format!("rewind started retry request {}", self.target.token),
+        )
+        .await;
         loop {
-            let Some(wf) = self.read().await? else { return Ok(Finished::AlreadyObserved) };
+            let Some(wf) = self.read().await? else {
+                return Ok(Finished::AlreadyObserved);
+            };
             self.wrote_since_read = false;
             let plan = self.plan(&wf)?;
             self.delete_pods(outcomes).await?;
@@ -222,7 +249,11 @@ impl<'a> Job<'a> {
                 continue;
             }
             match self.commit(wf, plan).await {
-                Ok(()) => return Ok(Finished::Retried { pods_deleted: self.pods_deleted }),
+                Ok(()) => {
+                    return Ok(Finished::Retried {
+                        pods_deleted: self.pods_deleted,
+                    });
+                }
                 // Someone changed the workflow (perhaps only our own status
                 // annotation): re-read, re-plan, re-check the pods.
                 Err(RetryError::Api(e)) if api_code(&e) == Some(409) => continue,
@@ -236,7 +267,10 @@ impl<'a> Job<'a> {
         let annotations = wf.metadata.annotations.as_ref().unwrap_or(&empty);
         let request = match request::pending(annotations) {
             Some(Ok(r)) if r.token == self.target.token => r,
-            Some(Err(e)) if annotations.get(annotations::RETRY).map(|t| t.trim()) == Some(self.target.token.as_str()) => {
+            Some(Err(e))
+                if annotations.get(annotations::RETRY).map(|t| t.trim())
+                    == Some(self.target.token.as_str()) =>
+            {
                 return Err(e.into());
             }
             // A newer token replaced ours; the watch starts that one.
@@ -263,14 +297,16 @@ impl<'a> Job<'a> {
         outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
     ) -> Result<(), RetryError> {
         let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.target.namespace);
-        let lp = ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, self.target.name));
+        let lp =
+            ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, self.target.name));
         let tracker = self.tracker.as_mut().expect("planned before deleting");
         let total = tracker.plan().len();
         self.status.pods_total = total as u64;
         loop {
             let listed = pods.list(&lp).await?.items;
             let tracker = self.tracker.as_mut().expect("planned before deleting");
-            let assessment = tracker.assess(&self.target.name, &listed, self.ctx.config.allow_bulk)?;
+            let assessment =
+                tracker.assess(&self.target.name, &listed, self.ctx.config.allow_bulk)?;
             self.status.pods_deleted = assessment.gone.len() as u64;
             if assessment.all_gone(total) {
                 return Ok(());
@@ -278,8 +314,13 @@ impl<'a> Job<'a> {
             self.status.phase = RetryPhase::DeletingPods;
             let mut pending = 0usize;
             for work in assessment.work {
-                let item = WorkItem { namespace: self.target.namespace.clone(), work };
-                self.ctx.queue.add(self.key.clone(), Class::Interactive, item);
+                let item = WorkItem {
+                    namespace: self.target.namespace.clone(),
+                    work,
+                };
+                self.ctx
+                    .queue
+                    .add(self.key.clone(), Class::Interactive, item);
                 pending += 1;
             }
             while pending > 0 {
@@ -295,7 +336,8 @@ impl<'a> Job<'a> {
                     Done::Deleted(n) => {
                         self.pods_deleted += n;
                         self.ctx.metrics.pods_deleted(n);
-                        self.status.pods_deleted = (self.status.pods_deleted + n as u64).min(total as u64);
+                        self.status.pods_deleted =
+                            (self.status.pods_deleted + n as u64).min(total as u64);
                     }
                     Done::AlreadyGone | Done::Replaced => {}
                 }
@@ -315,12 +357,23 @@ impl<'a> Job<'a> {
         reset.metadata.resource_version = wf.metadata.resource_version.clone();
         self.status.phase = RetryPhase::Succeeded;
         self.status.finished_at = Some(now());
-        self.status.message = format!("deleted {} pods; the workflow was reset", self.status.pods_total);
-        let annotations = reset.metadata.annotations.get_or_insert_with(Default::default);
+        self.status.message = format!(
+            "deleted {} pods; the workflow was reset",
+            self.status.pods_total
+        );
+        let annotations = reset
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default);
         annotations.insert(annotations::OBSERVED.into(), self.target.token.clone());
-        annotations.insert(annotations::STATUS.into(), serde_json::to_string(&self.status).expect("status serializes"));
+        annotations.insert(
+            annotations::STATUS.into(),
+            serde_json::to_string(&self.status).expect("status serializes"),
+        );
         self.wait_status_slot().await;
-        self.workflows().replace(&self.target.name, &PostParams::default(), &reset).await?;
+        self.workflows()
+            .replace(&self.target.name, &PostParams::default(), &reset)
+            .await?;
         self.last_status_write = Some(Instant::now());
         Ok(())
     }
@@ -330,7 +383,11 @@ impl<'a> Job<'a> {
     /// that ends sooner costs no write but the final one.
     async fn write_status(&mut self) -> Result<(), RetryError> {
         let interval = self.ctx.config.status_interval;
-        if self.started.elapsed() < interval || self.last_status_write.is_some_and(|t| t.elapsed() < interval) {
+        if self.started.elapsed() < interval
+            || self
+                .last_status_write
+                .is_some_and(|t| t.elapsed() < interval)
+        {
             return Ok(());
         }
         self.patch_status(false).await?;
@@ -342,13 +399,25 @@ impl<'a> Job<'a> {
     /// `observe` (the request is answered).
     async fn patch_status(&mut self, observe: bool) -> Result<(), kube::Error> {
         let mut annotations = serde_json::Map::new();
-        annotations.insert(annotations::STATUS.into(), serde_json::to_string(&self.status).expect("status serializes").into());
+        annotations.insert(
+            annotations::STATUS.into(),
+            serde_json::to_string(&self.status)
+                .expect("status serializes")
+                .into(),
+        );
         if observe {
-            annotations.insert(annotations::OBSERVED.into(), self.target.token.clone().into());
+            annotations.insert(
+                annotations::OBSERVED.into(),
+                self.target.token.clone().into(),
+            );
         }
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         self.workflows()
-            .patch_metadata(&self.target.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_metadata(
+                &self.target.name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
             .await?;
         self.last_status_write = Some(Instant::now());
         Ok(())
@@ -370,7 +439,8 @@ impl<'a> Job<'a> {
         if let Err(e) = self.patch_status(true).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the failed retry");
         }
-        self.event(EventType::Warning, "RetryFailed", error.to_string()).await;
+        self.event(EventType::Warning, "RetryFailed", error.to_string())
+            .await;
     }
 
     /// Says why the request is waiting, without observing its token: it is
@@ -382,7 +452,12 @@ impl<'a> Job<'a> {
         if let Err(e) = self.patch_status(false).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the retry's error");
         }
-        self.event(EventType::Warning, "RetryError", self.status.message.clone()).await;
+        self.event(
+            EventType::Warning,
+            "RetryError",
+            self.status.message.clone(),
+        )
+        .await;
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
@@ -394,7 +469,13 @@ impl<'a> Job<'a> {
             uid: Some(self.target.uid.clone()),
             ..Default::default()
         };
-        let event = Event { type_, reason: reason.into(), note: Some(truncate(note, 1024)), action: "Retry".into(), secondary: None };
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(note, 1024)),
+            action: "Retry".into(),
+            secondary: None,
+        };
         if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
             warn!(workflow = self.target.name, error = %e, "could not publish event");
         }
@@ -413,5 +494,7 @@ fn truncate(mut s: String, max: usize) -> String {
 }
 
 fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use axum::{Router, extract::State as AxumState, http::StatusCode, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router, extract::State as AxumState, http::StatusCode, http::header, response::IntoResponse,
+    routing::get,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -19,7 +22,11 @@ pub struct Endpoints {
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Endpoints,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, router(endpoints))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
@@ -37,13 +44,19 @@ async fn readyz(AxumState(e): AxumState<Endpoints>) -> (StatusCode, &'static str
     if e.state.is_ready() {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "workflow cache not synced yet")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "workflow cache not synced yet",
+        )
     }
 }
 
 async fn metrics(AxumState(e): AxumState<Endpoints>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         e.metrics.encode(e.queue.stats()),
     )
 }

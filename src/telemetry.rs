@@ -14,10 +14,15 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. `RUST_LOG` overrides `default_filter`.
 pub fn init(format: LogFormat, default_filter: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Text => registry.with(fmt::layer().with_writer(std::io::stderr)).init(),
-        LogFormat::Json => registry.with(fmt::layer().json().with_writer(std::io::stderr)).init(),
+        LogFormat::Text => registry
+            .with(fmt::layer().with_writer(std::io::stderr))
+            .init(),
+        LogFormat::Json => registry
+            .with(fmt::layer().json().with_writer(std::io::stderr))
+            .init(),
     }
 }

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, watcher};
-use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
@@ -71,7 +71,11 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
     let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
         vec![Api::all(client)]
     } else {
-        scope.namespaces.iter().map(|ns| Api::namespaced(client.clone(), ns)).collect()
+        scope
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
     };
     let config = watcher::Config::default().labels(&scope.label_selector());
     let (stores, streams): (Vec<Store<PartialObjectMeta<Workflow>>>, Vec<_>) = apis
@@ -113,17 +117,39 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
 
 /// Starts a retry for the request `meta` carries, unless none is pending or
 /// one for the same workflow UID and token runs already.
-fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>, meta: &PartialObjectMeta<Workflow>) {
+fn start_pending(
+    ctx: &Arc<retry::Context>,
+    active: &Arc<Mutex<HashSet<Target>>>,
+    meta: &PartialObjectMeta<Workflow>,
+) {
     if request::pending(meta.annotations()).is_none() {
         return;
     }
-    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else { return };
-    let token = meta.annotations()[request::annotations::RETRY].trim().to_owned();
-    let target = Target { namespace, name: meta.name_any(), uid, token };
-    if !active.lock().unwrap_or_else(PoisonError::into_inner).insert(target.clone()) {
+    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else {
+        return;
+    };
+    let token = meta.annotations()[request::annotations::RETRY]
+        .trim()
+        .to_owned();
+    let target = Target {
+        namespace,
+        name: meta.name_any(),
+        uid,
+        token,
+    };
+    if !active
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(target.clone())
+    {
         return;
     }
-    let span = info_span!("retry", workflow = target.name, namespace = target.namespace, token = target.token);
+    let span = info_span!(
+        "retry",
+        workflow = target.name,
+        namespace = target.namespace,
+        token = target.token
+    );
     let (ctx, active) = (ctx.clone(), active.clone());
     tokio::spawn(
         async move {
@@ -137,7 +163,10 @@ fn start_pending(ctx: &Arc<retry::Context>, active: &Arc<Mutex<HashSet<Target>>>
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(RETRY_BACKOFF_MAX);
             }
-            active.lock().unwrap_or_else(PoisonError::into_inner).remove(&target);
+            active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&target);
         }
         .instrument(span),
     );

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -86,7 +86,9 @@ impl Outcomes {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>> {
         self.senders.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -105,7 +107,9 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
     loop {
         let (lease, token) = {
             let _turn = turn.lock().await;
-            let Some(lease) = queue.next().await else { break };
+            let Some(lease) = queue.next().await else {
+                break;
+            };
             (lease, budget.take_write_token().await)
         };
         let result = token.spend_on(execute(&client, &lease.item)).await;
@@ -125,7 +129,13 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
                 if let Err(e) = &result {
                     warn!(error = %e, "delete work failed");
                 }
-                outcomes.send(request, Outcome { item: item.clone(), result });
+                outcomes.send(
+                    request,
+                    Outcome {
+                        item: item.clone(),
+                        result,
+                    },
+                );
                 queue.done(lease);
             }
         }
@@ -135,16 +145,27 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
 async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
     match &item.work {
-        DeleteWork::Bulk { workflow, field_selector, .. } => {
+        DeleteWork::Bulk {
+            workflow,
+            field_selector,
+            ..
+        } => {
             let lp = ListParams::default()
                 .labels(&format!("{}={workflow}", labels::WORKFLOW))
                 .fields(field_selector);
-            let deleted = pods.delete_collection(&DeleteParams::default(), &lp).await?;
-            Ok(Done::Deleted(deleted.left().map_or(0, |list| list.items.len())))
+            let deleted = pods
+                .delete_collection(&DeleteParams::default(), &lp)
+                .await?;
+            Ok(Done::Deleted(
+                deleted.left().map_or(0, |list| list.items.len()),
+            ))
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {
-                preconditions: Some(Preconditions { uid: Some(uid.clone()), resource_version: None }),
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
                 ..DeleteParams::default()
             };
             match pods.delete(name, &dp).await {
@@ -162,7 +183,10 @@ async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> 
                 {"op": "remove", "path": path},
             ]))
             .expect("a well-formed JSON patch");
-            match pods.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+            match pods
+                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+            {
                 Ok(_) => Ok(Done::Deleted(1)),
                 Err(e) => gone_or(e),
             }
@@ -199,11 +223,18 @@ pub fn is_transient(e: &kube::Error) -> bool {
 
 fn describe(work: &DeleteWork) -> String {
     match work {
-        DeleteWork::Bulk { workflow, field_selector, pods } => format!(
+        DeleteWork::Bulk {
+            workflow,
+            field_selector,
+            pods,
+        } => format!(
             "deleting the {} pods of workflow {workflow} with {field_selector}",
             pods.len()
         ),
         DeleteWork::Pod { name, .. } => format!("deleting pod {name}"),
-        DeleteWork::Finalizer { name, .. } => format!("removing finalizer {} from pod {name}", labels::POD_STATUS_FINALIZER),
+        DeleteWork::Finalizer { name, .. } => format!(
+            "removing finalizer {} from pod {name}",
+            labels::POD_STATUS_FINALIZER
+        ),
     }
 }

@@ -115,7 +115,11 @@ impl Workflow {
     }
 
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
     }
 }
 
@@ -147,7 +151,11 @@ pub struct Arguments {
 pub struct Parameter {
     pub name: String,
     /// Argo's `AnyString`: a number or boolean is read as its text.
-    #[serde(default, deserialize_with = "any_string", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "any_string",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub value: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_from: Option<Value>,
@@ -244,7 +252,11 @@ pub struct NodeStatus {
     /// Pending, Running, Succeeded, Skipped, Failed, Error, Omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    #[serde(default, rename = "boundaryID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "boundaryID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub boundary_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

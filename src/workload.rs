@@ -38,7 +38,11 @@ impl FailedDag {
     fn tasks(&self) -> impl Iterator<Item = (String, &'static str)> + '_ {
         let width = (self.failed + self.succeeded).to_string().len();
         (0..self.failed + self.succeeded).map(move |i| {
-            let phase = if i < self.failed { "Failed" } else { "Succeeded" };
+            let phase = if i < self.failed {
+                "Failed"
+            } else {
+                "Succeeded"
+            };
             (format!("{}.task-{i:0width$}", self.name), phase)
         })
     }
@@ -52,33 +56,46 @@ impl FailedDag {
         for (node_name, phase) in self.tasks() {
             let id = node_id(&self.name, &node_name);
             children.push(id.clone());
-            nodes.insert(id.clone(), NodeStatus {
-                id,
-                display_name: Some(node_name.rsplit('.').next().unwrap_or_default().to_owned()),
-                name: node_name,
-                type_: "Pod".into(),
-                template_name: Some(TEMPLATE.into()),
-                phase: Some(phase.into()),
-                boundary_id: Some(self.name.clone()),
-                message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
+            nodes.insert(
+                id.clone(),
+                NodeStatus {
+                    id,
+                    display_name: Some(node_name.rsplit('.').next().unwrap_or_default().to_owned()),
+                    name: node_name,
+                    type_: "Pod".into(),
+                    template_name: Some(TEMPLATE.into()),
+                    phase: Some(phase.into()),
+                    boundary_id: Some(self.name.clone()),
+                    message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
+                    started_at: Some(TIME.into()),
+                    finished_at: Some(TIME.into()),
+                    ..Default::default()
+                },
+            );
+        }
+        nodes.insert(
+            self.name.clone(),
+            NodeStatus {
+                id: self.name.clone(),
+                name: self.name.clone(),
+                display_name: Some(self.name.clone()),
+                type_: "DAG".into(),
+                template_name: Some("main".into()),
+                phase: Some(
+                    if self.failed > 0 {
+                        "Failed"
+                    } else {
+                        "Succeeded"
+                    }
+                    .into(),
+                ),
                 started_at: Some(TIME.into()),
                 finished_at: Some(TIME.into()),
+                outbound_nodes: Some(children.clone()),
+                children: Some(children),
                 ..Default::default()
-            });
-        }
-        nodes.insert(self.name.clone(), NodeStatus {
-            id: self.name.clone(),
-            name: self.name.clone(),
-            display_name: Some(self.name.clone()),
-            type_: "DAG".into(),
-            template_name: Some("main".into()),
-            phase: Some(if self.failed > 0 { "Failed" } else { "Succeeded" }.into()),
-            started_at: Some(TIME.into()),
-            finished_at: Some(TIME.into()),
-            outbound_nodes: Some(children.clone()),
-            children: Some(children),
-            ..Default::default()
-        });
+            },
+        );
         let tasks: Vec<_> = self
             .tasks()
             .map(|(n, _)| serde_json::json!({"name": n.rsplit('.').next(), "template": TEMPLATE}))
@@ -93,15 +110,28 @@ impl FailedDag {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 namespace: Some(namespace.into()),
-                labels: Some([
-                    (labels::COMPLETED.to_string(), "true".to_string()),
-                    (labels::PHASE.to_string(), "Failed".to_string()),
-                ].into()),
+                labels: Some(
+                    [
+                        (labels::COMPLETED.to_string(), "true".to_string()),
+                        (labels::PHASE.to_string(), "Failed".to_string()),
+                    ]
+                    .into(),
+                ),
                 ..Default::default()
             },
-            spec: WorkflowSpec { other: spec_other, ..Default::default() },
+            spec: WorkflowSpec {
+                other: spec_other,
+                ..Default::default()
+            },
             status: WorkflowStatus {
-                phase: Some(if self.failed > 0 { "Failed" } else { "Succeeded" }.into()),
+                phase: Some(
+                    if self.failed > 0 {
+                        "Failed"
+                    } else {
+                        "Succeeded"
+                    }
+                    .into(),
+                ),
                 started_at: Some(TIME.into()),
                 finished_at: Some(TIME.into()),
                 nodes: Some(nodes),
@@ -132,21 +162,38 @@ impl FailedDag {
         self.tasks()
             .map(|(node_name, phase)| {
                 let id = node_id(&self.name, &node_name);
-                let name = pod_name(&self.name, &node_name, TEMPLATE, &id, PodNameFormat::V2, ArgoVersion::V4)
-                    .expect("fixture names are short");
+                let name = pod_name(
+                    &self.name,
+                    &node_name,
+                    TEMPLATE,
+                    &id,
+                    PodNameFormat::V2,
+                    ArgoVersion::V4,
+                )
+                .expect("fixture names are short");
                 let pod = Pod {
                     metadata: ObjectMeta {
                         name: Some(name),
                         namespace: workflow.metadata.namespace.clone(),
-                        labels: Some([
-                            (labels::WORKFLOW.to_string(), self.name.clone()),
-                            (labels::COMPLETED.to_string(), "true".to_string()),
-                        ].into()),
-                        annotations: Some([
-                            (labels::NODE_ID.to_string(), id),
-                            (labels::NODE_NAME.to_string(), node_name),
-                        ].into()),
-                        owner_references: workflow.metadata.uid.is_some().then(|| vec![owner.clone()]),
+                        labels: Some(
+                            [
+                                (labels::WORKFLOW.to_string(), self.name.clone()),
+                                (labels::COMPLETED.to_string(), "true".to_string()),
+                            ]
+                            .into(),
+                        ),
+                        annotations: Some(
+                            [
+                                (labels::NODE_ID.to_string(), id),
+                                (labels::NODE_NAME.to_string(), node_name),
+                            ]
+                            .into(),
+                        ),
+                        owner_references: workflow
+                            .metadata
+                            .uid
+                            .is_some()
+                            .then(|| vec![owner.clone()]),
                         ..Default::default()
                     },
                     spec: Some(PodSpec {
@@ -179,12 +226,18 @@ impl FailedDag {
         progress: impl Fn() + Sync,
     ) -> Result<Workflow, kube::Error> {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
-        let workflow = workflows.create(&PostParams::default(), &self.workflow(namespace)).await?;
+        let workflow = workflows
+            .create(&PostParams::default(), &self.workflow(namespace))
+            .await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         // Owned items, futures owning their client, and progress reported
         // through the stream: with borrowed ones this future is not Send (a
         // higher-ranked lifetime error), so callers could not spawn it.
-        let owned: Vec<(Pod, String)> = self.pods(&workflow).into_iter().map(|(p, phase)| (p, phase.to_owned())).collect();
+        let owned: Vec<(Pod, String)> = self
+            .pods(&workflow)
+            .into_iter()
+            .map(|(p, phase)| (p, phase.to_owned()))
+            .collect();
         stream::iter(owned)
             .map(|(pod, phase)| {
                 let pods = pods.clone();
@@ -192,7 +245,8 @@ impl FailedDag {
                     let created = pods.create(&PostParams::default(), &pod).await?;
                     let status = serde_json::json!({"status": {"phase": phase}});
                     let name = created.metadata.name.as_deref().unwrap_or_default();
-                    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+                    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                        .await?;
                     Ok::<_, kube::Error>(())
                 }
             })
@@ -213,7 +267,11 @@ mod tests {
 
     #[test]
     fn the_plan_deletes_exactly_the_failed_pods() {
-        let dag = FailedDag { name: "wf".into(), failed: 7, succeeded: 3 };
+        let dag = FailedDag {
+            name: "wf".into(),
+            failed: 7,
+            succeeded: 3,
+        };
         let mut wf = dag.workflow("ns");
         wf.metadata.uid = Some("u".into());
         let plan = plan_retry(&wf, &RetryOptions::default()).unwrap();

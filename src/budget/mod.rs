@@ -206,7 +206,8 @@ impl Budget {
         };
         let bucket = verb.bucket();
         let observer = &self.inner.observer;
-        let prepaid = bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
+        let prepaid =
+            bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
         if !prepaid {
             let waited = self.bucket(bucket).acquire().await;
             observer.token_wait(bucket, waited);

@@ -475,5 +475,12 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
         .await;
     service.clone().oneshot(post()).await.unwrap();
     let times = times_of(&sent, Verb::Post);
-    assert_eq!(times, [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(2)]);
+    assert_eq!(
+        times,
+        [
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_secs(2)
+        ]
+    );
 }

@@ -660,7 +660,10 @@ pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_resp
     // The pod held only by Argo's finalizer goes; the other stays, without Argo's finalizer.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let left = pods.get_opt(doubly_held).await?.context("the doubly held pod is kept")?;
+        let left = pods
+            .get_opt(doubly_held)
+            .await?
+            .context("the doubly held pod is kept")?;
         let finalizers = left.finalizers().to_vec();
         if pods.get_opt(held).await?.is_none() && finalizers == [FOREIGN] {
             break;
@@ -679,14 +682,23 @@ pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_resp
     );
 
     let release = serde_json::json!({"metadata": {"finalizers": null}});
-    pods.patch(doubly_held, &PatchParams::default(), &Patch::Merge(&release))
-        .await?;
+    pods.patch(
+        doubly_held,
+        &PatchParams::default(),
+        &Patch::Merge(&release),
+    )
+    .await?;
     let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, FINISH).await?;
     ensure!(
         status.phase == RetryPhase::Succeeded,
         "expected the retry to succeed once the pod was released, got {status:?}"
     );
-    let left = ctl::pod_names(&cluster, &namespace, &format!("{}={}", labels::WORKFLOW, dag.name)).await?;
+    let left = ctl::pod_names(
+        &cluster,
+        &namespace,
+        &format!("{}={}", labels::WORKFLOW, dag.name),
+    )
+    .await?;
     ensure!(
         left.iter().all(|p| !plan.pods_to_delete.contains(p)),
         "plan pods left after the retry: {left:?}"

@@ -42,31 +42,58 @@ pub struct DemoArgs {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     println!("Starting a local control plane (etcd, kube-apiserver)...");
-    let cluster = LocalCluster::start(Default::default()).await.context("starting the local control plane")?;
-    println!("  ready in {:.1}s at {}", started.elapsed().as_secs_f64(), cluster.server_url());
+    let cluster = LocalCluster::start(Default::default())
+        .await
+        .context("starting the local control plane")?;
+    println!(
+        "  ready in {:.1}s at {}",
+        started.elapsed().as_secs_f64(),
+        cluster.server_url()
+    );
     let result = scenario(&cluster, &args).await;
     if args.keep && result.is_ok() {
-        println!("\nexport KUBECONFIG={}", cluster.kubeconfig_path(Role::Admin).display());
+        println!(
+            "\nexport KUBECONFIG={}",
+            cluster.kubeconfig_path(Role::Admin).display()
+        );
         println!("The control plane keeps running; press Ctrl-C to stop it.");
         tokio::signal::ctrl_c().await?;
     }
-    cluster.stop().await.context("stopping the local control plane")?;
+    cluster
+        .stop()
+        .await
+        .context("stopping the local control plane")?;
     result
 }
 
 async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let dag = FailedDag { name: "big-retry".into(), failed: args.pods, succeeded: args.succeeded };
+    let dag = FailedDag {
+        name: "big-retry".into(),
+        failed: args.pods,
+        succeeded: args.succeeded,
+    };
 
     let total = (args.pods + args.succeeded) as u64;
     let bar = progress(total, "creating pods");
     let setup = Instant::now();
     cluster.create_namespace(NAMESPACE).await?;
-    dag.create(&admin, NAMESPACE, 64, || bar.inc(1)).await.context("creating the demo workflow and its pods")?;
-    bar.finish_with_message(format!("created {total} pods in {:.1}s", setup.elapsed().as_secs_f64()));
+    dag.create(&admin, NAMESPACE, 64, || bar.inc(1))
+        .await
+        .context("creating the demo workflow and its pods")?;
+    bar.finish_with_message(format!(
+        "created {total} pods in {:.1}s",
+        setup.elapsed().as_secs_f64()
+    ));
 
-    let scope = Scope { namespaces: vec![NAMESPACE.into()], instance_id: None };
-    let controller = Controller::new(cluster.config(Role::Controller).await?, args.tuning.options(scope, None))?;
+    let scope = Scope {
+        namespaces: vec![NAMESPACE.into()],
+        instance_id: None,
+    };
+    let controller = Controller::new(
+        cluster.config(Role::Controller).await?,
+        args.tuning.options(scope, None),
+    )?;
     let (metrics, state) = (controller.metrics(), controller.state());
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(controller.run(shutdown.clone()));
@@ -77,10 +104,16 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
 
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     let token = k8s_openapi::jiff::Timestamp::now().as_second().to_string();
-    println!("\nkubectl annotate workflow {} {}={token} --overwrite", dag.name, annotations::RETRY);
+    println!(
+        "\nkubectl annotate workflow {} {}={token} --overwrite",
+        dag.name,
+        annotations::RETRY
+    );
     let asked = Instant::now();
     let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
-    workflows.patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    workflows
+        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
 
     let bar = progress(args.pods as u64, "deleting pods");
     let status = loop {
@@ -114,18 +147,44 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
 
     // Check the result as a user would: failed pods gone, succeeded pods kept, workflow reset.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-    let left = pods.list(&ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, dag.name))).await?.items;
-    let kept = left.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")).count();
-    ensure!(left.len() == args.succeeded && kept == args.succeeded, "expected exactly the {} succeeded pods to remain, found {} pods ({kept} succeeded)", args.succeeded, left.len());
+    let left = pods
+        .list(&ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, dag.name)))
+        .await?
+        .items;
+    let kept = left
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .count();
+    ensure!(
+        left.len() == args.succeeded && kept == args.succeeded,
+        "expected exactly the {} succeeded pods to remain, found {} pods ({kept} succeeded)",
+        args.succeeded,
+        left.len()
+    );
     let wf = workflows.get(&dag.name).await?;
-    ensure!(wf.label(labels::COMPLETED).is_none(), "the workflow was not reset");
+    ensure!(
+        wf.label(labels::COMPLETED).is_none(),
+        "the workflow was not reset"
+    );
 
     let qps = args.tuning.qps.get() as f64;
-    println!("\nRetried {} failed pods in {:.2}s; {} succeeded pods kept.", status.pods_total, elapsed.as_secs_f64(), kept);
-    println!("API requests by rewind during the retry: {} ({} mutating), bulk delete {}",
-        used.total, used.mutating, if args.tuning.no_bulk { "off" } else { "on" });
-    println!("For comparison, one DELETE per pod within the budget needs {:.1}s (N/qps = {}/{qps}).",
-        args.pods as f64 / qps, args.pods);
+    println!(
+        "\nRetried {} failed pods in {:.2}s; {} succeeded pods kept.",
+        status.pods_total,
+        elapsed.as_secs_f64(),
+        kept
+    );
+    println!(
+        "API requests by rewind during the retry: {} ({} mutating), bulk delete {}",
+        used.total,
+        used.mutating,
+        if args.tuning.no_bulk { "off" } else { "on" }
+    );
+    println!(
+        "For comparison, one DELETE per pod within the budget needs {:.1}s (N/qps = {}/{qps}).",
+        args.pods as f64 / qps,
+        args.pods
+    );
     Ok(())
 }
 

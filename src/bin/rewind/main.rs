@@ -23,7 +23,13 @@ mod demo;
 #[command(version, about)]
 struct Cli {
     /// Log format.
-    #[arg(long, global = true, value_enum, default_value_t, env = "REWIND_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "REWIND_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -44,7 +50,12 @@ enum Command {
 #[derive(clap::Args)]
 struct ControllerArgs {
     /// Namespace to watch (repeatable or comma-separated); all namespaces when omitted.
-    #[arg(long = "namespace", short = 'n', env = "REWIND_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        env = "REWIND_NAMESPACES",
+        value_delimiter = ','
+    )]
     namespaces: Vec<String>,
     /// Serve only workflows with this workflows.argoproj.io/controller-instanceid label.
     #[arg(long, env = "REWIND_INSTANCE_ID")]
@@ -93,8 +104,14 @@ impl Tuning {
         Options {
             scope,
             budget: BudgetConfig {
-                writes: Rate { qps: self.qps, burst: self.burst },
-                reads: Rate { qps: self.read_qps, burst: self.read_burst },
+                writes: Rate {
+                    qps: self.qps,
+                    burst: self.burst,
+                },
+                reads: Rate {
+                    qps: self.read_qps,
+                    burst: self.read_burst,
+                },
                 workers: self.workers,
                 ..BudgetConfig::default()
             },
@@ -114,7 +131,9 @@ impl Tuning {
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = number.parse().map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 1h"))?;
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 1h"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" | "" => Ok(Duration::from_secs(n)),
@@ -162,7 +181,10 @@ struct LocalClusterArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // kube logs every failed request at ERROR; we report the ones that matter.
-    telemetry::init(cli.log_format, "info,kube=warn,kube_client::client::builder=off");
+    telemetry::init(
+        cli.log_format,
+        "info,kube=warn,kube_client::client::builder=off",
+    );
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
@@ -178,10 +200,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
-    let config = kube::Config::infer()
-        .await
-        .context("finding Kubernetes credentials (set KUBECONFIG, or run in a pod with a ServiceAccount)")?;
-    let scope = Scope { namespaces: args.namespaces, instance_id: args.instance_id };
+    let config = kube::Config::infer().await.context(
+        "finding Kubernetes credentials (set KUBECONFIG, or run in a pod with a ServiceAccount)",
+    )?;
+    let scope = Scope {
+        namespaces: args.namespaces,
+        instance_id: args.instance_id,
+    };
     let controller = Controller::new(config, args.tuning.options(scope, Some(args.http_addr)))
         .context("building the Kubernetes client")?;
     let shutdown = CancellationToken::new();
@@ -197,10 +222,13 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 fn plan(args: PlanArgs) -> anyhow::Result<()> {
     let text = if args.file.as_os_str() == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading the workflow from stdin")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the workflow from stdin")?;
         s
     } else {
-        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("reading {}", args.file.display()))?
     };
     // JSON is YAML too, but serde_json reports JSON mistakes more clearly.
     let workflow: Workflow = if text.trim_start().starts_with('{') {
