@@ -93,6 +93,10 @@ pub enum RetryError {
         "the workflow was deleted or replaced (UID changed) during the retry; nothing more was deleted"
     )]
     WorkflowGone,
+    #[error(
+        "the workflow started running again (phase label {phase}, completed label {completed}) during the retry, perhaps retried by someone else; rewind stopped and deleted nothing more"
+    )]
+    WorkflowChanged { phase: String, completed: String },
     #[error("Kubernetes API request failed: {0}")]
     Api(#[from] kube::Error),
     #[error("the controller is shutting down; the request stays pending and resumes on restart")]
@@ -175,6 +179,10 @@ struct Job<'a> {
     last_status_write: Option<Instant>,
     /// A status write changed the workflow since it was last read.
     wrote_since_read: bool,
+    /// When the workflow was last checked for a change of phase under us.
+    last_check: Instant,
+    /// The workflow carried `workflows.argoproj.io/completed=true` when read.
+    was_completed: bool,
     tracker: Option<Tracker>,
     pods_deleted: usize,
 }
@@ -197,6 +205,8 @@ impl<'a> Job<'a> {
             started: Instant::now(),
             last_status_write: None,
             wrote_since_read: false,
+            last_check: Instant::now(),
+            was_completed: false,
             tracker: None,
             pods_deleted: 0,
         }
@@ -239,6 +249,7 @@ impl<'a> Job<'a> {
                 return Ok(Finished::AlreadyObserved);
             };
             self.wrote_since_read = false;
+            self.was_completed = wf.label(labels::COMPLETED) == Some("true");
             let plan = self.plan(&wf)?;
             self.delete_pods(outcomes).await?;
             self.status.phase = RetryPhase::Committing;
@@ -328,6 +339,7 @@ impl<'a> Job<'a> {
                     o = outcomes.recv() => o.ok_or(RetryError::ShuttingDown)?,
                     _ = tokio::time::sleep(self.ctx.config.status_interval) => {
                         self.write_status().await?;
+                        self.check_still_completed().await?;
                         continue;
                     }
                 };
@@ -342,12 +354,46 @@ impl<'a> Job<'a> {
                     Done::AlreadyGone | Done::Replaced => {}
                 }
                 self.write_status().await?;
+                self.check_still_completed().await?;
             }
             if !assessment.terminating.is_empty() {
                 // Pods on a node shut down gracefully; look again shortly.
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
+    }
+
+    /// Stops the deletions (once per status interval at most, from workflow
+    /// metadata) if the workflow is gone or runs again: Argo's controller
+    /// would then own its pods, and deleting more of them would harm the run.
+    async fn check_still_completed(&mut self) -> Result<(), RetryError> {
+        if self.last_check.elapsed() < self.ctx.config.status_interval {
+            return Ok(());
+        }
+        self.last_check = Instant::now();
+        let meta = self.workflows().get_metadata_opt(&self.target.name).await?;
+        let Some(meta) =
+            meta.filter(|m| m.metadata.uid.as_deref() == Some(self.target.uid.as_str()))
+        else {
+            return Err(RetryError::WorkflowGone);
+        };
+        let label = |key: &str| {
+            meta.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(key))
+                .map(String::as_str)
+        };
+        let (phase, completed) = (label(labels::PHASE), label(labels::COMPLETED));
+        let running = matches!(phase, Some("Pending" | "Running"));
+        let reopened = self.was_completed && completed != Some("true");
+        if running || reopened {
+            return Err(RetryError::WorkflowChanged {
+                phase: phase.unwrap_or("(none)").to_owned(),
+                completed: completed.unwrap_or("(none)").to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Writes the reset workflow, the observed token and the final status in

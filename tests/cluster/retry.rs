@@ -705,3 +705,65 @@ pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_resp
     );
     controller.stop().await
 }
+
+/// Someone else retries the workflow (Argo reopens it: completed label removed, phase label
+/// Running) while rewind is deleting its pods: rewind stops, says why, and deletes nothing more.
+pub async fn a_workflow_that_runs_again_mid_retry_stops_the_deletions(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 40,
+        succeeded: 1,
+    };
+    let created = dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    // Five deletes a second: the whole plan would take 8 s.
+    let controller = ctl::start(&cluster, &namespace, ctl::options(5, 1, false)).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let first = &plan.pods_to_delete[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pods.get_opt(first).await?.is_some() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller did not delete the first plan pod {first} within 20s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reopen = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: null, labels::PHASE: "Running"}}});
+    workflows
+        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&reopen))
+        .await?;
+
+    let (wf, status) = ctl::wait_finished(&workflows, &dag.name, token, FINISH).await?;
+    ensure!(
+        status.phase == RetryPhase::Failed && status.message.contains("running again"),
+        "expected the retry to stop with a message, got {status:?}"
+    );
+    ensure!(
+        wf.status.phase.as_deref() == Some("Failed"),
+        "rewind reset a workflow it had stopped retrying"
+    );
+    let left = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    let plan_left = left
+        .iter()
+        .filter(|p| plan.pods_to_delete.contains(p))
+        .count();
+    ensure!(
+        plan_left > 0,
+        "every plan pod was deleted although the workflow ran again"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    ensure!(
+        later == left,
+        "pods were deleted after the request stopped: {left:?} then {later:?}"
+    );
+    controller.stop().await
+}
