@@ -232,22 +232,28 @@ impl<'a> Job<'a> {
         &mut self,
         outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
     ) -> Result<Finished, RetryError> {
-        info!(
-            workflow = self.target.name,
-            namespace = self.target.namespace,
-            token = self.target.token,
-            "retry started"
-        );
-        self.event(
-            EventType::Normal,
-            "RetryStarted",
-            format!("rewind started retry request {}", self.target.token),
-        )
-        .await;
+        let mut announced = false;
         loop {
             let Some(wf) = self.read().await? else {
                 return Ok(Finished::AlreadyObserved);
             };
+            // Announced once the workflow confirms the request is pending: a
+            // late watch event about a finished request says nothing.
+            if !announced {
+                announced = true;
+                info!(
+                    workflow = self.target.name,
+                    namespace = self.target.namespace,
+                    token = self.target.token,
+                    "retry started"
+                );
+                self.event(
+                    EventType::Normal,
+                    "RetryStarted",
+                    format!("rewind started retry request {}", self.target.token),
+                )
+                .await;
+            }
             self.wrote_since_read = false;
             self.was_completed = wf.label(labels::COMPLETED) == Some("true");
             let plan = self.plan(&wf)?;
