@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -65,8 +65,6 @@ impl State {
 /// Watches workflow metadata and runs retries until `shutdown` is cancelled.
 pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
     let client: Client = ctx.client.clone();
-    let ctx = Arc::new(ctx);
-    let active: Arc<Mutex<HashSet<Target>>> = Arc::default();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
     let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
         vec![Api::all(client)]
@@ -89,9 +87,16 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
             (store, stream)
         })
         .unzip();
+    let stores = Arc::new(stores);
+    let dispatcher = Dispatcher {
+        ctx: Arc::new(ctx),
+        active: Arc::default(),
+        stores: stores.clone(),
+        shutdown: shutdown.clone(),
+    };
 
     let readiness = {
-        let state = state.clone();
+        let (state, stores) = (state.clone(), stores.clone());
         async move {
             future::join_all(stores.iter().map(|s| s.wait_until_ready())).await;
             state.ready.store(true, Ordering::Relaxed);
@@ -102,7 +107,7 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
 
     let events = stream::select_all(streams).for_each(|event| {
         match event {
-            Ok(meta) => start_pending(&ctx, &active, &meta),
+            Ok(meta) => dispatcher.start_pending(&meta),
             Err(error) => warn!(%error, "workflow watch failed; retrying with backoff"),
         }
         future::ready(())
@@ -115,59 +120,103 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
     }
 }
 
-/// Starts a retry for the request `meta` carries, unless none is pending or
-/// one for the same workflow UID and token runs already.
-fn start_pending(
-    ctx: &Arc<retry::Context>,
-    active: &Arc<Mutex<HashSet<Target>>>,
-    meta: &PartialObjectMeta<Workflow>,
-) {
+/// Workflows (namespace, UID) with a request being served. One request per
+/// workflow at a time: two would wait on the same queued pods.
+type Active = Arc<Mutex<HashSet<(String, String)>>>;
+
+/// The request `meta` carries that is not finished yet, if any.
+fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
     if request::pending(meta.annotations()).is_none() {
-        return;
+        return None;
     }
-    let (Some(namespace), Some(uid)) = (meta.namespace(), meta.uid()) else {
-        return;
-    };
-    let token = meta.annotations()[request::annotations::RETRY]
-        .trim()
-        .to_owned();
-    let target = Target {
-        namespace,
+    Some(Target {
+        namespace: meta.namespace()?,
         name: meta.name_any(),
-        uid,
-        token,
-    };
-    if !active
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(target.clone())
-    {
-        return;
-    }
-    let span = info_span!(
-        "retry",
-        workflow = target.name,
-        namespace = target.namespace,
-        token = target.token
-    );
-    let (ctx, active) = (ctx.clone(), active.clone());
-    tokio::spawn(
-        async move {
-            // Errors were reported to the user and logged by `retry::run`;
-            // transient ones are tried again, so no request is lost.
-            let mut delay = RETRY_BACKOFF_START;
-            while let Err(e) = retry::run(&ctx, &target).await {
-                if !e.is_transient() {
-                    break;
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RETRY_BACKOFF_MAX);
-            }
-            active
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&target);
+        uid: meta.uid()?,
+        token: meta.annotations()[request::annotations::RETRY]
+            .trim()
+            .to_owned(),
+    })
+}
+
+/// Serves retry requests, one per workflow at a time, until shutdown.
+#[derive(Clone)]
+struct Dispatcher {
+    ctx: Arc<retry::Context>,
+    active: Active,
+    stores: Arc<Vec<Store<PartialObjectMeta<Workflow>>>>,
+    /// Stops the requests in progress; they stay pending and resume at the
+    /// next start.
+    shutdown: CancellationToken,
+}
+
+impl Dispatcher {
+    /// Starts serving the request `meta` carries, unless none is pending or
+    /// the workflow's requests are being served already: that task takes the
+    /// newest token from the cache when its current request ends.
+    fn start_pending(&self, meta: &PartialObjectMeta<Workflow>) {
+        let Some(target) = pending_target(meta) else {
+            return;
+        };
+        let key = (target.namespace.clone(), target.uid.clone());
+        if !self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone())
+        {
+            return;
         }
-        .instrument(span),
-    );
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = this.shutdown.cancelled() => {}
+                _ = this.serve_workflow(target, key) => {}
+            }
+        });
+    }
+
+    /// Serves `target`, then each newer request of the same workflow.
+    async fn serve_workflow(&self, mut target: Target, key: (String, String)) {
+        loop {
+            let span = info_span!(
+                "retry",
+                workflow = target.name,
+                namespace = target.namespace,
+                token = target.token
+            );
+            serve(&self.ctx, &target).instrument(span).await;
+            // Under the lock, so that an event handled after this check finds
+            // the workflow inactive and starts its request itself (the cache
+            // is updated before its event is handled).
+            let mut active = self.active.lock().unwrap_or_else(PoisonError::into_inner);
+            let reference = ObjectRef::new(&target.name).within(&target.namespace);
+            let next = self
+                .stores
+                .iter()
+                .find_map(|s| s.get(&reference))
+                .and_then(|meta| pending_target(&meta))
+                .filter(|next| next.uid == target.uid && next.token != target.token);
+            match next {
+                Some(next) => target = next,
+                None => {
+                    active.remove(&key);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs one request to its end. Errors were reported to the user and logged
+/// by `retry::run`; transient ones are tried again, so no request is lost.
+async fn serve(ctx: &retry::Context, target: &Target) {
+    let mut delay = RETRY_BACKOFF_START;
+    while let Err(e) = retry::run(ctx, target).await {
+        if !e.is_transient() {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RETRY_BACKOFF_MAX);
+    }
 }

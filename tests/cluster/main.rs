@@ -55,6 +55,7 @@ fn main() -> ExitCode {
         retry::the_reset_is_written_after_the_last_plan_pod_is_gone,
         retry::pods_held_by_argos_finalizer_are_released_and_other_finalizers_respected,
         retry::a_workflow_that_runs_again_mid_retry_stops_the_deletions,
+        retry::a_new_token_during_a_retry_is_served_after_it,
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,

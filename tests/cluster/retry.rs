@@ -108,6 +108,8 @@ pub async fn retry_resets_as_planned_and_deletes_exactly_the_plan_pods(
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
     let (after, status) = ctl::wait_finished(&workflows, &dag.name, token, FINISH).await?;
     let to = second_after(Timestamp::now());
+    // The Event follows the reset; stopping the controller first would cancel it.
+    ctl::wait_event(&cluster, &namespace, &dag.name, "Retried").await?;
     controller.stop().await?;
 
     ensure!(
@@ -375,6 +377,7 @@ pub async fn a_plan_pod_replaced_before_its_delete_is_kept_and_stops_the_retry(
     .await?;
 
     let (after, status) = ctl::wait_finished(&workflows, &dag.name, token, FINISH).await?;
+    ctl::wait_event(&cluster, &namespace, &dag.name, "RetryFailed").await?;
     controller.stop().await?;
 
     ensure!(
@@ -764,6 +767,71 @@ pub async fn a_workflow_that_runs_again_mid_retry_stops_the_deletions(
     ensure!(
         later == left,
         "pods were deleted after the request stopped: {left:?} then {later:?}"
+    );
+    controller.stop().await
+}
+
+/// A new `rewind.dev/retry` value while a retry runs: the running request ends as superseded
+/// after its deletes, and the new one is served next and resets the workflow once.
+pub async fn a_new_token_during_a_retry_is_served_after_it(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 30,
+        succeeded: 1,
+    };
+    let created = dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let controller = ctl::start(&cluster, &namespace, ctl::options(10, 1, false)).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    ctl::request_retry(&cluster, &namespace, &dag.name, "first").await?;
+    let first_pod = &plan.pods_to_delete[0];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pods.get_opt(first_pod).await?.is_some() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller did not delete the first plan pod {first_pod} within 20s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ctl::request_retry(&cluster, &namespace, &dag.name, "second").await?;
+
+    let (wf, status) = ctl::wait_finished(&workflows, &dag.name, "second", FINISH).await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the second request to succeed, got {status:?}"
+    );
+    ensure!(
+        wf.annotation(annotations::OBSERVED) == Some("second"),
+        "expected the second token observed, got {:?}",
+        wf.annotation(annotations::OBSERVED)
+    );
+    let left = ctl::pod_names(
+        &cluster,
+        &namespace,
+        &format!("{}={}", labels::WORKFLOW, dag.name),
+    )
+    .await?;
+    ensure!(
+        left.iter().all(|p| !plan.pods_to_delete.contains(p)),
+        "plan pods left after the retry: {left:?}"
+    );
+    let resets = ctl::audit_log(&cluster, &namespace)?
+        .iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "update"
+                && a.code == 200
+                && a.resource == "workflows"
+        })
+        .count();
+    ensure!(
+        resets == 1,
+        "expected exactly one reset of the workflow, saw {resets}"
     );
     controller.stop().await
 }

@@ -351,6 +351,28 @@ pub mod controller {
         Ok(about.into_iter().filter_map(|e| e.reason).collect())
     }
 
+    /// Waits (up to 10 s) until an Event with `reason` is about `workflow`.
+    pub async fn wait_event(
+        cluster: &LocalCluster,
+        namespace: &str,
+        workflow: &str,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let reasons = event_reasons(cluster, namespace, workflow).await?;
+            if reasons.iter().any(|r| r == reason) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "expected a {reason} Event on workflow {workflow} within 10s, found {reasons:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// One request in the API server's audit log.
     #[derive(Clone, Debug)]
     pub struct Audited {
