@@ -126,9 +126,8 @@ type Active = Arc<Mutex<HashSet<(String, String)>>>;
 
 /// The request `meta` carries that is not finished yet, if any.
 fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
-    if request::pending(meta.annotations()).is_none() {
-        return None;
-    }
+    // A request with bad options is pending too: serving it answers it.
+    let _ = request::pending(meta.annotations())?;
     Some(Target {
         namespace: meta.namespace()?,
         name: meta.name_any(),
