@@ -51,6 +51,11 @@ impl FailedDag {
     /// nodes compressed, as Argo stores them, when it is over Argo's default
     /// size limit.
     pub fn workflow(&self, namespace: &str) -> Workflow {
+        let phase = if self.failed > 0 {
+            "Failed"
+        } else {
+            "Succeeded"
+        };
         let mut nodes = BTreeMap::new();
         let mut children = Vec::new();
         for (node_name, phase) in self.tasks() {
@@ -81,14 +86,7 @@ impl FailedDag {
                 display_name: Some(self.name.clone()),
                 type_: "DAG".into(),
                 template_name: Some("main".into()),
-                phase: Some(
-                    if self.failed > 0 {
-                        "Failed"
-                    } else {
-                        "Succeeded"
-                    }
-                    .into(),
-                ),
+                phase: Some(phase.into()),
                 started_at: Some(TIME.into()),
                 finished_at: Some(TIME.into()),
                 outbound_nodes: Some(children.clone()),
@@ -113,7 +111,7 @@ impl FailedDag {
                 labels: Some(
                     [
                         (labels::COMPLETED.to_string(), "true".to_string()),
-                        (labels::PHASE.to_string(), "Failed".to_string()),
+                        (labels::PHASE.to_string(), phase.to_string()),
                     ]
                     .into(),
                 ),
@@ -124,14 +122,7 @@ impl FailedDag {
                 ..Default::default()
             },
             status: WorkflowStatus {
-                phase: Some(
-                    if self.failed > 0 {
-                        "Failed"
-                    } else {
-                        "Succeeded"
-                    }
-                    .into(),
-                ),
+                phase: Some(phase.into()),
                 started_at: Some(TIME.into()),
                 finished_at: Some(TIME.into()),
                 nodes: Some(nodes),

@@ -58,14 +58,7 @@ pub async fn a_user_retry_overtakes_a_background_backlog(
     // The first sweep queues every orphan in name order: once the first is gone, the backlog
     // is queued and the workers are busy with it.
     let first_orphan = format!("{GHOST}-0000");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pods.get_opt(&first_orphan).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "garbage collection did not delete {first_orphan} within 20s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    ctl::wait_gone(&pods, &first_orphan, "garbage collection").await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let token = "retry-1";

@@ -340,14 +340,7 @@ pub async fn a_plan_pod_replaced_before_its_delete_is_kept_and_stops_the_retry(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pods.get_opt(first).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the controller did not delete the first plan pod {first} within 20s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ctl::wait_gone(&pods, first, "the controller (first plan pod)").await?;
     let old = pods.get(last).await?;
     let old_uid = old.uid().context("a pod has a UID")?;
     let dp = DeleteParams {
@@ -731,14 +724,7 @@ pub async fn a_workflow_that_runs_again_mid_retry_stops_the_deletions(
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
     let first = &plan.pods_to_delete[0];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pods.get_opt(first).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the controller did not delete the first plan pod {first} within 20s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ctl::wait_gone(&pods, first, "the controller (first plan pod)").await?;
     let reopen = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: null, labels::PHASE: "Running"}}});
     workflows
         .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&reopen))
@@ -790,14 +776,7 @@ pub async fn a_new_token_during_a_retry_is_served_after_it(
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
     ctl::request_retry(&cluster, &namespace, &dag.name, "first").await?;
     let first_pod = &plan.pods_to_delete[0];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pods.get_opt(first_pod).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the controller did not delete the first plan pod {first_pod} within 20s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    ctl::wait_gone(&pods, first_pod, "the controller (first plan pod)").await?;
     ctl::request_retry(&cluster, &namespace, &dag.name, "second").await?;
 
     let (wf, status) = ctl::wait_finished(&workflows, &dag.name, "second", FINISH).await?;

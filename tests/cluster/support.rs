@@ -351,6 +351,20 @@ pub mod controller {
         Ok(about.into_iter().filter_map(|e| e.reason).collect())
     }
 
+    /// Waits (up to 20 s, polling every 20 ms) until pod `name` is gone; `who` names what
+    /// should have deleted it, for the failure message.
+    pub async fn wait_gone(pods: &Api<Pod>, name: &str, who: &str) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while pods.get_opt(name).await?.is_some() {
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{who} did not delete {name} within 20s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// Waits (up to 10 s) until an Event with `reason` is about `workflow`.
     pub async fn wait_event(
         cluster: &LocalCluster,
