@@ -118,6 +118,19 @@ fn parse_parameters(json: &str) -> Result<Vec<String>, RequestError> {
     Ok(parameters)
 }
 
+/// The progress `annotations` report for request `token`: `None` when they
+/// report none, or report an older request.
+pub fn status_of(
+    annotations: &BTreeMap<String, String>,
+    token: &str,
+) -> Result<Option<RetryStatus>, serde_json::Error> {
+    let Some(text) = annotations.get(annotations::STATUS) else {
+        return Ok(None);
+    };
+    let status: RetryStatus = serde_json::from_str(text)?;
+    Ok(Some(status).filter(|s| s.token == token))
+}
+
 /// Where a request stands, as `rewind.dev/retry-status` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RetryPhase {
@@ -237,5 +250,18 @@ mod tests {
             serde_json::to_string(&status).unwrap(),
             r#"{"token":"1","phase":"DeletingPods","podsTotal":10,"podsDeleted":3,"startedAt":"2026-01-01T00:00:00Z"}"#
         );
+    }
+
+    #[test]
+    fn status_of_reads_only_the_asked_request() {
+        let json = r#"{"token":"2","phase":"Succeeded","podsTotal":1,"podsDeleted":1}"#;
+        let on = ann(&[(annotations::STATUS, json)]);
+        assert_eq!(
+            status_of(&on, "2").unwrap().map(|s| s.phase),
+            Some(RetryPhase::Succeeded)
+        );
+        assert_eq!(status_of(&on, "1").unwrap(), None);
+        assert_eq!(status_of(&ann(&[]), "2").unwrap(), None);
+        assert!(status_of(&ann(&[(annotations::STATUS, "{")]), "2").is_err());
     }
 }

@@ -45,7 +45,7 @@ pub mod controller {
     use rewind::controller::{Controller, Options};
     use rewind::localcluster::{LocalCluster, Role};
     use rewind::plan::{RetryOptions, plan_retry_at};
-    use rewind::request::{RetryStatus, annotations};
+    use rewind::request::{self, RetryStatus, annotations};
     use rewind::watch::Scope;
     use rewind::workflow::{Workflow, labels};
     use serde_json::Value;
@@ -137,12 +137,14 @@ pub mod controller {
 
     /// The request's `rewind.dev/retry-status`, if it is about `token`.
     pub fn status_of(wf: &Workflow, token: &str) -> anyhow::Result<Option<RetryStatus>> {
-        let Some(text) = wf.annotation(annotations::STATUS) else {
-            return Ok(None);
-        };
-        let status: RetryStatus = serde_json::from_str(text)
-            .with_context(|| format!("{} is not a retry status: {text}", annotations::STATUS))?;
-        Ok(Some(status).filter(|s| s.token == token))
+        let on_workflow = wf.metadata.annotations.clone().unwrap_or_default();
+        request::status_of(&on_workflow, token).with_context(|| {
+            format!(
+                "{} is not a retry status: {:?}",
+                annotations::STATUS,
+                on_workflow.get(annotations::STATUS)
+            )
+        })
     }
 
     /// Waits until the request `token` on `workflow` reports a final phase.

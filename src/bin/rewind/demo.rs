@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
 use rewind::controller::Controller;
 use rewind::localcluster::{LocalCluster, Role};
-use rewind::request::{RetryPhase, RetryStatus, annotations};
+use rewind::request::{self, RetryPhase, annotations};
 use rewind::watch::Scope;
 use rewind::workflow::{Workflow, labels};
 use rewind::workload::FailedDag;
@@ -118,15 +119,9 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
     let bar = progress(args.pods as u64, "deleting pods");
     let status = loop {
         let meta = workflows.get_metadata(&dag.name).await?;
-        let status = meta
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(annotations::STATUS))
-            .map(|s| serde_json::from_str::<RetryStatus>(s))
-            .transpose()
+        let status = request::status_of(meta.annotations(), &token)
             .context("reading rewind.dev/retry-status")?;
-        if let Some(status) = status.filter(|s| s.token == token) {
+        if let Some(status) = status {
             bar.set_length(status.pods_total.max(1));
             bar.set_position(status.pods_deleted);
             bar.set_message(format!("{:?}", status.phase));
