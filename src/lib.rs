@@ -6,7 +6,6 @@ pub mod budget;
 pub mod controller;
 pub mod delete;
 pub mod gc;
-pub mod localcluster;
 pub mod metrics;
 pub mod plan;
 pub mod queue;
@@ -14,7 +13,8 @@ pub mod request;
 pub mod retry;
 pub mod server;
 pub mod telemetry;
+#[cfg(feature = "testenv")]
+pub mod testenv;
 pub mod watch;
 pub mod workers;
 pub mod workflow;
-pub mod workload;

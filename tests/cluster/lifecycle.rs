@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, ensure};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
-use rewind::localcluster::{Component, Error, LocalCluster, Options};
+use rewind::testenv::localcluster::{Component, Error, LocalCluster, Options};
 
 pub async fn stop_leaves_no_process_and_no_directory(
     _shared: Arc<LocalCluster>,

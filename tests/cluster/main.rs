@@ -1,4 +1,4 @@
-//! Integration tests on a real local control plane (see `rewind::localcluster`).
+//! Integration tests on a real local control plane (see `rewind::testenv::localcluster`).
 //!
 //! One control plane (with scheduling and audit logging) serves the whole binary; every
 //! test gets a fresh namespace. The control plane is stopped when the tests are done. If it
@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use rewind::localcluster::{LocalCluster, Options};
+use rewind::testenv::localcluster::{LocalCluster, Options};
 use tracing_subscriber::EnvFilter;
 
 use support::{Test, namespace_for};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta, PostParams};
-use rewind::localcluster::LocalCluster;
+use rewind::testenv::localcluster::LocalCluster;
 use serde_json::{Value, json};
 
 pub async fn a_pod_is_scheduled_onto_a_fake_node_and_runs(
@@ -94,7 +94,7 @@ pub async fn audit_log_has_one_line_per_request(
             "unexpected event: {event}"
         );
         ensure!(
-            event["user"]["username"] == rewind::localcluster::ADMIN_NAME,
+            event["user"]["username"] == rewind::testenv::localcluster::ADMIN_NAME,
             "unexpected user: {}",
             event["user"]
         );

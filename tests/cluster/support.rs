@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rewind::localcluster::LocalCluster;
+use rewind::testenv::localcluster::LocalCluster;
 
 /// A test: gets the shared cluster and the name of its own fresh namespace.
 pub type Test = fn(Arc<LocalCluster>, String) -> BoxFuture<'static, anyhow::Result<()>>;
@@ -43,9 +43,9 @@ pub mod controller {
     use k8s_openapi::jiff::Timestamp;
     use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
     use rewind::controller::{Controller, Options};
-    use rewind::localcluster::{LocalCluster, Role};
     use rewind::plan::{RetryOptions, plan_retry_at};
     use rewind::request::{self, RetryStatus, annotations};
+    use rewind::testenv::localcluster::{LocalCluster, Role};
     use rewind::watch::Scope;
     use rewind::workflow::{Workflow, labels};
     use serde_json::Value;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, ensure};
 use kube::api::{Api, PostParams};
-use rewind::localcluster::LocalCluster;
+use rewind::testenv::localcluster::LocalCluster;
 use rewind::workflow::Workflow;
 use serde_json::{Map, Value, json};
 

@@ -15,11 +15,11 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
 use rewind::controller::Controller;
-use rewind::localcluster::{LocalCluster, Role};
 use rewind::request::{self, RetryPhase, annotations};
+use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::testenv::workload::FailedDag;
 use rewind::watch::Scope;
 use rewind::workflow::{Workflow, labels};
-use rewind::workload::FailedDag;
 
 use crate::Tuning;
 

@@ -16,6 +16,7 @@ use rewind::telemetry::{self, LogFormat};
 use rewind::watch::Scope;
 use rewind::workflow::Workflow;
 
+#[cfg(feature = "testenv")]
 mod demo;
 
 /// Retries failed Argo Workflows, live and archived, fast and politely.
@@ -42,8 +43,10 @@ enum Command {
     /// Print the retry plan of a workflow, offline: what `argo retry` would reset and delete.
     Plan(PlanArgs),
     /// Start a local control plane (etcd, kube-apiserver, ...) until Ctrl-C.
+    #[cfg(feature = "testenv")]
     LocalCluster(LocalClusterArgs),
     /// Start a local control plane, create a failed workflow with many pods, retry it, report.
+    #[cfg(feature = "testenv")]
     Demo(demo::DemoArgs),
 }
 
@@ -165,6 +168,7 @@ struct PlanArgs {
     max_workflow_size: usize,
 }
 
+#[cfg(feature = "testenv")]
 #[derive(clap::Args)]
 struct LocalClusterArgs {
     /// Also run kube-controller-manager, kube-scheduler and kwok (fake nodes), so pods "run".
@@ -191,7 +195,9 @@ fn main() -> anyhow::Result<()> {
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
                 Command::Controller(args) => controller(args).await,
+                #[cfg(feature = "testenv")]
                 Command::LocalCluster(args) => local_cluster(args).await,
+                #[cfg(feature = "testenv")]
                 Command::Demo(args) => demo::run(args).await,
                 Command::Plan(_) => unreachable!("handled above"),
             }
@@ -252,13 +258,14 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
     }
 }
 
+#[cfg(feature = "testenv")]
 async fn local_cluster(args: LocalClusterArgs) -> anyhow::Result<()> {
-    let options = rewind::localcluster::Options {
+    let options = rewind::testenv::localcluster::Options {
         scheduling: args.scheduling,
         audit: args.audit,
         ..Default::default()
     };
-    rewind::localcluster::run_until_signal(options, args.dir).await?;
+    rewind::testenv::localcluster::run_until_signal(options, args.dir).await?;
     Ok(())
 }
 

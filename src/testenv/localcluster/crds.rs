@@ -8,15 +8,15 @@ use super::Error;
 const FILES: &[(&str, &str)] = &[
     (
         "argoproj.io_workflows.yaml",
-        include_str!("../../deploy/crds/argo/argoproj.io_workflows.yaml"),
+        include_str!("../../../deploy/crds/argo/argoproj.io_workflows.yaml"),
     ),
     (
         "argoproj.io_workflowtemplates.yaml",
-        include_str!("../../deploy/crds/argo/argoproj.io_workflowtemplates.yaml"),
+        include_str!("../../../deploy/crds/argo/argoproj.io_workflowtemplates.yaml"),
     ),
     (
         "argoproj.io_clusterworkflowtemplates.yaml",
-        include_str!("../../deploy/crds/argo/argoproj.io_clusterworkflowtemplates.yaml"),
+        include_str!("../../../deploy/crds/argo/argoproj.io_clusterworkflowtemplates.yaml"),
     ),
 ];
 

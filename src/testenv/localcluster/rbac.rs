@@ -9,7 +9,7 @@ use kube::api::{Api, Patch, PatchParams};
 use super::Error;
 use super::kubeconfig::CONTROLLER_NAME;
 
-const CLUSTER_ROLE: &str = include_str!("../../deploy/rbac/controller.yaml");
+const CLUSTER_ROLE: &str = include_str!("../../../deploy/rbac/controller.yaml");
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
     let role: ClusterRole = serde_yaml_ng::from_str(CLUSTER_ROLE).map_err(|source| Error::Crd {

@@ -1,0 +1,7 @@
+//! Machinery for tests, the demo and benchmarks only: a real local control
+//! plane built from Go modules ([`localcluster`]) and generators of failed Argo
+//! workloads ([`workload`]). Behind the `testenv` feature, so a reader (or a
+//! build) of the controller never wades through it.
+
+pub mod localcluster;
+pub mod workload;
