@@ -1,4 +1,5 @@
-//! The controller: wires the watch, the queue, the delete workers, the API
+//! The controller: wires the watches (workflows and WorkflowRetry objects),
+//! the workflow archive, the queue, the delete workers, the API
 //! budget, garbage collection and the HTTP endpoints together.
 
 use std::net::SocketAddr;
@@ -9,6 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::archived::ArchivedWorkflows;
 use crate::budget::{self, Budget, BudgetConfig};
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, WorkQueue};
@@ -51,6 +53,7 @@ impl Default for Options {
 /// A configured controller; [`Controller::run`] starts it.
 pub struct Controller {
     options: Options,
+    archive: Option<Arc<dyn ArchivedWorkflows>>,
     budget: Budget,
     ctx: retry::Context,
     state: State,
@@ -76,10 +79,18 @@ impl Controller {
         };
         Ok(Controller {
             options,
+            archive: None,
             budget,
             ctx,
             state: State::default(),
         })
+    }
+
+    /// Serves archived retries (WorkflowRetry `archivedWorkflowUID`) from
+    /// this archive; without one they fail with a message saying so.
+    pub fn with_archive(mut self, archive: Arc<dyn ArchivedWorkflows>) -> Self {
+        self.archive = Some(archive);
+        self
     }
 
     /// The metrics this controller updates (for the demo's report).
@@ -97,6 +108,7 @@ impl Controller {
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let Controller {
             options,
+            archive,
             budget,
             ctx,
             state,
@@ -140,7 +152,7 @@ impl Controller {
             None => None,
         };
         let queue = ctx.queue.clone();
-        watch::run(ctx, options.scope, state, shutdown.clone()).await;
+        watch::run(ctx, options.scope, state, archive, shutdown.clone()).await;
         queue.shutdown();
         while tasks.join_next().await.is_some() {}
         if let Some(server) = server {

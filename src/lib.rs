@@ -2,6 +2,7 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod archived;
 pub mod budget;
 pub mod controller;
 pub mod delete;
@@ -18,3 +19,4 @@ pub mod testenv;
 pub mod watch;
 pub mod workers;
 pub mod workflow;
+pub mod workflowretry;

@@ -132,7 +132,7 @@ pub fn status_of(
 }
 
 /// Where a request stands, as `rewind.dev/retry-status` reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum RetryPhase {
     Pending,
     DeletingPods,

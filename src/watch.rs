@@ -20,9 +20,12 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::archived::ArchivedWorkflows;
 use crate::request;
 use crate::retry::{self, Target};
 use crate::workflow::{Workflow, labels};
+use crate::workflowretry::WorkflowRetry;
+use crate::workflowretry::serve::{self as wfr, ServeError};
 
 /// Wait before trying a request again after a transient error, doubling up to
 /// [`RETRY_BACKOFF_MAX`].
@@ -62,19 +65,18 @@ impl State {
     }
 }
 
-/// Watches workflow metadata and runs retries until `shutdown` is cancelled.
-pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
+/// Watches workflow metadata and WorkflowRetry objects, and runs retries
+/// until `shutdown` is cancelled.
+pub async fn run(
+    ctx: retry::Context,
+    scope: Scope,
+    state: State,
+    archive: Option<Arc<dyn ArchivedWorkflows>>,
+    shutdown: CancellationToken,
+) {
     let client: Client = ctx.client.clone();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
-    let apis: Vec<Api<PartialObjectMeta<Workflow>>> = if scope.namespaces.is_empty() {
-        vec![Api::all(client)]
-    } else {
-        scope
-            .namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    };
+    let apis: Vec<Api<PartialObjectMeta<Workflow>>> = scoped_apis(&client, &scope);
     let config = watcher::Config::default().labels(&scope.label_selector());
     let (stores, streams): (Vec<Store<PartialObjectMeta<Workflow>>>, Vec<_>) = apis
         .into_iter()
@@ -88,12 +90,39 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
         })
         .unzip();
     let stores = Arc::new(stores);
+    let ctx = Arc::new(ctx);
     let dispatcher = Dispatcher {
-        ctx: Arc::new(ctx),
+        ctx: ctx.clone(),
         active: Arc::default(),
         stores: stores.clone(),
         shutdown: shutdown.clone(),
     };
+    let requests = WorkflowRetries {
+        ctx,
+        scope: scope.clone(),
+        archive,
+        active: Arc::default(),
+        shutdown: shutdown.clone(),
+    };
+    let retry_objects = stream::select_all(
+        scoped_apis::<WorkflowRetry>(&client, &scope)
+            .into_iter()
+            .map(|api| {
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .applied_objects()
+                    .boxed()
+            }),
+    )
+    .for_each(|event| {
+        match event {
+            Ok(object) => requests.start(object),
+            Err(error) => {
+                warn!(%error, "WorkflowRetry watch failed (is its CRD installed?); retrying with backoff")
+            }
+        }
+        future::ready(())
+    });
 
     let readiness = {
         let (state, stores) = (state.clone(), stores.clone());
@@ -117,6 +146,114 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
         _ = shutdown.cancelled() => info!("controller stopping"),
         _ = readiness => {}
         _ = events => warn!("workflow watch ended"),
+        _ = retry_objects => warn!("WorkflowRetry watch ended"),
+    }
+}
+
+/// One API per watched namespace, or one for all namespaces.
+fn scoped_apis<K>(client: &Client, scope: &Scope) -> Vec<Api<K>>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    if scope.namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        scope
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    }
+}
+
+/// Serves WorkflowRetry objects, one task per object (by UID), and deletes
+/// finished ones after their TTL.
+#[derive(Clone)]
+struct WorkflowRetries {
+    ctx: Arc<retry::Context>,
+    scope: Scope,
+    archive: Option<Arc<dyn ArchivedWorkflows>>,
+    active: Arc<Mutex<HashSet<String>>>,
+    shutdown: CancellationToken,
+}
+
+impl WorkflowRetries {
+    fn start(&self, object: WorkflowRetry) {
+        let Some(uid) = object.uid() else {
+            return;
+        };
+        if object.is_finished() && wfr::expires_at(&object).is_none() {
+            return;
+        }
+        if !self
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(uid.clone())
+        {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = this.shutdown.cancelled() => {}
+                _ = this.serve(object, &uid) => {}
+            }
+            this.active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&uid);
+        });
+    }
+
+    /// The object as the API server has it now; `None` if it is gone or
+    /// replaced. A watch event can be older than our own last status write.
+    async fn fresh(&self, object: &WorkflowRetry, uid: &str) -> Option<WorkflowRetry> {
+        let api: Api<WorkflowRetry> =
+            Api::namespaced(self.ctx.client.clone(), &object.namespace()?);
+        let mut delay = RETRY_BACKOFF_START;
+        loop {
+            match api.get_opt(&object.name_any()).await {
+                Ok(found) => return found.filter(|o| o.uid().as_deref() == Some(uid)),
+                Err(error) => {
+                    warn!(workflowretry = object.name_any(), %error, "reading the WorkflowRetry failed; trying again");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(RETRY_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    async fn serve(&self, object: WorkflowRetry, uid: &str) {
+        let span = info_span!(
+            "workflowretry",
+            name = object.name_any(),
+            namespace = object.namespace()
+        );
+        let mut delay = RETRY_BACKOFF_START;
+        let mut object = object;
+        loop {
+            let Some(now) = self.fresh(&object, uid).await else {
+                return;
+            };
+            object = now;
+            if object.is_finished() {
+                break;
+            }
+            let served = wfr::serve(&self.ctx, &self.scope, self.archive.as_deref(), &object)
+                .instrument(span.clone())
+                .await;
+            match served {
+                Err(e @ ServeError::Api(_)) if !e.is_transient() => return,
+                Err(e) if e.is_transient() => {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(RETRY_BACKOFF_MAX);
+                }
+                _ => {}
+            }
+        }
+        wfr::delete_when_expired(self.ctx.client.clone(), &object).await;
     }
 }
 

@@ -42,6 +42,8 @@ enum Command {
     Controller(ControllerArgs),
     /// Print the retry plan of a workflow, offline: what `argo retry` would reset and delete.
     Plan(PlanArgs),
+    /// Print the WorkflowRetry CRD (YAML), as committed in deploy/crds/.
+    Crd,
     /// Start a local control plane (etcd, kube-apiserver, ...) until Ctrl-C.
     #[cfg(feature = "testenv")]
     LocalCluster(LocalClusterArgs),
@@ -192,6 +194,10 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
+        Command::Crd => {
+            print!("{}", rewind::workflowretry::crd_yaml());
+            Ok(())
+        }
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
                 Command::Controller(args) => controller(args).await,
@@ -199,7 +205,7 @@ fn main() -> anyhow::Result<()> {
                 Command::LocalCluster(args) => local_cluster(args).await,
                 #[cfg(feature = "testenv")]
                 Command::Demo(args) => demo::run(args).await,
-                Command::Plan(_) => unreachable!("handled above"),
+                Command::Plan(_) | Command::Crd => unreachable!("handled above"),
             }
         }),
     }

@@ -1,4 +1,5 @@
-//! Argo's Workflow CRDs, in the minimal form Argo ships (deploy/crds/argo/).
+//! Argo's Workflow CRDs, in the minimal form Argo ships (deploy/crds/argo/),
+//! and rewind's WorkflowRetry CRD (deploy/crds/), so a test can create both.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
@@ -17,6 +18,10 @@ const FILES: &[(&str, &str)] = &[
     (
         "argoproj.io_clusterworkflowtemplates.yaml",
         include_str!("../../../deploy/crds/argo/argoproj.io_clusterworkflowtemplates.yaml"),
+    ),
+    (
+        "rewind.dev_workflowretries.yaml",
+        include_str!("../../../deploy/crds/rewind.dev_workflowretries.yaml"),
     ),
 ];
 
@@ -82,10 +87,11 @@ mod tests {
             [
                 "workflows.argoproj.io",
                 "workflowtemplates.argoproj.io",
-                "clusterworkflowtemplates.argoproj.io"
+                "clusterworkflowtemplates.argoproj.io",
+                "workflowretries.rewind.dev"
             ]
         );
-        for crd in &crds {
+        for crd in crds.iter().filter(|c| c.spec.group == "argoproj.io") {
             let version = &crd.spec.versions[0];
             assert_eq!(version.name, "v1alpha1");
             // No status subresource: Argo writes status with plain updates.

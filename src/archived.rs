@@ -1,0 +1,329 @@
+//! The retry of an archived workflow (one no longer in the cluster), in the
+//! order of Argo's server (v4.1.4 `RetryArchivedWorkflow`): read the archived
+//! row, refuse if a workflow of that name exists live, plan, delete the
+//! leftover pods, create the workflow. rewind's rules on top:
+//!
+//! - Deletions go through the shared queue (interactive class) and budget,
+//!   and only pods whose owner reference is the archived workflow's UID are
+//!   leftovers: a pod of another workflow of the same name is never touched.
+//! - The workflow is created only once every plan pod is gone (rule 2:
+//!   Argo's controller would adopt a stale pod of the same name).
+//! - Exactly once (rule 4): the created workflow carries
+//!   [`CREATED_BY`](crate::workflowretry::CREATED_BY) naming the
+//!   WorkflowRetry's UID; a restarted controller that finds it is done.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::delete::Tracker;
+use crate::plan::{self, PlanError, RetryOptions};
+use crate::queue::Class;
+use crate::workers::{Done, WorkItem};
+use crate::workflow::{Workflow, labels};
+use crate::workflowretry::CREATED_BY;
+use crate::workflowretry::serve::Reporter;
+
+/// Reads archived workflows: Argo's workflow archive.
+pub trait ArchivedWorkflows: Send + Sync {
+    /// The archived workflow with this UID, fully hydrated as Argo stored it;
+    /// `None` if the archive has no such row.
+    fn archived_workflow<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Workflow>, ReadError>>;
+}
+
+/// The archive could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ReadError {
+    pub message: String,
+    /// The fault may pass (e.g. the database is unreachable).
+    pub transient: bool,
+}
+
+/// Why an archived retry did not (yet) create its workflow.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchivedError {
+    #[error(
+        "this controller has no workflow archive: configure Argo's persistence (archive: true) in the ConfigMap given by --argo-configmap"
+    )]
+    NoArchive,
+    #[error("reading archived workflow {uid} from Argo's workflow archive: {source}")]
+    Read { uid: String, source: ReadError },
+    #[error(
+        "no archived workflow with UID {uid} in Argo's workflow archive (check it with `argo archive list`); nothing was deleted"
+    )]
+    UnknownUid { uid: String },
+    #[error(
+        "archived workflow {uid} is in namespace {archived}, not {requested}; create the WorkflowRetry in {archived}"
+    )]
+    OtherNamespace {
+        uid: String,
+        archived: String,
+        requested: String,
+    },
+    /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
+    #[error("Workflow already exists on cluster, use argo retry {name} instead")]
+    ExistsLive { name: String },
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Recreated(#[from] crate::delete::Recreated),
+    #[error("{0}")]
+    Delete(#[from] crate::workers::WorkError),
+    #[error("Kubernetes API request failed: {0}")]
+    Api(#[from] kube::Error),
+    #[error("the controller is shutting down; the request stays pending and resumes on restart")]
+    ShuttingDown,
+}
+
+impl ArchivedError {
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ArchivedError::Read { source, .. } => source.transient,
+            ArchivedError::Delete(_) | ArchivedError::ShuttingDown => true,
+            ArchivedError::Api(e) => crate::workers::is_transient(e),
+            _ => false,
+        }
+    }
+}
+
+/// Time spent in each step, for the status message and the demo.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub read: Duration,
+    pub plan: Duration,
+    pub delete: Duration,
+    pub create: Duration,
+}
+
+/// Retries archived workflow `uid` for the WorkflowRetry `reporter` reports on.
+pub(crate) async fn run(
+    reporter: &mut Reporter<'_>,
+    archive: Option<&dyn ArchivedWorkflows>,
+    uid: &str,
+) -> Result<(), ArchivedError> {
+    let archive = archive.ok_or(ArchivedError::NoArchive)?;
+    let ctx = reporter.ctx();
+    let namespace = reporter.namespace();
+    let mut timings = Timings::default();
+
+    let step = Instant::now();
+    let archived = archive
+        .archived_workflow(uid)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: uid.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ArchivedError::UnknownUid {
+            uid: uid.to_owned(),
+        })?;
+    timings.read = step.elapsed();
+    let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
+    if archived_namespace != namespace {
+        return Err(ArchivedError::OtherNamespace {
+            uid: uid.to_owned(),
+            archived: archived_namespace,
+            requested: namespace,
+        });
+    }
+    let name = archived.name().to_owned();
+    reporter.status.workflow_name = Some(name.clone());
+
+    let workflows: Api<Workflow> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(done) = created_by_us(&workflows, &name, &reporter.uid()).await? {
+        reporter.status.workflow_uid = Some(done);
+        reporter.status.message = format!("created workflow {name}");
+        return Ok(());
+    }
+
+    let step = Instant::now();
+    let spec = &reporter.object().spec;
+    let options = RetryOptions {
+        restart_successful: spec.restart_successful,
+        node_field_selector: spec.node_field_selector.clone().unwrap_or_default(),
+        parameters: spec.parameters.clone(),
+        argo_version: ctx.config.argo_version,
+        max_workflow_size: ctx.config.max_workflow_size,
+    };
+    let planned = plan::plan_retry(&archived, &options)?;
+    timings.plan = step.elapsed();
+
+    let step = Instant::now();
+    delete_leftovers(reporter, &name, uid, &planned.pods_to_delete).await?;
+    timings.delete = step.elapsed();
+
+    let step = Instant::now();
+    let mut workflow = planned.workflow;
+    workflow.metadata.uid = None;
+    workflow.metadata.resource_version = None;
+    workflow
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(CREATED_BY.into(), reporter.uid());
+    let created = match workflows.create(&PostParams::default(), &workflow).await {
+        Ok(created) => created.metadata.uid.unwrap_or_default(),
+        // Created by an earlier attempt whose answer was lost, or by someone else.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            created_by_us(&workflows, &name, &reporter.uid())
+                .await?
+                .ok_or(ArchivedError::ExistsLive { name: name.clone() })?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    timings.create = step.elapsed();
+    info!(
+        workflowretry = reporter.name(),
+        workflow = name,
+        archived_uid = uid,
+        read_ms = timings.read.as_millis() as u64,
+        plan_ms = timings.plan.as_millis() as u64,
+        delete_ms = timings.delete.as_millis() as u64,
+        create_ms = timings.create.as_millis() as u64,
+        "archived workflow retried"
+    );
+    reporter.status.workflow_uid = Some(created);
+    reporter.status.message = format!(
+        "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s)",
+        reporter.status.pods_deleted,
+        timings.read.as_secs_f64(),
+        timings.plan.as_secs_f64(),
+        timings.delete.as_secs_f64(),
+        timings.create.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The UID of live workflow `name` if this WorkflowRetry created it; an
+/// error if another workflow of that name exists; `None` if none does.
+async fn created_by_us(
+    workflows: &Api<Workflow>,
+    name: &str,
+    request_uid: &str,
+) -> Result<Option<String>, ArchivedError> {
+    match workflows.get_metadata_opt(name).await? {
+        None => Ok(None),
+        Some(live)
+            if live.annotations().get(CREATED_BY).map(String::as_str) == Some(request_uid) =>
+        {
+            Ok(Some(live.uid().unwrap_or_default()))
+        }
+        Some(_) => Err(ArchivedError::ExistsLive {
+            name: name.to_owned(),
+        }),
+    }
+}
+
+/// True if `pod` is owned by the workflow with UID `owner`.
+fn owned_by(pod: &Pod, owner: &str) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == owner)
+}
+
+/// Deletes the plan's pods that the archived workflow (`owner`) left behind,
+/// and returns once every one is gone.
+async fn delete_leftovers(
+    reporter: &mut Reporter<'_>,
+    workflow: &str,
+    owner: &str,
+    plan_pods: &[String],
+) -> Result<(), ArchivedError> {
+    let ctx = reporter.ctx();
+    let namespace = reporter.namespace();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let lp = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let key: crate::workers::RequestKey =
+        format!("workflowretry/{namespace}/{}", reporter.uid()).into();
+    let mut outcomes = ctx.outcomes.register(key.clone());
+    let result = async {
+        let mut tracker = Tracker::new(plan_pods.iter().cloned());
+        let total = plan_pods.len() as u64;
+        reporter.status.pods_total = total;
+        let mut deleted = 0u64;
+        let mut last_write = Instant::now();
+        loop {
+            let listed = pods.list(&lp).await?.items;
+            // A pod of another workflow of this name is not a leftover. While
+            // one exists, a bulk delete by label could select it: delete pod
+            // by pod, each with its UID as a precondition.
+            let foreign = listed.iter().any(|p| !owned_by(p, owner));
+            let ours: Vec<Pod> = listed.into_iter().filter(|p| owned_by(p, owner)).collect();
+            let assessment = tracker.assess(workflow, &ours, ctx.config.allow_bulk && !foreign)?;
+            let gone = assessment.gone.len() as u64;
+            reporter.status.pods_deleted = deleted.max(gone).min(total);
+            if assessment.all_gone(plan_pods.len()) {
+                reporter.status.pods_deleted = total;
+                return Ok(());
+            }
+            reporter.status.phase = Some(crate::request::RetryPhase::DeletingPods);
+            let mut pending = 0usize;
+            for work in assessment.work {
+                let item = WorkItem {
+                    namespace: namespace.clone(),
+                    work,
+                };
+                ctx.queue.add(key.clone(), Class::Interactive, item);
+                pending += 1;
+            }
+            while pending > 0 {
+                let outcome = outcomes.recv().await.ok_or(ArchivedError::ShuttingDown)?;
+                pending -= 1;
+                if let Done::Deleted(n) = outcome.result? {
+                    ctx.metrics.pods_deleted(n);
+                    deleted = (deleted.max(gone) + n as u64).min(total);
+                    reporter.status.pods_deleted = deleted;
+                }
+                if last_write.elapsed() >= ctx.config.status_interval {
+                    reporter.write().await?;
+                    last_write = Instant::now();
+                }
+            }
+            if !assessment.terminating.is_empty() {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    .await;
+    ctx.outcomes.unregister(&key);
+    ctx.queue.cancel(&key);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    fn pod(name: &str, owner: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                owner_references: Some(vec![OwnerReference {
+                    uid: owner.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_pods_owned_by_the_archived_workflow_are_leftovers() {
+        assert!(owned_by(&pod("a", "old"), "old"));
+        assert!(!owned_by(&pod("a", "other"), "old"));
+        assert!(!owned_by(&Pod::default(), "old"));
+    }
+}
