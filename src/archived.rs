@@ -74,6 +74,14 @@ pub enum ArchivedError {
     ExistsLive { name: String },
     #[error("{0}")]
     Plan(#[from] PlanError),
+    #[error(
+        "pod {pod} has the name of a pod the retry recreates but belongs to another workflow (owner UIDs {owners:?}, not {uid}); rewind deletes only the archived workflow's pods and Argo would adopt this one: delete it, then create a new WorkflowRetry"
+    )]
+    ForeignPlanPod {
+        pod: String,
+        uid: String,
+        owners: Vec<String>,
+    },
     #[error(transparent)]
     Recreated(#[from] crate::delete::Recreated),
     #[error("{0}")]
@@ -259,6 +267,23 @@ async fn delete_leftovers(
             // one exists, a bulk delete by label could select it: delete pod
             // by pod, each with its UID as a precondition.
             let foreign = listed.iter().any(|p| !owned_by(p, owner));
+            if let Some(pod) = listed.iter().find(|p| {
+                !owned_by(p, owner)
+                    && p.metadata
+                        .name
+                        .as_ref()
+                        .is_some_and(|n| tracker.plan().contains(n))
+            }) {
+                return Err(ArchivedError::ForeignPlanPod {
+                    pod: pod.name_any(),
+                    uid: owner.to_owned(),
+                    owners: pod
+                        .owner_references()
+                        .iter()
+                        .map(|r| r.uid.clone())
+                        .collect(),
+                });
+            }
             let ours: Vec<Pod> = listed.into_iter().filter(|p| owned_by(p, owner)).collect();
             let assessment = tracker.assess(workflow, &ours, ctx.config.allow_bulk && !foreign)?;
             let gone = assessment.gone.len() as u64;

@@ -13,6 +13,7 @@ mod retry;
 mod scheduling;
 mod support;
 mod workflow_roundtrip;
+mod workflowretry;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -59,6 +60,10 @@ fn main() -> ExitCode {
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
+        workflowretry::the_api_server_refuses_both_or_neither_target_and_a_changed_spec,
+        workflowretry::a_live_workflowretry_resets_the_workflow_reports_and_expires,
+        workflowretry::an_archived_workflowretry_deletes_only_leftovers_and_creates_the_workflow_once,
+        workflowretry::workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothing,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

@@ -62,13 +62,26 @@ pub mod controller {
     pub async fn start(
         cluster: &LocalCluster,
         namespace: &str,
+        options: Options,
+    ) -> anyhow::Result<Running> {
+        start_with_archive(cluster, namespace, options, None).await
+    }
+
+    /// [`start`], serving archived retries from `archive`.
+    pub async fn start_with_archive(
+        cluster: &LocalCluster,
+        namespace: &str,
         mut options: Options,
+        archive: Option<std::sync::Arc<dyn rewind::archived::ArchivedWorkflows>>,
     ) -> anyhow::Result<Running> {
         options.scope = Scope {
             namespaces: vec![namespace.to_owned()],
             instance_id: None,
         };
-        let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+        let mut controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+        if let Some(archive) = archive {
+            controller = controller.with_archive(archive);
+        }
         let state = controller.state();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(controller.run(shutdown.clone()));
