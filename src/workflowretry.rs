@@ -31,20 +31,12 @@ pub const CRD_FILE: &str = "rewind.dev_workflowretries.yaml";
     status = "WorkflowRetryStatus",
     shortname = "wfretry",
     derive = "PartialEq",
-    printcolumn(name = "Workflow", type_ = "string", json_path = ".spec.workflowName"),
-    printcolumn(
-        name = "Archived UID",
-        type_ = "string",
-        json_path = ".spec.archivedWorkflowUID"
-    ),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Deleted", type_ = "integer", json_path = ".status.podsDeleted"),
-    printcolumn(name = "Total", type_ = "integer", json_path = ".status.podsTotal"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Workflow", "type":"string", "jsonPath":".spec.workflowName"}"#,
+    printcolumn = r#"{"name":"Archived UID", "type":"string", "jsonPath":".spec.archivedWorkflowUID"}"#,
+    printcolumn = r#"{"name":"Phase", "type":"string", "jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Deleted", "type":"integer", "jsonPath":".status.podsDeleted"}"#,
+    printcolumn = r#"{"name":"Total", "type":"integer", "jsonPath":".status.podsTotal"}"#,
+    printcolumn = r#"{"name":"Age", "type":"date", "jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(
     validation = Rule::new("has(self.archivedWorkflowUID) != has(self.workflowName)")
