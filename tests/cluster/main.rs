@@ -64,6 +64,7 @@ fn main() -> ExitCode {
         workflowretry::a_live_workflowretry_resets_the_workflow_reports_and_expires,
         workflowretry::an_archived_workflowretry_deletes_only_leftovers_and_creates_the_workflow_once,
         workflowretry::workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothing,
+        workflowretry::an_archived_retry_stopped_before_the_create_resumes_and_creates_once,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

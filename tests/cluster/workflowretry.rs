@@ -450,3 +450,91 @@ pub async fn workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothi
     );
     Ok(())
 }
+
+/// A controller stopped while it deletes an archived workflow's leftovers (before the
+/// create): nothing is created by the stopped one, and the next controller finishes the
+/// request, deleting the rest and creating the workflow once.
+pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_once(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 2,
+    };
+    let created = workflows
+        .create(&PostParams::default(), &dag.workflow(&namespace))
+        .await?;
+    create_held_pods(&pods, dag.pods(&created)).await?;
+    let row = workflows.get(&dag.name).await?;
+    let old_uid = row.uid().context("a created workflow has a UID")?;
+    workflows
+        .delete(&dag.name, &DeleteParams::background())
+        .await?;
+    let plan = ctl::expected_plan(&row)?;
+    let archive: Arc<dyn ArchivedWorkflows> =
+        Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
+
+    // Five writes a second, one pod each: the leftovers take about four seconds.
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(5, 1, false),
+        Some(archive.clone()),
+    )
+    .await?;
+    retries
+        .create(
+            &PostParams::default(),
+            &archived("retry-archived", &old_uid),
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    controller.stop().await?;
+    let mut left = 0;
+    for pod in &plan.pods_to_delete {
+        left += usize::from(pods.get_opt(pod).await?.is_some());
+    }
+    ensure!(
+        0 < left && left < plan.pods_to_delete.len(),
+        "the controller should stop mid-way through the leftovers; {left} of {} remain",
+        plan.pods_to_delete.len()
+    );
+    ensure!(
+        workflows.get_opt(&dag.name).await?.is_none(),
+        "the workflow was created before every leftover was gone"
+    );
+
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(archive),
+    )
+    .await?;
+    let finished = wait_finished(&retries, "retry-archived").await?;
+    controller.stop().await?;
+    let (phase, message) = phase_and_message(&finished);
+    ensure!(
+        phase == Some(RetryPhase::Succeeded),
+        "the resumed archived retry should succeed: {message}"
+    );
+    for pod in &plan.pods_to_delete {
+        ensure!(
+            pods.get_opt(pod).await?.is_none(),
+            "plan pod {pod} was left behind"
+        );
+    }
+    let after = workflows.get(&dag.name).await?;
+    ensure!(
+        after.annotation(CREATED_BY) == finished.uid().as_deref()
+            && finished.status.and_then(|s| s.workflow_uid) == after.uid(),
+        "the created workflow should carry the request's UID and be the one its status names"
+    );
+    Ok(())
+}
