@@ -29,20 +29,38 @@ use crate::workflow::{Workflow, labels};
 use crate::workflowretry::CREATED_BY;
 use crate::workflowretry::serve::Reporter;
 
-/// Reads archived workflows: Argo's workflow archive.
-pub trait ArchivedWorkflows: Send + Sync {
+/// Argo's database (its `persistence`): the workflow archive and the
+/// offloaded node status of large workflows. The archive module implements it
+/// on Argo's own tables.
+pub trait ArgoDatabase: Send + Sync {
     /// The archived workflow with this UID, fully hydrated as Argo stored it;
     /// `None` if the archive has no such row.
     fn archived_workflow<'a>(
         &'a self,
         uid: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Workflow>, ReadError>>;
+    ) -> BoxFuture<'a, Result<Option<Workflow>, DatabaseError>>;
+
+    /// The nodes (a JSON object by node ID) offloaded for workflow `uid` at `version`.
+    fn offloaded_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        version: &'a str,
+    ) -> BoxFuture<'a, Result<serde_json::Value, DatabaseError>>;
+
+    /// Offloads `nodes` for workflow `uid` as Argo does; returns the version
+    /// Argo would (`fnv:` and the FNV-32 hash of Go's JSON of the nodes).
+    fn offload_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        namespace: &'a str,
+        nodes: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<String, DatabaseError>>;
 }
 
-/// The archive could not be read.
+/// Argo's database could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct ReadError {
+pub struct DatabaseError {
     pub message: String,
     /// The fault may pass (e.g. the database is unreachable).
     pub transient: bool,
@@ -55,8 +73,8 @@ pub enum ArchivedError {
         "this controller has no workflow archive: configure Argo's persistence (archive: true) in the ConfigMap given by --argo-configmap"
     )]
     NoArchive,
-    #[error("reading archived workflow {uid} from Argo's workflow archive: {source}")]
-    Read { uid: String, source: ReadError },
+    #[error("Argo's database, workflow {uid}: {source}")]
+    Read { uid: String, source: DatabaseError },
     #[error(
         "no archived workflow with UID {uid} in Argo's workflow archive (check it with `argo archive list`); nothing was deleted"
     )]
@@ -74,6 +92,8 @@ pub enum ArchivedError {
     ExistsLive { name: String },
     #[error("{0}")]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Offload(#[from] crate::offload::OffloadError),
     #[error(
         "pod {pod} has the name of a pod the retry recreates but belongs to another workflow (owner UIDs {owners:?}, not {uid}); rewind deletes only the archived workflow's pods and Argo would adopt this one: delete it, then create a new WorkflowRetry"
     )]
@@ -96,6 +116,7 @@ impl ArchivedError {
     pub fn is_transient(&self) -> bool {
         match self {
             ArchivedError::Read { source, .. } => source.transient,
+            ArchivedError::Offload(e) => e.is_transient(),
             ArchivedError::Delete(_) | ArchivedError::ShuttingDown => true,
             ArchivedError::Api(e) => crate::workers::is_transient(e),
             _ => false,
@@ -115,16 +136,16 @@ pub struct Timings {
 /// Retries archived workflow `uid` for the WorkflowRetry `reporter` reports on.
 pub(crate) async fn run(
     reporter: &mut Reporter<'_>,
-    archive: Option<&dyn ArchivedWorkflows>,
+    database: Option<&dyn ArgoDatabase>,
     uid: &str,
 ) -> Result<(), ArchivedError> {
-    let archive = archive.ok_or(ArchivedError::NoArchive)?;
+    let database = database.ok_or(ArchivedError::NoArchive)?;
     let ctx = reporter.ctx();
     let namespace = reporter.namespace();
     let mut timings = Timings::default();
 
     let step = Instant::now();
-    let archived = archive
+    let archived = database
         .archived_workflow(uid)
         .await
         .map_err(|source| ArchivedError::Read {
@@ -148,6 +169,11 @@ pub(crate) async fn run(
 
     let workflows: Api<Workflow> = Api::namespaced(ctx.client.clone(), &namespace);
     if let Some(done) = created_by_us(&workflows, &name, &reporter.uid()).await? {
+        // The create happened; the copy of offloaded nodes after it may not have.
+        let created = workflows.get(&name).await?;
+        if let Some(version) = crate::offload::offloaded_version(&created) {
+            copy_offloaded(database, uid, &done, &namespace, version).await?;
+        }
         reporter.status.workflow_uid = Some(done);
         reporter.status.message = format!("created workflow {name}");
         return Ok(());
@@ -160,7 +186,8 @@ pub(crate) async fn run(
         node_field_selector: spec.node_field_selector.clone().unwrap_or_default(),
         parameters: spec.parameters.clone(),
         argo_version: ctx.config.argo_version,
-        max_workflow_size: ctx.config.max_workflow_size,
+        // Dehydrated below, as Argo does, with its database at hand.
+        max_workflow_size: usize::MAX,
     };
     let planned = plan::plan_retry(&archived, &options)?;
     timings.plan = step.elapsed();
@@ -171,6 +198,15 @@ pub(crate) async fn run(
 
     let step = Instant::now();
     let mut workflow = planned.workflow;
+    // Argo dehydrates before it clears the UID: nodes offloaded now are
+    // written under the archived workflow's UID, then copied to the new one.
+    crate::offload::dehydrate(
+        database,
+        &mut workflow,
+        ctx.config.max_workflow_size,
+        ctx.config.always_offload_node_status,
+    )
+    .await?;
     workflow.metadata.uid = None;
     workflow.metadata.resource_version = None;
     workflow
@@ -188,6 +224,9 @@ pub(crate) async fn run(
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(version) = crate::offload::offloaded_version(&workflow) {
+        copy_offloaded(database, uid, &created, &namespace, version).await?;
+    }
     timings.create = step.elapsed();
     info!(
         workflowretry = reporter.name(),
@@ -208,6 +247,32 @@ pub(crate) async fn run(
         timings.delete.as_secs_f64(),
         timings.create.as_secs_f64()
     );
+    Ok(())
+}
+
+/// Copies the nodes offloaded under the archived workflow's UID to the
+/// created one's, as Argo's server does after its create (idempotent).
+async fn copy_offloaded(
+    database: &dyn ArgoDatabase,
+    from_uid: &str,
+    to_uid: &str,
+    namespace: &str,
+    version: &str,
+) -> Result<(), ArchivedError> {
+    let nodes = database
+        .offloaded_nodes(from_uid, version)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: from_uid.to_owned(),
+            source,
+        })?;
+    database
+        .offload_nodes(to_uid, namespace, &nodes)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: to_uid.to_owned(),
+            source,
+        })?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::archived::ArchivedWorkflows;
+use crate::archived::ArgoDatabase;
 use crate::budget::{self, Budget, BudgetConfig};
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, WorkQueue};
@@ -53,7 +53,6 @@ impl Default for Options {
 /// A configured controller; [`Controller::run`] starts it.
 pub struct Controller {
     options: Options,
-    archive: Option<Arc<dyn ArchivedWorkflows>>,
     budget: Budget,
     ctx: retry::Context,
     state: State,
@@ -76,20 +75,21 @@ impl Controller {
             outcomes: Outcomes::default(),
             config: options.retry.clone(),
             metrics,
+            database: None,
         };
         Ok(Controller {
             options,
-            archive: None,
             budget,
             ctx,
             state: State::default(),
         })
     }
 
-    /// Serves archived retries (WorkflowRetry `archivedWorkflowUID`) from
-    /// this archive; without one they fail with a message saying so.
-    pub fn with_archive(mut self, archive: Arc<dyn ArchivedWorkflows>) -> Self {
-        self.archive = Some(archive);
+    /// Uses Argo's database: archived retries (WorkflowRetry
+    /// `archivedWorkflowUID`) and offloaded node status. Without it, those
+    /// requests fail with a message saying so.
+    pub fn with_database(mut self, database: Arc<dyn ArgoDatabase>) -> Self {
+        self.ctx.database = Some(database);
         self
     }
 
@@ -108,7 +108,6 @@ impl Controller {
     pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let Controller {
             options,
-            archive,
             budget,
             ctx,
             state,
@@ -152,7 +151,7 @@ impl Controller {
             None => None,
         };
         let queue = ctx.queue.clone();
-        watch::run(ctx, options.scope, state, archive, shutdown.clone()).await;
+        watch::run(ctx, options.scope, state, shutdown.clone()).await;
         queue.shutdown();
         while tasks.join_next().await.is_some() {}
         if let Some(server) = server {

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod delete;
 pub mod gc;
 pub mod metrics;
+pub mod offload;
 pub mod plan;
 pub mod queue;
 pub mod request;

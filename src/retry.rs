@@ -34,6 +34,8 @@ pub struct RetryConfig {
     pub max_workflow_size: usize,
     /// Least time between two `rewind.dev/retry-status` writes of one request.
     pub status_interval: Duration,
+    /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
+    pub always_offload_node_status: bool,
 }
 
 impl Default for RetryConfig {
@@ -43,6 +45,7 @@ impl Default for RetryConfig {
             argo_version: ArgoVersion::default(),
             max_workflow_size: plan::compress::DEFAULT_MAX_WORKFLOW_SIZE,
             status_interval: Duration::from_secs(2),
+            always_offload_node_status: false,
         }
     }
 }
@@ -56,6 +59,9 @@ pub struct Context {
     pub recorder: Recorder,
     pub config: RetryConfig,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Argo's database, when its persistence is configured: archived
+    /// workflows and offloaded node status.
+    pub database: Option<Arc<dyn crate::archived::ArgoDatabase>>,
 }
 
 /// The workflow and request a retry works on.
@@ -99,6 +105,8 @@ pub enum RetryError {
     WorkflowChanged { phase: String, completed: String },
     #[error("Kubernetes API request failed: {0}")]
     Api(#[from] kube::Error),
+    #[error(transparent)]
+    Offload(#[from] crate::offload::OffloadError),
     #[error("the controller is shutting down; the request stays pending and resumes on restart")]
     ShuttingDown,
     #[error("a newer retry request replaced this one")]
@@ -110,7 +118,11 @@ impl RetryError {
     /// meet: the request stays pending and is tried again, so no request is
     /// lost to a passing fault (rule 4). Everything else ends the request.
     pub fn is_transient(&self) -> bool {
-        matches!(self, RetryError::Api(_) | RetryError::Delete(_))
+        match self {
+            RetryError::Api(_) | RetryError::Delete(_) => true,
+            RetryError::Offload(e) => e.is_transient(),
+            _ => false,
+        }
     }
 }
 
@@ -234,9 +246,10 @@ impl<'a> Job<'a> {
     ) -> Result<Finished, RetryError> {
         let mut announced = false;
         loop {
-            let Some(wf) = self.read().await? else {
+            let Some(mut wf) = self.read().await? else {
                 return Ok(Finished::AlreadyObserved);
             };
+            crate::offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
             // Announced once the workflow confirms the request is pending: a
             // late watch event about a finished request says nothing.
             if !announced {
@@ -298,7 +311,11 @@ impl<'a> Job<'a> {
             node_field_selector: request.options.node_field_selector,
             parameters: request.options.parameters,
             argo_version: self.ctx.config.argo_version,
-            max_workflow_size: self.ctx.config.max_workflow_size,
+            // With a database, the commit dehydrates (compresses or offloads).
+            max_workflow_size: match self.ctx.database {
+                Some(_) => usize::MAX,
+                None => self.ctx.config.max_workflow_size,
+            },
         };
         let plan = plan::plan_retry(wf, &options)?;
         match &mut self.tracker {
@@ -406,6 +423,16 @@ impl<'a> Job<'a> {
     /// one update that fails if the workflow changed since it was read.
     async fn commit(&mut self, wf: Workflow, plan: Plan) -> Result<(), RetryError> {
         let mut reset = plan.workflow;
+        if let Some(db) = &self.ctx.database {
+            let config = &self.ctx.config;
+            crate::offload::dehydrate(
+                db.as_ref(),
+                &mut reset,
+                config.max_workflow_size,
+                config.always_offload_node_status,
+            )
+            .await?;
+        }
         reset.metadata.resource_version = wf.metadata.resource_version.clone();
         self.status.phase = RetryPhase::Succeeded;
         self.status.finished_at = Some(now());

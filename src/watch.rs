@@ -20,7 +20,6 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::archived::ArchivedWorkflows;
 use crate::request;
 use crate::retry::{self, Target};
 use crate::workflow::{Workflow, labels};
@@ -67,13 +66,7 @@ impl State {
 
 /// Watches workflow metadata and WorkflowRetry objects, and runs retries
 /// until `shutdown` is cancelled.
-pub async fn run(
-    ctx: retry::Context,
-    scope: Scope,
-    state: State,
-    archive: Option<Arc<dyn ArchivedWorkflows>>,
-    shutdown: CancellationToken,
-) {
+pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: CancellationToken) {
     let client: Client = ctx.client.clone();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
     let apis: Vec<Api<PartialObjectMeta<Workflow>>> = scoped_apis(&client, &scope);
@@ -100,7 +93,6 @@ pub async fn run(
     let requests = WorkflowRetries {
         ctx,
         scope: scope.clone(),
-        archive,
         active: Arc::default(),
         shutdown: shutdown.clone(),
     };
@@ -173,7 +165,6 @@ where
 struct WorkflowRetries {
     ctx: Arc<retry::Context>,
     scope: Scope,
-    archive: Option<Arc<dyn ArchivedWorkflows>>,
     active: Arc<Mutex<HashSet<String>>>,
     shutdown: CancellationToken,
 }
@@ -241,7 +232,7 @@ impl WorkflowRetries {
             if object.is_finished() {
                 break;
             }
-            let served = wfr::serve(&self.ctx, &self.scope, self.archive.as_deref(), &object)
+            let served = wfr::serve(&self.ctx, &self.scope, &object)
                 .instrument(span.clone())
                 .await;
             match served {

@@ -172,7 +172,6 @@ impl<'a> Reporter<'a> {
 pub(crate) async fn serve(
     ctx: &retry::Context,
     scope: &Scope,
-    archive: Option<&dyn crate::archived::ArchivedWorkflows>,
     object: &WorkflowRetry,
 ) -> Result<(), ServeError> {
     let mut reporter = Reporter::new(ctx, object);
@@ -190,9 +189,11 @@ pub(crate) async fn serve(
     let result = match object.spec.target() {
         None => Err(ServeError::NoTarget),
         Some(RetryTarget::Live { name }) => serve_live(&mut reporter, scope, &name).await,
-        Some(RetryTarget::Archived { uid }) => crate::archived::run(&mut reporter, archive, &uid)
-            .await
-            .map_err(ServeError::from),
+        Some(RetryTarget::Archived { uid }) => {
+            crate::archived::run(&mut reporter, ctx.database.as_deref(), &uid)
+                .await
+                .map_err(ServeError::from)
+        }
     };
     match &result {
         Ok(()) => {

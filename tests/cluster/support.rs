@@ -72,7 +72,7 @@ pub mod controller {
         cluster: &LocalCluster,
         namespace: &str,
         mut options: Options,
-        archive: Option<std::sync::Arc<dyn rewind::archived::ArchivedWorkflows>>,
+        archive: Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>,
     ) -> anyhow::Result<Running> {
         options.scope = Scope {
             namespaces: vec![namespace.to_owned()],
@@ -80,7 +80,7 @@ pub mod controller {
         };
         let mut controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
         if let Some(archive) = archive {
-            controller = controller.with_archive(archive);
+            controller = controller.with_database(archive);
         }
         let state = controller.state();
         let shutdown = CancellationToken::new();

@@ -4,7 +4,7 @@
 //! and deletes finished ones after their TTL.
 //!
 //! The archived row here is the workflow exactly as the API server returned it before its
-//! deletion (what Argo archives), served by an in-test [`ArchivedWorkflows`]: these tests are
+//! deletion (what Argo archives), served by an in-test [`ArgoDatabase`]: these tests are
 //! about the Kubernetes half; reading Argo's tables is the archive module's.
 
 use std::collections::BTreeMap;
@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource as _, ResourceExt as _};
-use rewind::archived::{ArchivedWorkflows, ReadError};
+use rewind::archived::{ArgoDatabase, DatabaseError};
 use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
@@ -34,12 +34,37 @@ const FINISH: Duration = Duration::from_secs(60);
 /// Archived rows by UID.
 struct Rows(BTreeMap<String, Workflow>);
 
-impl ArchivedWorkflows for Rows {
+impl ArgoDatabase for Rows {
     fn archived_workflow<'a>(
         &'a self,
         uid: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Workflow>, ReadError>> {
+    ) -> BoxFuture<'a, Result<Option<Workflow>, DatabaseError>> {
         Box::pin(async move { Ok(self.0.get(uid).cloned()) })
+    }
+
+    fn offloaded_nodes<'a>(
+        &'a self,
+        _uid: &'a str,
+        _version: &'a str,
+    ) -> BoxFuture<'a, Result<serde_json::Value, DatabaseError>> {
+        Box::pin(async { Err(no_offload_table()) })
+    }
+
+    fn offload_nodes<'a>(
+        &'a self,
+        _uid: &'a str,
+        _namespace: &'a str,
+        _nodes: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<String, DatabaseError>> {
+        Box::pin(async { Err(no_offload_table()) })
+    }
+}
+
+/// These tests' workflows are small: nothing is offloaded.
+fn no_offload_table() -> DatabaseError {
+    DatabaseError {
+        message: "the test's archive has no offload table".into(),
+        transient: false,
     }
 }
 
@@ -278,7 +303,7 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         "the fixture keeps some pods out of the plan"
     );
 
-    let archive: Arc<dyn ArchivedWorkflows> =
+    let archive: Arc<dyn ArgoDatabase> =
         Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row.clone())])));
     let controller = ctl::start_with_archive(
         &cluster,
@@ -393,7 +418,7 @@ pub async fn workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothi
     let created = dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
     let uid = created.uid().unwrap_or_default();
     let pods_before = ctl::pod_names(&cluster, &namespace, labels::WORKFLOW).await?;
-    let archive: Arc<dyn ArchivedWorkflows> =
+    let archive: Arc<dyn ArgoDatabase> =
         Arc::new(Rows(BTreeMap::from([(uid.clone(), created.clone())])));
 
     let controller = ctl::start_with_archive(
@@ -477,8 +502,7 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
         .delete(&dag.name, &DeleteParams::background())
         .await?;
     let plan = ctl::expected_plan(&row)?;
-    let archive: Arc<dyn ArchivedWorkflows> =
-        Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
 
     // Five writes a second, one pod each: the leftovers take about four seconds.
     let controller = ctl::start_with_archive(
