@@ -110,3 +110,124 @@ pub async fn dehydrate(
     wf.status.offload_node_status_version = Some(version);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use futures::future::BoxFuture;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Offloaded nodes by (UID, version); versions are numbered, not hashed.
+    #[derive(Default)]
+    struct Table(Mutex<BTreeMap<(String, String), Value>>);
+
+    impl ArgoDatabase for Table {
+        fn archived_workflow<'a>(
+            &'a self,
+            _uid: &'a str,
+        ) -> BoxFuture<'a, Result<Option<Workflow>, DatabaseError>> {
+            Box::pin(async { Ok(None) })
+        }
+
+        fn offloaded_nodes<'a>(
+            &'a self,
+            uid: &'a str,
+            version: &'a str,
+        ) -> BoxFuture<'a, Result<Value, DatabaseError>> {
+            let row = self
+                .0
+                .lock()
+                .unwrap()
+                .get(&(uid.into(), version.into()))
+                .cloned();
+            Box::pin(async move {
+                row.ok_or(DatabaseError {
+                    message: "no row".into(),
+                    transient: false,
+                })
+            })
+        }
+
+        fn offload_nodes<'a>(
+            &'a self,
+            uid: &'a str,
+            _namespace: &'a str,
+            nodes: &'a Value,
+        ) -> BoxFuture<'a, Result<String, DatabaseError>> {
+            let mut rows = self.0.lock().unwrap();
+            let version = format!("v{}", rows.len() + 1);
+            rows.insert((uid.into(), version.clone()), nodes.clone());
+            Box::pin(async move { Ok(version) })
+        }
+    }
+
+    fn workflow() -> Workflow {
+        serde_json::from_value(json!({
+            "metadata": {"name": "wf", "namespace": "ns", "uid": "u1"},
+            "status": {"phase": "Failed", "nodes": {"wf": {"id": "wf", "name": "wf", "type": "Pod", "phase": "Failed"}}},
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_workflow_without_offloaded_nodes_is_left_alone() {
+        let mut wf = workflow();
+        hydrate(None, &mut wf).await.unwrap();
+        assert_eq!(wf, workflow());
+    }
+
+    #[tokio::test]
+    async fn offloaded_nodes_need_a_database_and_come_back_from_it() {
+        let mut offloaded = workflow();
+        let nodes = serde_json::to_value(offloaded.status.nodes.take()).unwrap();
+        offloaded.status.offload_node_status_version = Some("v1".into());
+        let err = hydrate(None, &mut offloaded.clone()).await.unwrap_err();
+        assert!(matches!(err, OffloadError::NoDatabase { .. }), "{err}");
+
+        let table = Table::default();
+        table
+            .0
+            .lock()
+            .unwrap()
+            .insert(("u1".into(), "v1".into()), nodes);
+        let mut wf = offloaded.clone();
+        hydrate(Some(&table), &mut wf).await.unwrap();
+        assert_eq!(wf, workflow());
+
+        table
+            .0
+            .lock()
+            .unwrap()
+            .insert(("u1".into(), "v1".into()), json!(["not nodes"]));
+        let err = hydrate(Some(&table), &mut offloaded).await.unwrap_err();
+        assert!(
+            matches!(err, OffloadError::Corrupt { .. }) && !err.is_transient(),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dehydrate_compresses_within_the_limit_and_offloads_beyond_it_or_always() {
+        let table = Table::default();
+        let mut small = workflow();
+        dehydrate(&table, &mut small, 1 << 20, false).await.unwrap();
+        assert_eq!(small, workflow());
+        assert!(table.0.lock().unwrap().is_empty());
+
+        for (max, always) in [(10, false), (1 << 20, true)] {
+            let mut wf = workflow();
+            dehydrate(&table, &mut wf, max, always).await.unwrap();
+            let version = wf.status.offload_node_status_version.clone().unwrap();
+            assert!(wf.status.nodes.is_none() && wf.status.compressed_nodes.is_none());
+            let stored = table.0.lock().unwrap()[&("u1".to_string(), version)].clone();
+            assert_eq!(
+                stored,
+                serde_json::to_value(workflow().status.nodes).unwrap()
+            );
+        }
+    }
+}
