@@ -102,6 +102,9 @@ pub struct Tuning {
     /// Argo's MAX_WORKFLOW_SIZE: above it, nodes are written compressed.
     #[arg(long, default_value_t = DEFAULT_MAX_WORKFLOW_SIZE, env = "MAX_WORKFLOW_SIZE")]
     max_workflow_size: usize,
+    /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
+    #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
+    always_offload_node_status: bool,
 }
 
 impl Tuning {
@@ -125,6 +128,7 @@ impl Tuning {
                 allow_bulk: !self.no_bulk,
                 argo_version: self.argo_version,
                 max_workflow_size: self.max_workflow_size,
+                always_offload_node_status: self.always_offload_node_status,
                 ..RetryConfig::default()
             },
             pod_gc: self.pod_gc,
