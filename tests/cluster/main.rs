@@ -7,6 +7,10 @@
 mod budget;
 mod idempotency;
 mod lifecycle;
+// Argo's retry code as an oracle, shared with the planner's differential test.
+#[allow(dead_code)]
+#[path = "../support/oracle.rs"]
+mod oracle;
 mod pods;
 mod rbac;
 mod retry;
