@@ -14,5 +14,9 @@ controlplane:
 demo:
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked -- demo $(DEMO_ARGS)
 
+# Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds
+# the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests.
 test:
+	tools/db/install.sh
+	tools/argodb/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets

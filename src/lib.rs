@@ -2,6 +2,7 @@
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
 
+pub mod archive;
 pub mod archived;
 pub mod budget;
 pub mod controller;

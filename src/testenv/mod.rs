@@ -1,7 +1,9 @@
 //! Machinery for tests, the demo and benchmarks only: a real local control
-//! plane built from Go modules ([`localcluster`]) and generators of failed Argo
-//! workloads ([`workload`]). Behind the `testenv` feature, so a reader (or a
-//! build) of the controller never wades through it.
+//! plane built from Go modules ([`localcluster`]), real PostgreSQL and MariaDB
+//! servers ([`db`]) and generators of failed Argo workloads ([`workload`]).
+//! Behind the `testenv` feature, so a reader (or a build) of the controller
+//! never wades through it.
 
+pub mod db;
 pub mod localcluster;
 pub mod workload;
