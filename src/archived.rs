@@ -33,6 +33,12 @@ use crate::workflowretry::serve::Reporter;
 /// offloaded node status of large workflows. The archive module implements it
 /// on Argo's own tables.
 pub trait ArgoDatabase: Send + Sync {
+    /// Argo archives workflows here (`persistence.archive`).
+    fn archives(&self) -> bool;
+
+    /// Argo offloads node status here (`persistence.nodeStatusOffLoad`).
+    fn offloads(&self) -> bool;
+
     /// The archived workflow with this UID, fully hydrated as Argo stored it;
     /// `None` if the archive has no such row.
     fn archived_workflow<'a>(
@@ -55,6 +61,69 @@ pub trait ArgoDatabase: Send + Sync {
         namespace: &'a str,
         nodes: &'a serde_json::Value,
     ) -> BoxFuture<'a, Result<String, DatabaseError>>;
+}
+
+/// Argo's database as its `persistence` block configures it.
+pub struct ArgoDb {
+    archive: crate::archive::Archive,
+    archives: bool,
+    offloads: bool,
+}
+
+impl ArgoDb {
+    /// A (lazy) connection pool on the database `persistence` names.
+    pub async fn connect(
+        persistence: &crate::archive::Persistence,
+    ) -> Result<ArgoDb, crate::archive::ArchiveError> {
+        Ok(ArgoDb {
+            archive: crate::archive::Archive::connect(persistence).await?,
+            archives: persistence.archive,
+            offloads: persistence.node_status_offload,
+        })
+    }
+}
+
+impl From<crate::archive::ArchiveError> for DatabaseError {
+    fn from(e: crate::archive::ArchiveError) -> Self {
+        DatabaseError {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl ArgoDatabase for ArgoDb {
+    fn archives(&self) -> bool {
+        self.archives
+    }
+
+    fn offloads(&self) -> bool {
+        self.offloads
+    }
+
+    fn archived_workflow<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Workflow>, DatabaseError>> {
+        Box::pin(async move { Ok(self.archive.archived_workflow(uid).await?) })
+    }
+
+    fn offloaded_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        version: &'a str,
+    ) -> BoxFuture<'a, Result<serde_json::Value, DatabaseError>> {
+        Box::pin(async move { Ok(self.archive.offloaded_nodes(uid, version).await?) })
+    }
+
+    fn offload_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        namespace: &'a str,
+        nodes: &'a serde_json::Value,
+    ) -> BoxFuture<'a, Result<String, DatabaseError>> {
+        Box::pin(async move { Ok(self.archive.offload_nodes(uid, namespace, nodes).await?) })
+    }
 }
 
 /// Argo's database could not be read or written.
@@ -139,7 +208,9 @@ pub(crate) async fn run(
     database: Option<&dyn ArgoDatabase>,
     uid: &str,
 ) -> Result<(), ArchivedError> {
-    let database = database.ok_or(ArchivedError::NoArchive)?;
+    let database = database
+        .filter(|db| db.archives())
+        .ok_or(ArchivedError::NoArchive)?;
     let ctx = reporter.ctx();
     let namespace = reporter.namespace();
     let mut timings = Timings::default();
@@ -186,8 +257,11 @@ pub(crate) async fn run(
         node_field_selector: spec.node_field_selector.clone().unwrap_or_default(),
         parameters: spec.parameters.clone(),
         argo_version: ctx.config.argo_version,
-        // Dehydrated below, as Argo does, with its database at hand.
-        max_workflow_size: usize::MAX,
+        // With offloading, dehydrated below as Argo does, else by the planner.
+        max_workflow_size: match database.offloads() {
+            true => usize::MAX,
+            false => ctx.config.max_workflow_size,
+        },
     };
     let planned = plan::plan_retry(&archived, &options)?;
     timings.plan = step.elapsed();
@@ -200,13 +274,15 @@ pub(crate) async fn run(
     let mut workflow = planned.workflow;
     // Argo dehydrates before it clears the UID: nodes offloaded now are
     // written under the archived workflow's UID, then copied to the new one.
-    crate::offload::dehydrate(
-        database,
-        &mut workflow,
-        ctx.config.max_workflow_size,
-        ctx.config.always_offload_node_status,
-    )
-    .await?;
+    if database.offloads() {
+        crate::offload::dehydrate(
+            database,
+            &mut workflow,
+            ctx.config.max_workflow_size,
+            ctx.config.always_offload_node_status,
+        )
+        .await?;
+    }
     workflow.metadata.uid = None;
     workflow.metadata.resource_version = None;
     workflow

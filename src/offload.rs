@@ -126,6 +126,14 @@ mod tests {
     struct Table(Mutex<BTreeMap<(String, String), Value>>);
 
     impl ArgoDatabase for Table {
+        fn archives(&self) -> bool {
+            false
+        }
+
+        fn offloads(&self) -> bool {
+            true
+        }
+
         fn archived_workflow<'a>(
             &'a self,
             _uid: &'a str,

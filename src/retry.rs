@@ -312,9 +312,9 @@ impl<'a> Job<'a> {
             parameters: request.options.parameters,
             argo_version: self.ctx.config.argo_version,
             // With a database, the commit dehydrates (compresses or offloads).
-            max_workflow_size: match self.ctx.database {
-                Some(_) => usize::MAX,
-                None => self.ctx.config.max_workflow_size,
+            max_workflow_size: match &self.ctx.database {
+                Some(db) if db.offloads() => usize::MAX,
+                _ => self.ctx.config.max_workflow_size,
             },
         };
         let plan = plan::plan_retry(wf, &options)?;
@@ -423,7 +423,7 @@ impl<'a> Job<'a> {
     /// one update that fails if the workflow changed since it was read.
     async fn commit(&mut self, wf: Workflow, plan: Plan) -> Result<(), RetryError> {
         let mut reset = plan.workflow;
-        if let Some(db) = &self.ctx.database {
+        if let Some(db) = self.ctx.database.as_ref().filter(|db| db.offloads()) {
             let config = &self.ctx.config;
             crate::offload::dehydrate(
                 db.as_ref(),

@@ -35,6 +35,14 @@ const FINISH: Duration = Duration::from_secs(60);
 struct Rows(BTreeMap<String, Workflow>);
 
 impl ArgoDatabase for Rows {
+    fn archives(&self) -> bool {
+        true
+    }
+
+    fn offloads(&self) -> bool {
+        false
+    }
+
     fn archived_workflow<'a>(
         &'a self,
         uid: &'a str,

@@ -68,6 +68,14 @@ struct ControllerArgs {
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080", env = "REWIND_HTTP_ADDR")]
     http_addr: SocketAddr,
+    /// Argo's workflow-controller ConfigMap (NAMESPACE/NAME): its `persistence` block and the
+    /// Secrets it names give Argo's database (archived workflows, offloaded nodes).
+    #[arg(
+        long,
+        default_value = "argo/workflow-controller-configmap",
+        env = "REWIND_ARGO_CONFIGMAP"
+    )]
+    argo_configmap: String,
     #[command(flatten)]
     tuning: Tuning,
 }
@@ -223,8 +231,14 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         namespaces: args.namespaces,
         instance_id: args.instance_id,
     };
-    let controller = Controller::new(config, args.tuning.options(scope, Some(args.http_addr)))
-        .context("building the Kubernetes client")?;
+    let mut controller = Controller::new(
+        config.clone(),
+        args.tuning.options(scope, Some(args.http_addr)),
+    )
+    .context("building the Kubernetes client")?;
+    if let Some(database) = argo_database(config, &args.argo_configmap).await? {
+        controller = controller.with_database(database);
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     controller
@@ -233,6 +247,31 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("serving HTTP on {}", args.http_addr))?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Argo's database as its ConfigMap configures it, or `None` (with a log
+/// line) when it configures none.
+async fn argo_database(
+    config: kube::Config,
+    configmap: &str,
+) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>> {
+    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    let persistence = match rewind::archive::load_persistence(&client, configmap).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            tracing::info!(%configmap, "Argo's ConfigMap has no persistence block: archived retries and offloaded nodes are not served");
+            return Ok(None);
+        }
+        Err(e) => {
+            tracing::warn!(%configmap, error = %e, "cannot read Argo's persistence configuration: archived retries and offloaded nodes are not served");
+            return Ok(None);
+        }
+    };
+    let database = rewind::archived::ArgoDb::connect(&persistence)
+        .await
+        .with_context(|| format!("configuring Argo's database from {configmap}"))?;
+    tracing::info!(%configmap, archive = persistence.archive, node_status_offload = persistence.node_status_offload, "using Argo's database");
+    Ok(Some(std::sync::Arc::new(database)))
 }
 
 fn plan(args: PlanArgs) -> anyhow::Result<()> {
