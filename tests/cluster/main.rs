@@ -4,6 +4,10 @@
 //! test gets a fresh namespace. The control plane is stopped when the tests are done. If it
 //! cannot be built or started, every test fails: these tests are never skipped.
 
+// Argo's own database code (tools/argodb), shared with the archive tests.
+#[allow(dead_code)]
+#[path = "../archive/argodb.rs"]
+mod argodb;
 mod budget;
 mod idempotency;
 mod lifecycle;
@@ -18,6 +22,7 @@ mod scheduling;
 mod support;
 mod workflow_roundtrip;
 mod workflowretry;
+mod workflowretry_db;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -69,6 +74,10 @@ fn main() -> ExitCode {
         workflowretry::an_archived_workflowretry_deletes_only_leftovers_and_creates_the_workflow_once,
         workflowretry::workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothing,
         workflowretry::an_archived_retry_stopped_before_the_create_resumes_and_creates_once,
+        workflowretry_db::an_archived_retry_on_postgresql,
+        workflowretry_db::an_archived_retry_on_mariadb,
+        workflowretry_db::an_offloaded_live_retry_on_postgresql,
+        workflowretry_db::an_offloaded_live_retry_on_mariadb,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

@@ -87,7 +87,7 @@ fn live(name: &str, workflow: &str, ttl: Option<i64>) -> WorkflowRetry {
     )
 }
 
-fn archived(name: &str, uid: &str) -> WorkflowRetry {
+pub fn archived(name: &str, uid: &str) -> WorkflowRetry {
     WorkflowRetry::new(
         name,
         WorkflowRetrySpec {
@@ -98,7 +98,7 @@ fn archived(name: &str, uid: &str) -> WorkflowRetry {
 }
 
 /// Waits until WorkflowRetry `name` reports a final phase.
-async fn wait_finished(api: &Api<WorkflowRetry>, name: &str) -> anyhow::Result<WorkflowRetry> {
+pub async fn wait_finished(api: &Api<WorkflowRetry>, name: &str) -> anyhow::Result<WorkflowRetry> {
     let deadline = tokio::time::Instant::now() + FINISH;
     loop {
         let object = api.get(name).await?;
@@ -115,7 +115,7 @@ async fn wait_finished(api: &Api<WorkflowRetry>, name: &str) -> anyhow::Result<W
     }
 }
 
-fn phase_and_message(object: &WorkflowRetry) -> (Option<RetryPhase>, String) {
+pub fn phase_and_message(object: &WorkflowRetry) -> (Option<RetryPhase>, String) {
     let status = object.status.clone().unwrap_or_default();
     (status.phase, status.message)
 }
@@ -231,11 +231,12 @@ pub async fn a_live_workflowretry_resets_the_workflow_reports_and_expires(
     controller.stop().await
 }
 
-/// Checks that `created` is what Argo's own archived retry creates from `row` (its server's
-/// hydrate, `FormulateRetryWorkflow` and dehydrate, run by the v4 oracle, then the UID and
-/// resourceVersion cleared), apart from what the API server sets, rewind's annotation, Go's
-/// empty values (`omitempty`), and the times each sets to "now" (both after `from`).
-async fn ensure_what_argo_creates(
+/// Checks that `created` is what Argo's own retry makes of `row` (its server's hydrate,
+/// `FormulateRetryWorkflow` and dehydrate, run by the v4 oracle; for an archived retry the
+/// UID and resourceVersion are then cleared), apart from what the API server sets, rewind's
+/// annotations, Go's empty values (`omitempty`), and the times each sets to "now" (both
+/// after `from`).
+pub async fn ensure_what_argo_creates(
     created: &Workflow,
     row: &Workflow,
     from: Timestamp,
@@ -277,7 +278,7 @@ async fn ensure_what_argo_creates(
             .get_mut("annotations")
             .and_then(serde_json::Value::as_object_mut)
         {
-            annotations.remove(CREATED_BY);
+            annotations.retain(|k, _| !k.starts_with("rewind.dev/"));
         }
         prune_empty(value);
     }
@@ -350,7 +351,10 @@ fn differ(
 }
 
 /// Creates `pods` with Argo's pod finalizer and sets each pod's phase.
-async fn create_held_pods(pods: &Api<Pod>, items: Vec<(Pod, &'static str)>) -> anyhow::Result<()> {
+pub async fn create_held_pods(
+    pods: &Api<Pod>,
+    items: Vec<(Pod, &'static str)>,
+) -> anyhow::Result<()> {
     for (mut pod, phase) in items {
         pod.metadata.finalizers = Some(vec![labels::POD_STATUS_FINALIZER.into()]);
         let name = pod.name_any();

@@ -1,0 +1,273 @@
+//! Retries against Argo's real database (PostgreSQL and MariaDB from the system's packages,
+//! schema and rows written by Argo's own persist/sqldb code through tools/argodb): an
+//! archived retry reads the row Argo archived, a database that is down keeps the request
+//! pending with a clear message and nothing deleted, and a live workflow whose nodes Argo
+//! offloaded is hydrated, reset and offloaded again so that Argo reads back its own result.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, PostParams};
+use rewind::archived::{ArgoDatabase, ArgoDb};
+use rewind::request::RetryPhase;
+use rewind::testenv::db::{DbServer, Kind};
+use rewind::testenv::localcluster::LocalCluster;
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::{Workflow, labels};
+use rewind::workflowretry::WorkflowRetry;
+use serde_json::json;
+
+use crate::argodb::{self, Line};
+use crate::support::controller as ctl;
+use crate::workflowretry::{
+    archived, create_held_pods, ensure_what_argo_creates, phase_and_message, wait_finished,
+};
+
+const FINISH: Duration = Duration::from_secs(60);
+
+/// A database server with Argo's schema, made by Argo's own migration.
+async fn argo_db(kind: Kind) -> anyhow::Result<DbServer> {
+    let db = DbServer::start(kind).await?;
+    let migrate = argodb::request(&db, "migrate", json!({}));
+    tokio::task::spawn_blocking(move || argodb::one(Line::V4, migrate)).await??;
+    Ok(db)
+}
+
+async fn argo(request: serde_json::Value) -> anyhow::Result<argodb::Answer> {
+    tokio::task::spawn_blocking(move || argodb::one(Line::V4, request)).await?
+}
+
+pub async fn an_archived_retry_on_postgresql(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    archived_retry_on(Kind::Postgres, cluster, namespace).await
+}
+
+pub async fn an_archived_retry_on_mariadb(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    archived_retry_on(Kind::MariaDb, cluster, namespace).await
+}
+
+pub async fn an_offloaded_live_retry_on_postgresql(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    offloaded_live_retry_on(Kind::Postgres, cluster, namespace).await
+}
+
+pub async fn an_offloaded_live_retry_on_mariadb(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    offloaded_live_retry_on(Kind::MariaDb, cluster, namespace).await
+}
+
+/// Argo archives a failed workflow, which is then deleted while its pods (held by Argo's
+/// finalizer) remain. With the database down the request waits, says why, and deletes
+/// nothing; with the database up it deletes the plan's leftovers and creates what Argo's own
+/// archived retry creates from the row Argo reads back.
+async fn archived_retry_on(
+    kind: Kind,
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let db = argo_db(kind).await?;
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 5,
+    };
+    let created = workflows
+        .create(&PostParams::default(), &dag.workflow(&namespace))
+        .await?;
+    create_held_pods(&pods, dag.pods(&created)).await?;
+    let live = workflows.get(&dag.name).await?;
+    let uid = live.uid().context("a created workflow has a UID")?;
+    argo(argodb::request(
+        &db,
+        "archive",
+        json!({"workflow": live, "clusterName": "", "instanceID": ""}),
+    ))
+    .await?;
+    let row: Workflow = serde_json::from_str(
+        &argo(argodb::request(&db, "getArchived", json!({"uid": uid})))
+            .await?
+            .json,
+    )
+    .context("Argo's read of its archived row")?;
+    workflows
+        .delete(&dag.name, &DeleteParams::background())
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while workflows.get_opt(&dag.name).await?.is_some() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "workflow wf was not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let plan = ctl::expected_plan(&row)?;
+
+    // The database is down: a port nobody listens on.
+    let mut down = db.persistence();
+    down.port = Some(
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+            .local_addr()?
+            .port(),
+    );
+    down.connect_timeout = Duration::from_secs(1);
+    let unreachable: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&down).await?);
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(unreachable),
+    )
+    .await?;
+    retries
+        .create(&PostParams::default(), &archived("retry-archived", &uid))
+        .await?;
+    let deadline = tokio::time::Instant::now() + FINISH;
+    let waiting = loop {
+        let object = retries.get("retry-archived").await?;
+        let (phase, message) = phase_and_message(&object);
+        if message.contains("will try again") {
+            break (phase, message);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the request should report the database as down; it says {phase:?} {message:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        waiting.0 == Some(RetryPhase::Pending) && waiting.1.contains(&uid),
+        "expected Pending with a message naming the archived workflow: {waiting:?}"
+    );
+    ctl::wait_event(&cluster, &namespace, "retry-archived", "RetryError").await?;
+    controller.stop().await?;
+    for pod in &plan.pods_to_delete {
+        ensure!(
+            pods.get_opt(pod).await?.is_some_and(|p| p
+                .finalizers()
+                .contains(&labels::POD_STATUS_FINALIZER.to_string())),
+            "pod {pod} was touched while the database was down"
+        );
+    }
+
+    // The database is up: the next controller finishes the request.
+    let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(database),
+    )
+    .await?;
+    let finished = wait_finished(&retries, "retry-archived").await?;
+    controller.stop().await?;
+    let (phase, message) = phase_and_message(&finished);
+    ensure!(
+        phase == Some(RetryPhase::Succeeded),
+        "the archived retry should succeed: {message}"
+    );
+    for pod in &plan.pods_to_delete {
+        ensure!(
+            pods.get_opt(pod).await?.is_none(),
+            "plan pod {pod} was left behind"
+        );
+    }
+    let after = workflows.get(&dag.name).await?;
+    ensure!(
+        after.uid().as_deref() != Some(uid.as_str()),
+        "a new workflow was expected"
+    );
+    ensure_what_argo_creates(&after, &row, from).await?;
+    db.stop();
+    Ok(())
+}
+
+/// A live workflow whose nodes Argo offloaded: the retry reads them from Argo's table, resets
+/// the workflow, and (ALWAYS_OFFLOAD_NODE_STATUS) offloads the reset nodes; Argo's own code
+/// reads them back, and the workflow with them is what Argo's own retry makes.
+async fn offloaded_live_retry_on(
+    kind: Kind,
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let db = argo_db(kind).await?;
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 10,
+        succeeded: 3,
+    };
+    let created = dag.create(&admin, &namespace, 16, || ()).await?;
+    let uid = created.uid().context("a created workflow has a UID")?;
+    let nodes = serde_json::to_value(&created.status.nodes)?;
+    let version = argo(argodb::request(
+        &db,
+        "save",
+        json!({"uid": uid, "namespace": namespace, "nodes": nodes}),
+    ))
+    .await?
+    .version;
+    let mut offloaded = created.clone();
+    offloaded.status.nodes = None;
+    offloaded.status.offload_node_status_version = Some(version.clone());
+    let before = workflows
+        .replace(&dag.name, &PostParams::default(), &offloaded)
+        .await?;
+    let mut hydrated = before.clone();
+    hydrated.status.nodes = created.status.nodes.clone();
+    hydrated.status.offload_node_status_version = None;
+
+    let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+    let mut options = ctl::options(50, 50, true);
+    options.retry.always_offload_node_status = true;
+    let controller = ctl::start_with_archive(&cluster, &namespace, options, Some(database)).await?;
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    ctl::request_retry(&cluster, &namespace, &dag.name, "offloaded").await?;
+    let (after, status) = ctl::wait_finished(&workflows, &dag.name, "offloaded", FINISH).await?;
+    controller.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the retry should succeed: {status:?}"
+    );
+    let new_version = after
+        .status
+        .offload_node_status_version
+        .clone()
+        .filter(|v| *v != version)
+        .context("the reset nodes should be offloaded under a new version")?;
+    ensure!(
+        after.status.nodes.is_none() && after.status.compressed_nodes.is_none(),
+        "offloaded nodes are not kept in the workflow too"
+    );
+    let argos_read = argo(argodb::request(
+        &db,
+        "get",
+        json!({"uid": uid, "version": new_version}),
+    ))
+    .await?;
+    let mut reset = after.clone();
+    reset.status.nodes = Some(serde_json::from_str(&argos_read.json)?);
+    reset.status.offload_node_status_version = None;
+    ensure_what_argo_creates(&reset, &hydrated, from).await?;
+    db.stop();
+    Ok(())
+}
