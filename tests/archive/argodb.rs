@@ -75,10 +75,17 @@ pub fn run(line: Line, requests: &[Value]) -> anyhow::Result<Vec<Answer>> {
             stdin.write_all(b"\n")?;
         }
     }
-    let answers = BufReader::new(child.stdout.take().expect("piped"))
-        .lines()
-        .map(|line| Ok(serde_json::from_str(&line?)?))
-        .collect::<anyhow::Result<Vec<Answer>>>()?;
+    // Argo's MySQL code path logs a line or two to stdout (upper/db); answers
+    // are the JSON objects, the rest goes to stderr.
+    let mut answers = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        if line.starts_with('{') {
+            answers.push(serde_json::from_str(&line)?);
+        } else {
+            eprintln!("{}: {line}", binary.display());
+        }
+    }
     let status = child.wait()?;
     if !status.success() || answers.len() != requests.len() {
         bail!(
