@@ -119,10 +119,13 @@ impl ArchiveError {
 /// a server shutting down or overloaded, a deadlock.
 fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
+        // sqlx reports a rejected TLS certificate as invalid data: a setting
+        // to fix, not a fault that passes.
+        sqlx::Error::Io(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+        ),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // PostgreSQL SQLSTATE: connection exceptions, insufficient
             // resources, operator intervention (shutdown), serialization

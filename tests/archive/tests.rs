@@ -354,7 +354,7 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
         json!({"maxOpenConns": 2, "maxIdleConns": 1, "connMaxLifetime": "5m"}),
     );
     if env.db.kind() == Kind::MariaDb {
-        block["mysql"]["options"] = json!({"tls": "false", "sql_mode": "'ANSI_QUOTES'"});
+        block["mysql"]["options"] = json!({"tls": "skip-verify", "sql_mode": "'ANSI_QUOTES'"});
     }
     let data = BTreeMap::from([
         ("persistence".to_owned(), serde_yaml_ng::to_string(&block)?),
@@ -400,12 +400,12 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
         .context("the ConfigMap has a persistence block")?;
     let expected_db = match env.db.kind() {
         Kind::Postgres => Database::Postgres {
-            ssl_mode: "disable".into(),
+            ssl_mode: "require".into(),
         },
         Kind::MariaDb => Database::MySql {
             options: BTreeMap::from([
                 ("sql_mode".to_owned(), "'ANSI_QUOTES'".to_owned()),
-                ("tls".to_owned(), "false".to_owned()),
+                ("tls".to_owned(), "skip-verify".to_owned()),
             ]),
         },
     };
@@ -433,6 +433,60 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
 /// The nodes as Go's encoder leaves them (empty optional fields gone).
 fn go_value(nodes: &Value) -> Value {
     serde_json::from_slice(&go_json::marshal_nodes(nodes)).expect("valid JSON")
+}
+
+/// The fixtures let `argo` in over TLS only, with a self-signed certificate.
+pub async fn tls_settings_are_honoured(env: Arc<Env>) -> anyhow::Result<()> {
+    let with = |database: Database| {
+        let mut p = env.db.persistence();
+        p.database = database;
+        p
+    };
+    let (plain, verified) = match env.db.kind() {
+        Kind::Postgres => (
+            with(Database::Postgres {
+                ssl_mode: "disable".into(),
+            }),
+            with(Database::Postgres {
+                ssl_mode: "verify-full".into(),
+            }),
+        ),
+        Kind::MariaDb => (
+            with(Database::MySql {
+                options: [("tls".to_owned(), "false".to_owned())].into(),
+            }),
+            with(Database::MySql {
+                options: [("tls".to_owned(), "true".to_owned())].into(),
+            }),
+        ),
+    };
+    for (what, p) in [("no TLS", plain), ("an unverifiable certificate", verified)] {
+        let err = Archive::connect(&p)
+            .await?
+            .archived_workflow("x")
+            .await
+            .err()
+            .with_context(|| format!("{what} was accepted"))?;
+        ensure!(!err.is_transient(), "{what}: {err:?} is called transient");
+    }
+    // While TLS without verification (the fixture's setting) gets in.
+    let archive = Archive::connect(&env.db.persistence()).await?;
+    ensure!(archive.archived_workflow("x").await?.is_none());
+    Ok(())
+}
+
+pub async fn a_fixture_stops_cleanly_and_leaves_nothing(env: Arc<Env>) -> anyhow::Result<()> {
+    let db = rewind::testenv::db::DbServer::start(env.db.kind()).await?;
+    let pid = db.pid().context("a running server has a pid")?;
+    let dir = db.dir().to_owned();
+    ensure!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    db.stop();
+    ensure!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "server {pid} still runs"
+    );
+    ensure!(!dir.exists(), "{} is left behind", dir.display());
+    Ok(())
 }
 
 async fn admin_pg(env: &Env) -> anyhow::Result<sqlx::PgConnection> {
