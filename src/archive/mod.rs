@@ -8,8 +8,6 @@
 mod config;
 pub mod go_json;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
@@ -450,18 +448,15 @@ impl Archive {
     }
 }
 
+/// Argo's `connectionPool`: maxOpenConns and connMaxLifetime map onto
+/// sqlx's pool; maxIdleConns has no counterpart (sqlx closes a connection
+/// idle for 10 minutes, and rewind's pool is small anyway).
 fn pool_options<DB: sqlx::Database>(p: &Persistence, max: u32) -> sqlx::pool::PoolOptions<DB> {
-    let mut options = sqlx::pool::PoolOptions::<DB>::new()
+    sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(max)
         .min_connections(0)
         .acquire_timeout(p.connect_timeout)
-        .max_lifetime(p.pool.conn_max_lifetime);
-    if p.pool.max_idle_conns > 0 {
-        // sqlx closes idle connections after a timeout rather than keeping a
-        // count; a nonzero maxIdleConns keeps them as long as sqlx's default.
-        options = options.idle_timeout(Some(Duration::from_secs(600)));
-    }
-    options
+        .max_lifetime(p.pool.conn_max_lifetime)
 }
 
 /// go-sql-driver/mysql's `tls` option: absent or "false" is no TLS, "true"

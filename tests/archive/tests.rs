@@ -286,7 +286,7 @@ pub async fn offloaded_nodes_written_by_rewind_are_read_back_by_argo(
 pub async fn offload_version_and_bytes_equal_argos(env: Arc<Env>) -> anyhow::Result<()> {
     let nodes = nodes("wf-version");
     let ours = go_json::marshal_nodes(&nodes);
-    let version = go_json::offload_version(&ours);
+    let version = go_json::nodes_version(&nodes);
     for line in [Line::V4, Line::V3] {
         let uid = new_uid("version");
         let saved = argodb::one(
