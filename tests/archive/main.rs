@@ -138,9 +138,6 @@ fn main() -> ExitCode {
 /// A server with Argo's schema, created by Argo's own migration.
 async fn start_db(kind: Kind) -> anyhow::Result<DbServer> {
     let db = DbServer::start(kind).await?;
-    argodb::one(
-        argodb::Line::V4,
-        argodb::request(&db, "migrate", serde_json::json!({})),
-    )?;
+    db.create_argo_schema()?;
     Ok(db)
 }

@@ -8,6 +8,7 @@
 //! Both servers refuse to run as root, so as root they run as the package's
 //! own user (`postgres`, `mysql`), else as `nobody`.
 
+pub mod argodb;
 mod process;
 
 use std::io;
@@ -76,6 +77,9 @@ pub enum DbError {
 
     #[error("generating the server's TLS certificate: {0}")]
     Certificate(String),
+
+    #[error("Argo's DB helper (tools/argodb): {0}")]
+    ArgoDb(String),
 
     #[error("user {0} (to run the database server as, since root may not) does not exist")]
     NoUser(&'static str),
@@ -371,6 +375,14 @@ impl DbServer {
             Kind::Postgres => json!({"postgresql": common}),
             Kind::MariaDb => json!({"mysql": common}),
         }
+    }
+
+    /// Creates Argo's tables with Argo's own migration (v4.1.4, which v3.7.6
+    /// reads and writes too).
+    pub fn create_argo_schema(&self) -> Result<(), DbError> {
+        argodb::ArgoDb::locate(argodb::ArgoLine::V4)?
+            .one(self.argodb_request("migrate", json!({})))
+            .map(drop)
     }
 
     /// Stops the server (waiting for it) and removes its directory.
