@@ -84,43 +84,42 @@ fn archive_request(env: &Env, wf: &Value, cluster: &str, instance: &str) -> Valu
 }
 
 pub async fn archived_workflow_reads_the_row_argo_wrote(env: Arc<Env>) -> anyhow::Result<()> {
-    let uid = new_uid("read");
-    let wf = workflow("wf-read", &uid);
-    argodb::one(Line::V4, archive_request(&env, &wf, "", ""))?;
-    let argo = argodb::one(
-        Line::V4,
-        request(&env.db, "getArchived", json!({"uid": uid})),
-    )?;
-    let argo: Value = serde_json::from_str(&argo.json)?;
-
     let archive = Archive::connect(&env.db.persistence()).await?;
-    let ours = archive
-        .archived_workflow(&uid)
-        .await?
-        .context("the archived row is not found")?;
-    // Compared through rewind's type, which is how rewind sees either.
-    let argo: rewind::workflow::Workflow = serde_json::from_value(argo)?;
-    assert_eq!(ours, argo);
-    assert_eq!(
-        ours.annotation("note"),
-        Some("nul:\u{0} html:<&> ls:\u{2028}")
-    );
-    assert_eq!(
-        ours.label("workflows.argoproj.io/workflow-archiving-status"),
-        Some("Persisted")
-    );
-    if env.db.kind() == Kind::Postgres {
-        // Argo stores `\u0000` as its replacement string on PostgreSQL.
-        let stored: String = sqlx::query_scalar(
-            "SELECT workflow->'metadata'->'annotations'->>'note' FROM argo_archived_workflows WHERE uid = $1",
-        )
-        .bind(&uid)
-        .fetch_one(&mut admin_pg(&env).await?)
-        .await?;
+    for line in [Line::V4, Line::V3] {
+        let uid = new_uid("read");
+        let wf = workflow("wf-read", &uid);
+        argodb::one(line, archive_request(&env, &wf, "", ""))?;
+        let argo = argodb::one(line, request(&env.db, "getArchived", json!({"uid": uid})))?;
+        let argo: Value = serde_json::from_str(&argo.json)?;
+
+        let ours = archive
+            .archived_workflow(&uid)
+            .await?
+            .with_context(|| format!("{line:?}: the archived row is not found"))?;
+        // Compared through rewind's type, which is how rewind sees either.
+        let argo: rewind::workflow::Workflow = serde_json::from_value(argo)?;
+        assert_eq!(ours, argo, "{line:?}");
         assert_eq!(
-            stored,
-            "nul:ARGO_POSTGRES_NULL_REPLACEMENT html:<&> ls:\u{2028}"
+            ours.annotation("note"),
+            Some("nul:\u{0} html:<&> ls:\u{2028}")
         );
+        assert_eq!(
+            ours.label("workflows.argoproj.io/workflow-archiving-status"),
+            Some("Persisted")
+        );
+        if env.db.kind() == Kind::Postgres {
+            // Argo stores `\u0000` as its replacement string on PostgreSQL.
+            let stored: String = sqlx::query_scalar(
+                "SELECT workflow->'metadata'->'annotations'->>'note' FROM argo_archived_workflows WHERE uid = $1",
+            )
+            .bind(&uid)
+            .fetch_one(&mut admin_pg(&env).await?)
+            .await?;
+            assert_eq!(
+                stored,
+                "nul:ARGO_POSTGRES_NULL_REPLACEMENT html:<&> ls:\u{2028}"
+            );
+        }
     }
     assert!(archive.archived_workflow("no-such-uid").await?.is_none());
     archive.close().await;
