@@ -78,6 +78,9 @@ pub enum ArchiveError {
     #[error("Argo's persistence config in ConfigMap {configmap}: {problem}")]
     Config { configmap: String, problem: String },
 
+    #[error("database settings for {target}: {problem}; fix Argo's persistence config")]
+    Settings { target: String, problem: String },
+
     #[error("{what}: {source}")]
     Kube {
         what: String,
@@ -108,7 +111,8 @@ impl ArchiveError {
             ArchiveError::CorruptArchivedWorkflow { .. }
             | ArchiveError::CorruptOffloadedNodes { .. }
             | ArchiveError::OffloadedNodesMissing { .. }
-            | ArchiveError::Config { .. } => false,
+            | ArchiveError::Config { .. }
+            | ArchiveError::Settings { .. } => false,
         }
     }
 }
@@ -194,8 +198,8 @@ impl Archive {
     /// first query, so an unreachable database shows as a transient error there.
     pub async fn connect(p: &Persistence) -> Result<Archive, ArchiveError> {
         let target = p.target();
-        let config_error = |problem: String| ArchiveError::Config {
-            configmap: "(persistence)".into(),
+        let config_error = |problem: String| ArchiveError::Settings {
+            target: target.clone(),
             problem,
         };
         if !is_identifier(&p.table_name) {
