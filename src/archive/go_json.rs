@@ -11,6 +11,13 @@
 //! node; objects nested deeper keep the order they were read in (Go wrote
 //! them). Fields Go does not know are kept, after the known ones, so nothing
 //! a newer Argo wrote is lost.
+//!
+//! Limit: nodes read from PostgreSQL's jsonb or MySQL's JSON type (not
+//! MariaDB's, which keeps the text) come back in the database's key order,
+//! so objects nested below the tables here (an artifact's location, say)
+//! can differ from Go's order and give another version than Argo would. That
+//! costs Argo one more row, never a wrong read: a workflow names the version
+//! its nodes were stored under.
 
 use serde_json::{Map, Number, Value};
 
@@ -19,6 +26,11 @@ pub fn marshal_nodes(nodes: &Value) -> Vec<u8> {
     let mut out = Vec::new();
     write(&mut out, nodes, Kind::MapOf(&NODE_STATUS));
     out
+}
+
+/// The version Argo's offload repo gives these nodes.
+pub fn nodes_version(nodes: &Value) -> String {
+    offload_version(&marshal_nodes(nodes))
 }
 
 /// Argo's offload version of nodes marshalled as Go does: "fnv:" + FNV-32.

@@ -8,8 +8,6 @@
 mod config;
 pub mod go_json;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
@@ -80,6 +78,9 @@ pub enum ArchiveError {
     #[error("Argo's persistence config in ConfigMap {configmap}: {problem}")]
     Config { configmap: String, problem: String },
 
+    #[error("database settings for {target}: {problem}; fix Argo's persistence config")]
+    Settings { target: String, problem: String },
+
     #[error("{what}: {source}")]
     Kube {
         what: String,
@@ -110,7 +111,8 @@ impl ArchiveError {
             ArchiveError::CorruptArchivedWorkflow { .. }
             | ArchiveError::CorruptOffloadedNodes { .. }
             | ArchiveError::OffloadedNodesMissing { .. }
-            | ArchiveError::Config { .. } => false,
+            | ArchiveError::Config { .. }
+            | ArchiveError::Settings { .. } => false,
         }
     }
 }
@@ -119,10 +121,13 @@ impl ArchiveError {
 /// a server shutting down or overloaded, a deadlock.
 fn is_transient(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
+        // sqlx reports a rejected TLS certificate as invalid data: a setting
+        // to fix, not a fault that passes.
+        sqlx::Error::Io(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+        ),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // PostgreSQL SQLSTATE: connection exceptions, insufficient
             // resources, operator intervention (shutdown), serialization
@@ -193,8 +198,8 @@ impl Archive {
     /// first query, so an unreachable database shows as a transient error there.
     pub async fn connect(p: &Persistence) -> Result<Archive, ArchiveError> {
         let target = p.target();
-        let config_error = |problem: String| ArchiveError::Config {
-            configmap: "(persistence)".into(),
+        let config_error = |problem: String| ArchiveError::Settings {
+            target: target.clone(),
             problem,
         };
         if !is_identifier(&p.table_name) {
@@ -447,18 +452,15 @@ impl Archive {
     }
 }
 
+/// Argo's `connectionPool`: maxOpenConns and connMaxLifetime map onto
+/// sqlx's pool; maxIdleConns has no counterpart (sqlx closes a connection
+/// idle for 10 minutes, and rewind's pool is small anyway).
 fn pool_options<DB: sqlx::Database>(p: &Persistence, max: u32) -> sqlx::pool::PoolOptions<DB> {
-    let mut options = sqlx::pool::PoolOptions::<DB>::new()
+    sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(max)
         .min_connections(0)
         .acquire_timeout(p.connect_timeout)
-        .max_lifetime(p.pool.conn_max_lifetime);
-    if p.pool.max_idle_conns > 0 {
-        // sqlx closes idle connections after a timeout rather than keeping a
-        // count; a nonzero maxIdleConns keeps them as long as sqlx's default.
-        options = options.idle_timeout(Some(Duration::from_secs(600)));
-    }
-    options
+        .max_lifetime(p.pool.conn_max_lifetime)
 }
 
 /// go-sql-driver/mysql's `tls` option: absent or "false" is no TLS, "true"

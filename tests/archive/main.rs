@@ -47,6 +47,8 @@ fn main() -> ExitCode {
         offload_version_and_bytes_equal_argos,
         offloaded_nodes_written_by_argo_are_read_by_rewind,
         load_persistence_reads_argos_configmap_and_secrets,
+        tls_settings_are_honoured,
+        a_fixture_stops_cleanly_and_leaves_nothing,
     ];
     let kinds = [(Kind::Postgres, "postgres"), (Kind::MariaDb, "mariadb")];
     let names: Vec<String> = kinds
@@ -136,9 +138,6 @@ fn main() -> ExitCode {
 /// A server with Argo's schema, created by Argo's own migration.
 async fn start_db(kind: Kind) -> anyhow::Result<DbServer> {
     let db = DbServer::start(kind).await?;
-    argodb::one(
-        argodb::Line::V4,
-        argodb::request(&db, "migrate", serde_json::json!({})),
-    )?;
+    db.create_argo_schema()?;
     Ok(db)
 }

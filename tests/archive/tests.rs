@@ -84,43 +84,42 @@ fn archive_request(env: &Env, wf: &Value, cluster: &str, instance: &str) -> Valu
 }
 
 pub async fn archived_workflow_reads_the_row_argo_wrote(env: Arc<Env>) -> anyhow::Result<()> {
-    let uid = new_uid("read");
-    let wf = workflow("wf-read", &uid);
-    argodb::one(Line::V4, archive_request(&env, &wf, "", ""))?;
-    let argo = argodb::one(
-        Line::V4,
-        request(&env.db, "getArchived", json!({"uid": uid})),
-    )?;
-    let argo: Value = serde_json::from_str(&argo.json)?;
-
     let archive = Archive::connect(&env.db.persistence()).await?;
-    let ours = archive
-        .archived_workflow(&uid)
-        .await?
-        .context("the archived row is not found")?;
-    // Compared through rewind's type, which is how rewind sees either.
-    let argo: rewind::workflow::Workflow = serde_json::from_value(argo)?;
-    assert_eq!(ours, argo);
-    assert_eq!(
-        ours.annotation("note"),
-        Some("nul:\u{0} html:<&> ls:\u{2028}")
-    );
-    assert_eq!(
-        ours.label("workflows.argoproj.io/workflow-archiving-status"),
-        Some("Persisted")
-    );
-    if env.db.kind() == Kind::Postgres {
-        // Argo stores `\u0000` as its replacement string on PostgreSQL.
-        let stored: String = sqlx::query_scalar(
-            "SELECT workflow->'metadata'->'annotations'->>'note' FROM argo_archived_workflows WHERE uid = $1",
-        )
-        .bind(&uid)
-        .fetch_one(&mut admin_pg(&env).await?)
-        .await?;
+    for line in [Line::V4, Line::V3] {
+        let uid = new_uid("read");
+        let wf = workflow("wf-read", &uid);
+        argodb::one(line, archive_request(&env, &wf, "", ""))?;
+        let argo = argodb::one(line, request(&env.db, "getArchived", json!({"uid": uid})))?;
+        let argo: Value = serde_json::from_str(&argo.json)?;
+
+        let ours = archive
+            .archived_workflow(&uid)
+            .await?
+            .with_context(|| format!("{line:?}: the archived row is not found"))?;
+        // Compared through rewind's type, which is how rewind sees either.
+        let argo: rewind::workflow::Workflow = serde_json::from_value(argo)?;
+        assert_eq!(ours, argo, "{line:?}");
         assert_eq!(
-            stored,
-            "nul:ARGO_POSTGRES_NULL_REPLACEMENT html:<&> ls:\u{2028}"
+            ours.annotation("note"),
+            Some("nul:\u{0} html:<&> ls:\u{2028}")
         );
+        assert_eq!(
+            ours.label("workflows.argoproj.io/workflow-archiving-status"),
+            Some("Persisted")
+        );
+        if env.db.kind() == Kind::Postgres {
+            // Argo stores `\u0000` as its replacement string on PostgreSQL.
+            let stored: String = sqlx::query_scalar(
+                "SELECT workflow->'metadata'->'annotations'->>'note' FROM argo_archived_workflows WHERE uid = $1",
+            )
+            .bind(&uid)
+            .fetch_one(&mut admin_pg(&env).await?)
+            .await?;
+            assert_eq!(
+                stored,
+                "nul:ARGO_POSTGRES_NULL_REPLACEMENT html:<&> ls:\u{2028}"
+            );
+        }
     }
     assert!(archive.archived_workflow("no-such-uid").await?.is_none());
     archive.close().await;
@@ -286,7 +285,7 @@ pub async fn offloaded_nodes_written_by_rewind_are_read_back_by_argo(
 pub async fn offload_version_and_bytes_equal_argos(env: Arc<Env>) -> anyhow::Result<()> {
     let nodes = nodes("wf-version");
     let ours = go_json::marshal_nodes(&nodes);
-    let version = go_json::offload_version(&ours);
+    let version = go_json::nodes_version(&nodes);
     for line in [Line::V4, Line::V3] {
         let uid = new_uid("version");
         let saved = argodb::one(
@@ -354,7 +353,7 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
         json!({"maxOpenConns": 2, "maxIdleConns": 1, "connMaxLifetime": "5m"}),
     );
     if env.db.kind() == Kind::MariaDb {
-        block["mysql"]["options"] = json!({"tls": "false", "sql_mode": "'ANSI_QUOTES'"});
+        block["mysql"]["options"] = json!({"tls": "skip-verify", "sql_mode": "'ANSI_QUOTES'"});
     }
     let data = BTreeMap::from([
         ("persistence".to_owned(), serde_yaml_ng::to_string(&block)?),
@@ -400,12 +399,12 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
         .context("the ConfigMap has a persistence block")?;
     let expected_db = match env.db.kind() {
         Kind::Postgres => Database::Postgres {
-            ssl_mode: "disable".into(),
+            ssl_mode: "require".into(),
         },
         Kind::MariaDb => Database::MySql {
             options: BTreeMap::from([
                 ("sql_mode".to_owned(), "'ANSI_QUOTES'".to_owned()),
-                ("tls".to_owned(), "false".to_owned()),
+                ("tls".to_owned(), "skip-verify".to_owned()),
             ]),
         },
     };
@@ -433,6 +432,60 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
 /// The nodes as Go's encoder leaves them (empty optional fields gone).
 fn go_value(nodes: &Value) -> Value {
     serde_json::from_slice(&go_json::marshal_nodes(nodes)).expect("valid JSON")
+}
+
+/// The fixtures let `argo` in over TLS only, with a self-signed certificate.
+pub async fn tls_settings_are_honoured(env: Arc<Env>) -> anyhow::Result<()> {
+    let with = |database: Database| {
+        let mut p = env.db.persistence();
+        p.database = database;
+        p
+    };
+    let (plain, verified) = match env.db.kind() {
+        Kind::Postgres => (
+            with(Database::Postgres {
+                ssl_mode: "disable".into(),
+            }),
+            with(Database::Postgres {
+                ssl_mode: "verify-full".into(),
+            }),
+        ),
+        Kind::MariaDb => (
+            with(Database::MySql {
+                options: [("tls".to_owned(), "false".to_owned())].into(),
+            }),
+            with(Database::MySql {
+                options: [("tls".to_owned(), "true".to_owned())].into(),
+            }),
+        ),
+    };
+    for (what, p) in [("no TLS", plain), ("an unverifiable certificate", verified)] {
+        let err = Archive::connect(&p)
+            .await?
+            .archived_workflow("x")
+            .await
+            .err()
+            .with_context(|| format!("{what} was accepted"))?;
+        ensure!(!err.is_transient(), "{what}: {err:?} is called transient");
+    }
+    // While TLS without verification (the fixture's setting) gets in.
+    let archive = Archive::connect(&env.db.persistence()).await?;
+    ensure!(archive.archived_workflow("x").await?.is_none());
+    Ok(())
+}
+
+pub async fn a_fixture_stops_cleanly_and_leaves_nothing(env: Arc<Env>) -> anyhow::Result<()> {
+    let db = rewind::testenv::db::DbServer::start(env.db.kind()).await?;
+    let pid = db.pid().context("a running server has a pid")?;
+    let dir = db.dir().to_owned();
+    ensure!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    db.stop();
+    ensure!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "server {pid} still runs"
+    );
+    ensure!(!dir.exists(), "{} is left behind", dir.display());
+    Ok(())
 }
 
 async fn admin_pg(env: &Env) -> anyhow::Result<sqlx::PgConnection> {

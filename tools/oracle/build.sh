@@ -13,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${REWIND_CACHE:-$HOME/.cache/rewind}
 
-log() { echo "oracle: $*" >&2; }
+log() { echo "${tool:-oracle}: $*" >&2; }
 
 command -v go >/dev/null || { log "go is not on PATH; install Go 1.26+ to build Argo's retry oracles"; exit 1; }
 gover=$(go env GOVERSION)

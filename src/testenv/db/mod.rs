@@ -1,11 +1,14 @@
 //! Real PostgreSQL and MariaDB servers for tests and the demo, from Debian's
 //! packages (`tools/db/install.sh` installs them): each on 127.0.0.1 with a
 //! free port and a temporary data directory, with a database `argo` owned by
-//! a user `argo`, stopped cleanly and removed on drop.
+//! a user `argo`, stopped cleanly and removed on drop. The `argo` user may
+//! connect only over TLS (a fresh self-signed certificate), so the TLS
+//! settings of Argo's persistence block are exercised.
 //!
 //! Both servers refuse to run as root, so as root they run as the package's
 //! own user (`postgres`, `mysql`), else as `nobody`.
 
+pub mod argodb;
 mod process;
 
 use std::io;
@@ -72,6 +75,12 @@ pub enum DbError {
         source: sqlx::Error,
     },
 
+    #[error("generating the server's TLS certificate: {0}")]
+    Certificate(String),
+
+    #[error("Argo's DB helper (tools/argodb): {0}")]
+    ArgoDb(String),
+
     #[error("user {0} (to run the database server as, since root may not) does not exist")]
     NoUser(&'static str),
 }
@@ -119,9 +128,8 @@ impl DbServer {
         let run_as = RunAs::pick("postgres")?;
         let server = Server::prepare("postgres", run_as)?;
         let dir = server.dir().to_owned();
-        let pwfile = dir.join("pwfile");
-        std::fs::write(&pwfile, PASSWORD).map_err(DbError::io("writing", &pwfile))?;
-        server.chown(&pwfile)?;
+        let pwfile = server.write_private("pwfile", PASSWORD)?;
+        let (cert, key) = server_certificate(&server)?;
         let data = dir.join("data");
         server
             .run(
@@ -141,6 +149,13 @@ impl DbServer {
                 ],
             )
             .await?;
+        // The superuser may connect in the clear; everyone else over TLS.
+        server.write_private(
+            "data/pg_hba.conf",
+            "local all all scram-sha-256\n\
+             host all postgres 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 scram-sha-256\n",
+        )?;
         let port = free_port()?;
         let mut server = server;
         server.spawn(
@@ -161,6 +176,12 @@ impl DbServer {
                 "synchronous_commit=off".as_ref(),
                 "-c".as_ref(),
                 "full_page_writes=off".as_ref(),
+                "-c".as_ref(),
+                "ssl=on".as_ref(),
+                "-c".as_ref(),
+                format!("ssl_cert_file={}", cert.display()).as_ref(),
+                "-c".as_ref(),
+                format!("ssl_key_file={}", key.display()).as_ref(),
             ],
             libc::SIGINT, // PostgreSQL's fast shutdown
         )?;
@@ -199,6 +220,7 @@ impl DbServer {
         let server = Server::prepare("mariadb", run_as)?;
         let dir = server.dir().to_owned();
         let data = dir.join("data");
+        let (cert, key) = server_certificate(&server)?;
         server
             .run(
                 "mariadb-install-db",
@@ -228,6 +250,8 @@ impl DbServer {
                 "--skip-log-bin".as_ref(),
                 "--innodb-buffer-pool-size=64M".as_ref(),
                 "--innodb-flush-log-at-trx-commit=0".as_ref(),
+                format!("--ssl-cert={}", cert.display()).as_ref(),
+                format!("--ssl-key={}", key.display()).as_ref(),
             ],
             libc::SIGTERM,
         )?;
@@ -241,7 +265,7 @@ impl DbServer {
         let mut conn = this.wait_ready("MariaDB", || admin.connect()).await?;
         for statement in [
             format!("CREATE DATABASE {DATABASE}"),
-            format!("CREATE USER '{USER}'@'%' IDENTIFIED BY '{PASSWORD}'"),
+            format!("CREATE USER '{USER}'@'%' IDENTIFIED BY '{PASSWORD}' REQUIRE SSL"),
             format!("GRANT ALL ON {DATABASE}.* TO '{USER}'@'%'"),
         ] {
             conn.execute(statement.as_str())
@@ -288,6 +312,16 @@ impl DbServer {
         self.port
     }
 
+    /// The server's process ID.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.pid()
+    }
+
+    /// The temporary directory holding its data, socket and log.
+    pub fn dir(&self) -> &Path {
+        self.server.dir()
+    }
+
     /// The server's own log (stdout and stderr).
     pub fn log(&self) -> &Path {
         self.server.log()
@@ -297,12 +331,13 @@ impl DbServer {
     /// them from Argo's config.
     pub fn persistence(&self) -> Persistence {
         Persistence {
+            // TLS without verification: the certificate is self-signed.
             database: match self.kind {
                 Kind::Postgres => Database::Postgres {
-                    ssl_mode: "disable".into(),
+                    ssl_mode: "require".into(),
                 },
                 Kind::MariaDb => Database::MySql {
-                    options: Default::default(),
+                    options: [("tls".to_owned(), "skip-verify".to_owned())].into(),
                 },
             },
             host: "127.0.0.1".into(),
@@ -328,16 +363,44 @@ impl DbServer {
             "userNameSecret": {"name": "argo-db", "key": "username"},
             "passwordSecret": {"name": "argo-db", "key": "password"},
         });
+        let mut common = common;
+        let tls = match self.kind {
+            Kind::Postgres => json!({"ssl": true, "sslMode": "require"}),
+            Kind::MariaDb => json!({"options": {"tls": "skip-verify"}}),
+        };
+        for (k, v) in tls.as_object().expect("an object") {
+            common[k] = v.clone();
+        }
         match self.kind {
             Kind::Postgres => json!({"postgresql": common}),
             Kind::MariaDb => json!({"mysql": common}),
         }
     }
 
+    /// Creates Argo's tables with Argo's own migration (v4.1.4, which v3.7.6
+    /// reads and writes too).
+    pub fn create_argo_schema(&self) -> Result<(), DbError> {
+        argodb::ArgoDb::locate(argodb::ArgoLine::V4)?
+            .one(self.argodb_request("migrate", json!({})))
+            .map(drop)
+    }
+
     /// Stops the server (waiting for it) and removes its directory.
     pub fn stop(self) {
         drop(self);
     }
+}
+
+/// A fresh self-signed certificate for 127.0.0.1 and its key, as files the
+/// server's user may read: (certificate, key).
+fn server_certificate(server: &Server) -> Result<(PathBuf, PathBuf), DbError> {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+            .map_err(|e| DbError::Certificate(e.to_string()))?;
+    Ok((
+        server.write_private("server.crt", &certified.cert.pem())?,
+        server.write_private("server.key", &certified.signing_key.serialize_pem())?,
+    ))
 }
 
 /// A port free on 127.0.0.1 now (the server binds it a moment later).
@@ -387,4 +450,19 @@ fn find_binary(what: &'static str, names: &[&str]) -> Result<PathBuf, DbError> {
         what,
         looked: format!("{} on PATH, /usr/sbin, /usr/bin", names.join(", ")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_is_a_clear_error() {
+        let err = find_binary("mariadbd", &["no-such-mariadbd"]).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("no-such-mariadbd") && message.contains("tools/db/install.sh"),
+            "{message}"
+        );
+    }
 }

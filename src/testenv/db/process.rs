@@ -81,6 +81,22 @@ impl Server {
         &self.log
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|(child, _)| child.id())
+    }
+
+    /// Writes `contents` to `name` in the directory, readable only by the
+    /// server's user (as servers insist for private keys).
+    pub fn write_private(&self, name: &str, contents: &str) -> Result<PathBuf, DbError> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, contents).map_err(DbError::io("writing", &path))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(DbError::io("restricting", &path))?;
+        self.chown(&path)?;
+        Ok(path)
+    }
+
     /// Hands `path` to the user the server runs as.
     pub fn chown(&self, path: &Path) -> Result<(), DbError> {
         match self.run_as.ids {

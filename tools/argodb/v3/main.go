@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	stdlog "log"
 	"os"
 
 	log "github.com/sirupsen/logrus"
@@ -51,6 +52,8 @@ type answer struct {
 var sessions = map[string]db.Session{}
 
 func main() {
+	// upper/db logs slow queries to stdout, which carries the answers.
+	db.LC().SetLogger(stdlog.New(os.Stderr, "", stdlog.LstdFlags))
 	// Argo v3 logs through logrus' global logger: only errors, on stderr.
 	log.SetLevel(log.ErrorLevel)
 	log.SetOutput(os.Stderr)

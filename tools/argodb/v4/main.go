@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"os"
 
 	"github.com/upper/db/v4"
@@ -51,6 +52,8 @@ type answer struct {
 var sessions = map[string]*sqldb.SessionProxy{}
 
 func main() {
+	// upper/db logs slow queries to stdout, which carries the answers.
+	db.LC().SetLogger(log.New(os.Stderr, "", log.LstdFlags))
 	ctx := logging.WithLogger(context.Background(),
 		logging.NewSlogLoggerCustom(logging.Error, logging.Text, os.Stderr))
 	in := bufio.NewScanner(os.Stdin)
