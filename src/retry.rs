@@ -32,6 +32,8 @@ pub struct RetryConfig {
     pub allow_bulk: bool,
     pub argo_version: ArgoVersion,
     pub max_workflow_size: usize,
+    /// How the cluster's Argo compresses nodes (its WORKFLOW_COMPRESSION_* settings).
+    pub compression: plan::compress::Compression,
     /// Least time between two `rewind.dev/retry-status` writes of one request.
     pub status_interval: Duration,
 }
@@ -42,6 +44,7 @@ impl Default for RetryConfig {
             allow_bulk: true,
             argo_version: ArgoVersion::default(),
             max_workflow_size: plan::compress::DEFAULT_MAX_WORKFLOW_SIZE,
+            compression: Default::default(),
             status_interval: Duration::from_secs(2),
         }
     }
@@ -299,6 +302,7 @@ impl<'a> Job<'a> {
             parameters: request.options.parameters,
             argo_version: self.ctx.config.argo_version,
             max_workflow_size: self.ctx.config.max_workflow_size,
+            compression: self.ctx.config.compression.clone(),
         };
         let plan = plan::plan_retry(wf, &options)?;
         match &mut self.tracker {
