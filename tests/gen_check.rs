@@ -780,6 +780,7 @@ fn argo_reads_generated_workflows_as_intended() {
             node_field_selector: c.node_field_selector.clone(),
             parameters: c.parameters.clone(),
             max_workflow_size: c.max_workflow_size,
+            ..Default::default()
         })
         .collect();
     for line in [ArgoLine::V4, ArgoLine::V3] {

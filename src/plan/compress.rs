@@ -383,7 +383,7 @@ pub fn dehydrate(
             .as_deref()
             .unwrap_or_default()
             .is_empty();
-    if !hydrated || go_json_size(wf) <= max_size {
+    if !hydrated || go_json_size(wf, version) <= max_size {
         return Ok(());
     }
     let nodes = wf.status.nodes.take().unwrap_or_default();
@@ -391,7 +391,7 @@ pub fn dehydrate(
     let mut first_size = None;
     for encoder in compression.encoders(version) {
         wf.status.compressed_nodes = Some(STANDARD.encode(compress_with(encoder, &json)));
-        let size = go_json_size(wf);
+        let size = go_json_size(wf, version);
         if size <= max_size {
             if first_size.is_some() {
                 tracing::info!(
@@ -422,18 +422,52 @@ pub fn dehydrate(
 /// the size limit. Serde writes the same JSON apart from: Go's HTML escaping
 /// of `<`, `>`, `&` (6 bytes each) and U+2028/U+2029, and the zero
 /// `metav1.Time` and struct fields Go always writes (`creationTimestamp`,
-/// `startedAt`, `finishedAt` as `null`, `spec.arguments` as `{}`). Fields of
-/// the spec that Go would re-encode differently are not modelled, so a
-/// workflow within a few bytes of the limit may be judged differently.
-pub fn go_json_size(wf: &Workflow) -> usize {
+/// `startedAt`, `finishedAt` as `null`, `spec.arguments` as `{}`; v3.7's
+/// apimachinery also writes a zero `creationTimestamp` as `null`, in the
+/// workflow's and the volume claim templates' metadata, where v4's omits it),
+/// and the empty maps Go's `omitempty` leaves out (labels, annotations,
+/// nodes). Other fields of the spec that Go would re-encode differently are
+/// not modelled; the differential test checks this size against Go's on
+/// every case.
+pub fn go_json_size(wf: &Workflow, version: ArgoVersion) -> usize {
     let mut counter = GoSizeCounter::default();
     // Counting cannot fail, and the types serialise.
     let _ = serde_json::to_writer(&mut counter, wf);
     let mut size = counter.size;
     // `"key":null` plus a separating comma (every object involved has other fields).
     let null_field = |key: &str| key.len() + 2 + 1 + 4 + 1;
-    if wf.metadata.creation_timestamp.is_none() {
-        size += null_field("creationTimestamp");
+    if version == ArgoVersion::V3_7 {
+        if wf.metadata.creation_timestamp.is_none() {
+            size += null_field("creationTimestamp");
+        }
+        let specs = std::iter::once(&wf.spec).chain(wf.status.stored_workflow_spec.as_deref());
+        for template in specs
+            .filter_map(|s| s.other.get("volumeClaimTemplates"))
+            .filter_map(serde_json::Value::as_array)
+            .flatten()
+        {
+            match template
+                .get("metadata")
+                .and_then(serde_json::Value::as_object)
+            {
+                Some(m) if m.contains_key("creationTimestamp") => {}
+                Some(m) if m.is_empty() => size += null_field("creationTimestamp") - 1,
+                Some(_) => size += null_field("creationTimestamp"),
+                None => size += r#""metadata":{"creationTimestamp":null},"#.len(),
+            }
+        }
+    }
+    // Serde writes these maps when empty; Go's `omitempty` leaves them out.
+    if wf.metadata.labels.as_ref().is_some_and(|l| l.is_empty()) {
+        size -= r#""labels":{},"#.len();
+    }
+    if wf
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.is_empty())
+    {
+        size -= r#""annotations":{},"#.len();
     }
     if wf.spec.arguments.is_none() {
         size += r#""arguments":{},"#.len();
@@ -450,7 +484,6 @@ pub fn go_json_size(wf: &Workflow) -> usize {
         size += r#","status":{}"#.len() - 1;
     }
     if status.nodes.as_ref().is_some_and(|n| n.is_empty()) {
-        // Serde writes the empty map; Go's `omitempty` leaves it out.
         size -= r#""nodes":{},"#.len();
     }
     for node in status.nodes.iter().flat_map(|n| n.values()) {
@@ -625,7 +658,7 @@ mod tests {
             .collect();
         let mut wf = Workflow::default();
         wf.status.nodes = Some(many.clone());
-        let size = go_json_size(&wf);
+        let size = go_json_size(&wf, V4);
         dehydrate(&mut wf, size, &Compression::default(), V4).unwrap();
         assert!(wf.status.compressed_nodes.is_none());
         dehydrate(&mut wf, size - 1, &Compression::default(), V4).unwrap();
@@ -663,9 +696,9 @@ mod tests {
         wf.status.started_at = Some("x".into());
         wf.status.finished_at = Some("y".into());
         let go = r#"{"apiVersion":"v","kind":"k","metadata":{"name":"a\u003cb","creationTimestamp":"1970-01-01T00:00:00Z"},"spec":{"arguments":{}},"status":{"startedAt":"x","finishedAt":"y"}}"#;
-        assert_eq!(go_json_size(&wf), go.len());
+        assert_eq!(go_json_size(&wf, V3), go.len());
         wf.status.finished_at = None;
         let go = go.replace(r#""finishedAt":"y""#, r#""finishedAt":null"#);
-        assert_eq!(go_json_size(&wf), go.len());
+        assert_eq!(go_json_size(&wf, V3), go.len());
     }
 }

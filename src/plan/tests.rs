@@ -632,7 +632,7 @@ fn compressed_nodes_are_read_and_written_back_when_too_large() {
     );
 
     // A limit the plan exceeds: its nodes go back compressed.
-    let size = compress::go_json_size(&from_plain.workflow);
+    let size = compress::go_json_size(&from_plain.workflow, ArgoVersion::V4);
     let opts = RetryOptions {
         max_workflow_size: size - 1,
         ..Default::default()
