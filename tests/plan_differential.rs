@@ -938,3 +938,67 @@ fn normalising_keeps_real_differences() {
         json!({"status": {"startedAt": "2024-05-01T00:00:00Z"}})
     );
 }
+
+#[test]
+fn corrupt_compressed_nodes_fail_with_argos_messages() {
+    let gzip = |data: &[u8]| {
+        let mut w = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        w.write_all(data).expect("compressing into memory");
+        w.finish().expect("compressing into memory")
+    };
+    let good = gzip(br#"{"wf":{"id":"wf","name":"wf","type":"Pod","phase":"Failed"}}"#);
+    let mut bad_crc = good.clone();
+    let crc_at = bad_crc.len() - 8;
+    bad_crc[crc_at] ^= 1;
+    let blobs: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("no-trailer", good[..good.len() - 4].to_vec()),
+        ("bad-checksum", bad_crc),
+        ("not-gzip-header", vec![0x1f, 0x8b, 0, 0]),
+        ("json-syntax", gzip(b"{x")),
+        ("json-eof", gzip(br#"{"a":"#)),
+        ("json-empty", gzip(b"")),
+        ("json-array", gzip(b"[1]")),
+        ("json-string", gzip(br#""s""#)),
+        ("json-trailing", gzip(b"{} x")),
+        ("json-trailing-comma", gzip(br#"{"a":{"id":"x",}}"#)),
+        ("json-missing-colon", gzip(br#"{"a" 1}"#)),
+        (
+            "json-array-element",
+            gzip(br#"{"a":{"children":["x" "y"]}}"#),
+        ),
+        ("json-pair", gzip(br#"{"a":{} "b":{}}"#)),
+        ("json-value", gzip(br#"{"a":?}"#)),
+        ("json-newline", gzip(b"{\n\"a\":\n\n  x}")),
+    ];
+    let cases: Vec<Case> = blobs
+        .iter()
+        .map(|(id, blob)| Case {
+            oracle: OracleCase {
+                id: (*id).to_owned(),
+                workflow: json!({
+                    "metadata": {"name": "wf", "labels": {"a": "b"}},
+                    "spec": {},
+                    "status": {"phase": "Failed", "compressedNodes": base64::engine::general_purpose::STANDARD.encode(blob)},
+                }),
+                ..Default::default()
+            },
+            seed_budget: None,
+        })
+        .collect();
+    for (line, version) in [
+        (ArgoLine::V4, ArgoVersion::V4),
+        (ArgoLine::V3, ArgoVersion::V3_7),
+    ] {
+        let oracle_cases: Vec<OracleCase> = cases.iter().map(|c| c.oracle.clone()).collect();
+        for (case, argo) in cases.iter().zip(run_oracle(line, &oracle_cases)) {
+            let argo = argo
+                .error
+                .unwrap_or_else(|| panic!("{version} {}: Argo reads it", case.oracle.id));
+            let Outcome::Failed(ours) = plan(case, version, Timestamp::now(), &last_listed) else {
+                panic!("{version} {}: the planner reads it", case.oracle.id);
+            };
+            assert_eq!(ours.to_string(), argo, "{version} {}", case.oracle.id);
+        }
+    }
+}

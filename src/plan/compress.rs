@@ -56,17 +56,23 @@ const GO_STD_ENCODING: GeneralPurpose = GeneralPurpose::new(
 /// The node map of a workflow status.
 pub type Nodes = BTreeMap<String, NodeStatus>;
 
-/// Why `status.compressedNodes` cannot be read. The base64 and gzip header
-/// messages are Go's; deeper decoder and JSON errors are worded by the Rust
-/// decoders.
+/// Why `status.compressedNodes` cannot be read, in Go's words where Go's are
+/// deterministic: base64 errors, gzip's header, truncation and checksum
+/// errors, JSON syntax errors and a top level that is not an object. A
+/// corrupt deflate, zstd or brotli stream and a node field of the wrong type
+/// are worded by the Rust decoders (Go names a decoder-specific offset or a
+/// Go type path there).
 #[derive(Debug, Error)]
 pub enum CompressError {
     #[error("illegal base64 data at input byte {offset}")]
     Base64 { offset: usize },
     #[error("failed to decompress: {0}")]
     Decompress(String),
+    /// Argo returns gzip's body errors unwrapped (`io.ReadAll`).
     #[error("{0}")]
-    Json(#[from] serde_json::Error),
+    Inflate(String),
+    #[error("{0}")]
+    Json(String),
 }
 
 impl From<base64::DecodeError> for CompressError {
@@ -295,40 +301,113 @@ pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, Com
         .collect();
     let raw = GO_STD_ENCODING.decode(cleaned)?;
     let json = match version {
-        ArgoVersion::V4 => decompress(&raw),
-        ArgoVersion::V3_7 => gunzip(&raw),
+        ArgoVersion::V4 => decompress(&raw)?,
+        ArgoVersion::V3_7 => gunzip(&raw)?,
+    };
+    match serde_json::from_slice::<Option<Nodes>>(&json) {
+        Ok(nodes) => Ok(nodes.unwrap_or_default()),
+        Err(e) => Err(CompressError::Json(go_json_error(&json, e))),
     }
-    .map_err(CompressError::Decompress)?;
-    let nodes: Option<Nodes> = serde_json::from_slice(&json)?;
-    Ok(nodes.unwrap_or_default())
 }
 
 /// v4's `file.DecompressContent`.
-pub fn decompress(content: &[u8]) -> Result<Vec<u8>, String> {
+pub fn decompress(content: &[u8]) -> Result<Vec<u8>, CompressError> {
     let mut out = Vec::with_capacity(content.len() * 8);
+    let failed = |e: std::io::Error| CompressError::Decompress(e.to_string());
     match Algorithm::detect(content) {
-        Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(|e| e.to_string()),
+        Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(failed),
         Algorithm::Gzip => return gunzip(content),
         Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024)
             .read_to_end(&mut out)
-            .map_err(|e| e.to_string())?,
+            .map_err(failed)?,
     };
     Ok(out)
 }
 
-/// Gzip, with Go's messages for a missing or wrong header.
-fn gunzip(content: &[u8]) -> Result<Vec<u8>, String> {
+/// Gzip, with Go's messages for a missing or wrong header, a truncated
+/// stream and a wrong checksum.
+fn gunzip(content: &[u8]) -> Result<Vec<u8>, CompressError> {
     if content.is_empty() {
-        return Err("EOF".into());
+        return Err(CompressError::Decompress("EOF".into()));
+    }
+    // Go reads the 10-byte header whole before it looks at it.
+    if content.len() < 10 {
+        return Err(CompressError::Decompress("unexpected EOF".into()));
     }
     if !content.starts_with(GZIP_MAGIC) || content.get(2).is_some_and(|&cm| cm != 8) {
-        return Err("gzip: invalid header".into());
+        return Err(CompressError::Decompress("gzip: invalid header".into()));
     }
     let mut out = Vec::with_capacity(content.len() * 8);
     flate2::read::MultiGzDecoder::new(content)
         .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| {
+            CompressError::Inflate(match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => "unexpected EOF".into(),
+                _ if e.to_string().contains("checksum") => "gzip: invalid checksum".into(),
+                _ => format!("flate: corrupt input: {e}"),
+            })
+        })?;
     Ok(out)
+}
+
+/// Go's `json.Unmarshal` message for a node map that failed to decode, where
+/// it does not depend on Go's types: Go checks the whole document's syntax
+/// first, then unmarshals into `v1alpha1.Nodes`.
+fn go_json_error(json: &[u8], typed: serde_json::Error) -> String {
+    let syntax = match serde_json::from_slice::<serde::de::IgnoredAny>(json) {
+        Ok(_) => None,
+        Err(e) => Some(e),
+    };
+    let Some(e) = syntax else {
+        let kind = match json.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'[') => "array",
+            Some(b'"') => "string",
+            Some(b't' | b'f') => "bool",
+            Some(b'-' | b'0'..=b'9') => "number",
+            _ => return typed.to_string(),
+        };
+        return format!("json: cannot unmarshal {kind} into Go value of type v1alpha1.Nodes");
+    };
+    if e.is_eof() {
+        return "unexpected end of JSON input".into();
+    }
+    let text = e.to_string();
+    let what = text.split(" at line ").next().unwrap_or_default();
+    // serde's line and column (1-based, in bytes) point at the offending byte.
+    let offset = json
+        .split_inclusive(|&b| b == b'\n')
+        .take(e.line().saturating_sub(1))
+        .map(<[u8]>::len)
+        .sum::<usize>()
+        + e.column().saturating_sub(1);
+    let Some(&c) = json.get(offset) else {
+        return text;
+    };
+    let context = match what {
+        "expected value" => "looking for beginning of value",
+        "key must be a string" => "looking for beginning of object key string",
+        "trailing comma" if c == b'}' => "looking for beginning of object key string",
+        "trailing comma" => "looking for beginning of value",
+        "expected `:`" => "after object key",
+        "expected `,` or `}`" => "after object key:value pair",
+        "expected `,` or `]`" => "after array element",
+        "trailing characters" => "after top-level value",
+        _ => return text,
+    };
+    format!("invalid character {} {context}", go_quote_char(c))
+}
+
+/// Go's `quoteChar` for the byte `encoding/json` names in a syntax error.
+fn go_quote_char(c: u8) -> String {
+    match c {
+        b'\'' => r"'\''".into(),
+        b'"' => r#"'"'"#.into(),
+        b'\n' => r"'\n'".into(),
+        b'\r' => r"'\r'".into(),
+        b'\t' => r"'\t'".into(),
+        0x20..=0x7e => format!("'{}'", c as char),
+        _ => format!("'\\x{c:02x}'"),
+    }
 }
 
 /// `file.CompressEncodeString` of the nodes' JSON with one encoder.
@@ -611,16 +690,18 @@ mod tests {
             decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4)
                 .unwrap_err()
                 .to_string(),
-            "failed to decompress: gzip: invalid header"
+            "failed to decompress: unexpected EOF"
         );
         assert!(matches!(
             decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4),
             Err(CompressError::Decompress(_))
         ));
-        assert!(matches!(
-            decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4),
-            Err(CompressError::Json(_))
-        ));
+        assert_eq!(
+            decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4)
+                .unwrap_err()
+                .to_string(),
+            "json: cannot unmarshal array into Go value of type v1alpha1.Nodes"
+        );
     }
 
     #[test]
