@@ -520,6 +520,26 @@ fn compare_all(cases: &[Case], line: ArgoLine, version: ArgoVersion) -> (Tally, 
             tally.near_limit += 1;
             tally.near_default_limit += usize::from(limit == compress::DEFAULT_MAX_WORKFLOW_SIZE);
         }
+        if let (Some(theirs), Outcome::Done { workflow, .. }) = (&oracle.workflow, planner)
+            && case
+                .oracle
+                .workflow
+                .pointer("/status/compressedNodes")
+                .is_none()
+            && let (Some(Value::String(a)), Some(Value::String(b))) = (
+                theirs.pointer("/status/compressedNodes"),
+                workflow.pointer("/status/compressedNodes"),
+            )
+        {
+            let algorithm = decode_blob(a)["algorithm"]
+                .as_str()
+                .unwrap_or("?")
+                .to_owned();
+            let ratio = b.len() as f64 / a.len() as f64 - 1.0;
+            let (lo, hi) = tally.blob_ratio.entry(algorithm).or_insert((ratio, ratio));
+            *lo = lo.min(ratio);
+            *hi = hi.max(ratio);
+        }
         if argo_too_large && let Outcome::Done { workflow, .. } = planner {
             // rewind's stronger encoder fit where Argo's did not: allowed, counted.
             if workflow.pointer("/status/compressedNodes").is_some() {
@@ -576,6 +596,9 @@ struct Tally {
     argo_writes_rewind_refuses: usize,
     /// Argo refuses as too large and the planner's stronger encoder fits.
     rewind_writes_argo_refuses: usize,
+    /// Per algorithm, the least and greatest relative difference in length
+    /// between the planner's compressedNodes and Argo's.
+    blob_ratio: BTreeMap<String, (f64, f64)>,
 }
 
 /// Nodes listed as a child by several nodes: (ID, number of listing nodes).
@@ -859,6 +882,15 @@ fn planner_matches_argo_for_both_lines() {
             tally.near_default_limit,
             tally.argo_writes_rewind_refuses,
             tally.rewind_writes_argo_refuses
+        );
+        let ratios: Vec<String> = tally
+            .blob_ratio
+            .iter()
+            .map(|(a, (lo, hi))| format!("{a} {:+.1}%..{:+.1}%", lo * 100.0, hi * 100.0))
+            .collect();
+        let decisions = format!(
+            "{decisions}; compressedNodes length against Argo's: {}",
+            ratios.join(", ")
         );
         report.push(match tally.other_parent {
             0 => format!("{version} {equal} cases equal ({refused} refused by Argo; {decisions})"),
