@@ -782,4 +782,133 @@ mod tests {
         let go = go.replace(r#""finishedAt":"y""#, r#""finishedAt":null"#);
         assert_eq!(go_json_size(&wf, V3), go.len());
     }
+
+    #[test]
+    fn settings_fall_back_as_argo_does() {
+        let with = |algorithm: Algorithm, level: Option<&str>| Compression {
+            algorithm,
+            level: level.map(String::from),
+            ..Default::default()
+        };
+        assert_eq!("zstd".parse::<Algorithm>().unwrap(), Algorithm::Zstd);
+        assert_eq!("lz4".parse::<Algorithm>().unwrap(), Algorithm::Gzip);
+        assert_eq!(
+            "GZip".parse::<GzipImplementation>().unwrap(),
+            GzipImplementation::GZip
+        );
+        assert_eq!(
+            "gzip".parse::<GzipImplementation>().unwrap(),
+            GzipImplementation::PGZip
+        );
+        assert_eq!(with(Algorithm::Gzip, None).level_for(Algorithm::Gzip), 6);
+        assert_eq!(
+            with(Algorithm::Gzip, Some("9")).level_for(Algorithm::Gzip),
+            9
+        );
+        assert_eq!(
+            with(Algorithm::Gzip, Some("0")).level_for(Algorithm::Gzip),
+            6
+        );
+        assert_eq!(
+            with(Algorithm::Zstd, Some("5")).level_for(Algorithm::Zstd),
+            2
+        );
+        assert_eq!(
+            with(Algorithm::Brotli, Some("0")).level_for(Algorithm::Brotli),
+            0
+        );
+        assert_eq!(
+            with(Algorithm::Brotli, Some("x")).level_for(Algorithm::Brotli),
+            6
+        );
+        // v3.7 writes gzip at its default level whatever the settings say.
+        assert_eq!(
+            with(Algorithm::Zstd, Some("1")).encoders(V3)[0],
+            Encoder::Gzip(6)
+        );
+        assert_eq!(
+            with(Algorithm::Zstd, Some("1")).encoders(V4)[0],
+            Encoder::Zstd(1)
+        );
+    }
+
+    fn many_nodes() -> Nodes {
+        (0..200)
+            .map(|i| {
+                let id = format!("wf-{}", i * 7919 % 10007);
+                (
+                    id.clone(),
+                    NodeStatus {
+                        id,
+                        name: format!("wf.step-{i}({})", i * 31 % 97),
+                        type_: "Pod".into(),
+                        message: Some(format!("exit code {}", i % 3)),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn near_the_limit_a_stronger_encoder_is_tried_before_refusing() {
+        for compression in [
+            Compression::default(),
+            Compression {
+                algorithm: Algorithm::Zstd,
+                ..Default::default()
+            },
+            Compression {
+                algorithm: Algorithm::Brotli,
+                level: Some("5".into()),
+                ..Default::default()
+            },
+        ] {
+            let mut wf = Workflow::default();
+            wf.status.nodes = Some(many_nodes());
+            let json = serde_json::to_vec(&many_nodes()).unwrap();
+            let steps = compression.encoders(V4);
+            let first = compress_with(steps[0], &json).len();
+            let last = compress_with(*steps.last().unwrap(), &json).len();
+            assert!(last < first, "{compression:?}: {last} >= {first}");
+            let base64_len = |n: usize| n.div_ceil(3) * 4;
+            // A limit the first encoder misses by a few bytes.
+            let mut probe = wf.clone();
+            probe.status.compressed_nodes = Some(STANDARD.encode(compress_with(steps[0], &json)));
+            probe.status.nodes = None;
+            let max = go_json_size(&probe, V4) - 4;
+            dehydrate(&mut wf, max, &compression, V4).unwrap();
+            assert!(wf.status.nodes.is_none(), "{compression:?}");
+            assert_eq!(
+                decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(),
+                many_nodes()
+            );
+            assert!(go_json_size(&wf, V4) <= max);
+            // Below what the strongest encoder reaches: refused with the first size.
+            let max = go_json_size(&probe, V4) - base64_len(first) + base64_len(last) - 1;
+            let mut wf = Workflow::default();
+            wf.status.nodes = Some(many_nodes());
+            let err = dehydrate(&mut wf, max, &compression, V4).unwrap_err();
+            assert_eq!(err.compressed_size, go_json_size(&probe, V4));
+            assert!(wf.status.compressed_nodes.is_none());
+        }
+    }
+
+    #[test]
+    fn go_omits_empty_maps_and_v4_a_zero_creation_timestamp() {
+        let mut wf = Workflow {
+            api_version: "v".into(),
+            kind: "k".into(),
+            ..Default::default()
+        };
+        wf.metadata.name = Some("a".into());
+        wf.metadata.labels = Some(Default::default());
+        wf.spec.arguments = Some(Default::default());
+        wf.status.started_at = Some("x".into());
+        wf.status.nodes = Some(Nodes::new());
+        let v4 = r#"{"apiVersion":"v","kind":"k","metadata":{"name":"a"},"spec":{"arguments":{}},"status":{"startedAt":"x","finishedAt":null}}"#;
+        assert_eq!(go_json_size(&wf, V4), v4.len());
+        let v3 = v4.replace(r#""name":"a""#, r#""name":"a","creationTimestamp":null"#);
+        assert_eq!(go_json_size(&wf, V3), v3.len());
+    }
 }
