@@ -766,11 +766,14 @@ fn near_limit_cases(line: ArgoLine, base: &[Case]) -> Vec<Case> {
         .collect()
 }
 
+/// (WORKFLOW_COMPRESSION_ALGORITHM, GZIP_IMPLEMENTATION, target in ‰ off the limit).
+type DefaultLimitSetting = (Option<&'static str>, Option<&'static str>, i64);
+
 /// Settings and targets (‰ off the 1 MiB default limit) of the cases at the
 /// default limit. Brotli is left out here: the brotli crate's qualities 10
 /// and 11, which rewind climbs to near the limit, take tens of seconds on
 /// the megabytes such a case holds.
-const AT_DEFAULT_LIMIT: [(Option<&str>, Option<&str>, i64); 3] = [
+const AT_DEFAULT_LIMIT: [DefaultLimitSetting; 3] = [
     (None, None, -30),
     (Some("zstd"), None, 4),
     (None, Some("GZip"), 30),
@@ -823,8 +826,7 @@ fn default_limit_cases(line: ArgoLine, base: &[Case]) -> Vec<Case> {
     };
     const SHORT: usize = 600_000;
     const LONG: usize = 1_200_000;
-    let chosen: Vec<(&Case, (Option<&str>, Option<&str>, i64))> =
-        candidates.zip(AT_DEFAULT_LIMIT).collect();
+    let chosen: Vec<(&Case, DefaultLimitSetting)> = candidates.zip(AT_DEFAULT_LIMIT).collect();
     let probes: Vec<Case> = chosen
         .iter()
         .flat_map(|&(c, setting)| [padded(c, setting, SHORT), padded(c, setting, LONG)])

@@ -354,10 +354,7 @@ fn gunzip(content: &[u8]) -> Result<Vec<u8>, CompressError> {
 /// it does not depend on Go's types: Go checks the whole document's syntax
 /// first, then unmarshals into `v1alpha1.Nodes`.
 fn go_json_error(json: &[u8], typed: serde_json::Error) -> String {
-    let syntax = match serde_json::from_slice::<serde::de::IgnoredAny>(json) {
-        Ok(_) => None,
-        Err(e) => Some(e),
-    };
+    let syntax = serde_json::from_slice::<serde::de::IgnoredAny>(json).err();
     let Some(e) = syntax else {
         let kind = match json.iter().find(|b| !b.is_ascii_whitespace()) {
             Some(b'[') => "array",
