@@ -1,16 +1,25 @@
 //! Differential test: the retry planner against Argo's own retry code (the
 //! oracles in tools/oracle), for both Argo lines, on every fixture of Argo's
-//! unit tests (tests/data/argo-retry/cases.json) and on generated workflows.
+//! unit tests (tests/data/argo-retry/cases.json), on generated workflows, and
+//! on generated workflows given a size limit within ±5% of the size Argo's
+//! own encoder compresses their retry to (small limits under twelve
+//! compression settings, and a few padded to Argo's default 1 MiB limit).
 //!
 //! Equal means: the same error, or the same workflow and the same pods to
-//! delete. Ignored: the timestamps Argo sets to "now", the order of pod names,
-//! the compressed bytes (node maps are compared decompressed), and the
-//! difference between an absent field and a null, empty object or empty list
-//! (Go's `omitempty` and zero `metav1.Time`). Where Argo itself is
-//! nondeterministic (v3.7's random choice of parent, which faulty node an error
-//! names), Argo's answer must be one the planner gives for some such choice.
-//! A mismatch writes the smallest failing case, its options and both outputs
-//! to target/plan-mismatch-*.json.
+//! delete, and the planner's estimate of Go's marshalled size equal to the
+//! length Go marshals Argo's result to. `status.nodes` and
+//! `status.compressedNodes` are compared each as returned, the blob by its
+//! algorithm and decoded nodes: Argo's bytes come from Go encoders rewind
+//! does not reproduce. Ignored: the timestamps Argo sets to "now", the order
+//! of pod names, and the difference between an absent field and a null,
+//! empty object or empty list (Go's `omitempty` and zero `metav1.Time`).
+//! Where Argo refuses a retry as too large and the planner's stronger encoder
+//! fits, the case is counted, not failed; the reverse (Argo writes, the
+//! planner refuses) fails. Where Argo itself is nondeterministic (v3.7's
+//! random choice of parent, which faulty node an error names), Argo's answer
+//! must be one the planner gives for some such choice. A mismatch writes the
+//! smallest failing case, its options and both outputs to
+//! target/plan-mismatch-*.json.
 
 mod support;
 
