@@ -78,7 +78,8 @@ fn big_workflow(compressed: bool) -> Workflow {
     .expect("the bench workflow decodes");
     let nodes = big_nodes();
     if compressed {
-        wf.status.compressed_nodes = Some(compress::encode_nodes(&nodes));
+        wf.status.compressed_nodes =
+            Some(compress::encode_nodes(&nodes, compress::Encoder::Gzip(6)));
     } else {
         wf.status.nodes = Some(nodes);
     }

@@ -262,6 +262,7 @@ pub(crate) async fn run(
             true => usize::MAX,
             false => ctx.config.max_workflow_size,
         },
+        compression: ctx.config.compression.clone(),
     };
     let planned = plan::plan_retry(&archived, &options)?;
     timings.plan = step.elapsed();
@@ -279,6 +280,8 @@ pub(crate) async fn run(
             database,
             &mut workflow,
             ctx.config.max_workflow_size,
+            &ctx.config.compression,
+            ctx.config.argo_version,
             ctx.config.always_offload_node_status,
         )
         .await?;

@@ -89,9 +89,11 @@ pub async fn dehydrate(
     db: &dyn ArgoDatabase,
     wf: &mut Workflow,
     max_size: usize,
+    compression: &compress::Compression,
+    version: crate::plan::ArgoVersion,
     always_offload: bool,
 ) -> Result<(), OffloadError> {
-    if !always_offload && compress::dehydrate(wf, max_size).is_ok() {
+    if !always_offload && compress::dehydrate(wf, max_size, compression, version).is_ok() {
         wf.status.offload_node_status_version = None;
         return Ok(());
     }
@@ -222,13 +224,31 @@ mod tests {
     async fn dehydrate_compresses_within_the_limit_and_offloads_beyond_it_or_always() {
         let table = Table::default();
         let mut small = workflow();
-        dehydrate(&table, &mut small, 1 << 20, false).await.unwrap();
+        dehydrate(
+            &table,
+            &mut small,
+            1 << 20,
+            &Default::default(),
+            Default::default(),
+            false,
+        )
+        .await
+        .unwrap();
         assert_eq!(small, workflow());
         assert!(table.0.lock().unwrap().is_empty());
 
         for (max, always) in [(10, false), (1 << 20, true)] {
             let mut wf = workflow();
-            dehydrate(&table, &mut wf, max, always).await.unwrap();
+            dehydrate(
+                &table,
+                &mut wf,
+                max,
+                &Default::default(),
+                Default::default(),
+                always,
+            )
+            .await
+            .unwrap();
             let version = wf.status.offload_node_status_version.clone().unwrap();
             assert!(wf.status.nodes.is_none() && wf.status.compressed_nodes.is_none());
             let stored = table.0.lock().unwrap()[&("u1".to_string(), version)].clone();

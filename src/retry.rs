@@ -32,6 +32,8 @@ pub struct RetryConfig {
     pub allow_bulk: bool,
     pub argo_version: ArgoVersion,
     pub max_workflow_size: usize,
+    /// How the cluster's Argo compresses nodes (its WORKFLOW_COMPRESSION_* settings).
+    pub compression: plan::compress::Compression,
     /// Least time between two `rewind.dev/retry-status` writes of one request.
     pub status_interval: Duration,
     /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
@@ -44,6 +46,7 @@ impl Default for RetryConfig {
             allow_bulk: true,
             argo_version: ArgoVersion::default(),
             max_workflow_size: plan::compress::DEFAULT_MAX_WORKFLOW_SIZE,
+            compression: Default::default(),
             status_interval: Duration::from_secs(2),
             always_offload_node_status: false,
         }
@@ -316,6 +319,7 @@ impl<'a> Job<'a> {
                 Some(db) if db.offloads() => usize::MAX,
                 _ => self.ctx.config.max_workflow_size,
             },
+            compression: self.ctx.config.compression.clone(),
         };
         let plan = plan::plan_retry(wf, &options)?;
         match &mut self.tracker {
@@ -429,6 +433,8 @@ impl<'a> Job<'a> {
                 db.as_ref(),
                 &mut reset,
                 config.max_workflow_size,
+                &config.compression,
+                config.argo_version,
                 config.always_offload_node_status,
             )
             .await?;

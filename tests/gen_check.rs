@@ -321,6 +321,12 @@ fn features(case: &GenCase) -> Vec<String> {
     if wf.status.offload_node_status_version.is_some() {
         add("offloaded nodes");
     }
+    if wf.status.nodes.is_some() && wf.status.compressed_nodes.is_some() {
+        add("both nodes and compressedNodes");
+    }
+    if case.restart_successful && case.node_field_selector == format!("name={name}") {
+        add("selector picks the root");
+    }
     if let Some(max) = case.max_workflow_size {
         let size = serde_json::to_vec(&case.workflow).map_or(0, |b| b.len());
         add(match max {
@@ -556,6 +562,8 @@ fn features_are_all_covered() {
         "compressed zstd",
         "compressed brotli",
         "offloaded nodes",
+        "both nodes and compressedNodes",
+        "selector picks the root",
         "max size too small even compressed",
         "max size needs compression",
         "max size not reached",
@@ -780,6 +788,7 @@ fn argo_reads_generated_workflows_as_intended() {
             node_field_selector: c.node_field_selector.clone(),
             parameters: c.parameters.clone(),
             max_workflow_size: c.max_workflow_size,
+            ..Default::default()
         })
         .collect();
     for line in [ArgoLine::V4, ArgoLine::V3] {

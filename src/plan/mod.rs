@@ -117,6 +117,8 @@ pub struct RetryOptions {
     pub argo_version: ArgoVersion,
     /// Argo's `MAX_WORKFLOW_SIZE`: above it the nodes are stored compressed.
     pub max_workflow_size: usize,
+    /// How the cluster's Argo compresses nodes, which rewind writes too.
+    pub compression: compress::Compression,
 }
 
 impl Default for RetryOptions {
@@ -127,6 +129,7 @@ impl Default for RetryOptions {
             parameters: None,
             argo_version: ArgoVersion::default(),
             max_workflow_size: compress::DEFAULT_MAX_WORKFLOW_SIZE,
+            compression: compress::Compression::default(),
         }
     }
 }
@@ -294,7 +297,13 @@ pub fn plan_retry_with_parents(
     let new_nodes = finish_nodes(nodes, outcome.fates, &now);
     new_wf.status.nodes = Some(new_nodes);
 
-    compress::dehydrate(&mut new_wf, opts.max_workflow_size).map_err(|e| PlanError::TooLarge {
+    compress::dehydrate(
+        &mut new_wf,
+        opts.max_workflow_size,
+        &opts.compression,
+        version,
+    )
+    .map_err(|e| PlanError::TooLarge {
         compressed_size: e.compressed_size,
         max_size: e.max_size,
     })?;

@@ -619,8 +619,10 @@ fn no_nodes_is_a_plain_reset() {
 fn compressed_nodes_are_read_and_written_back_when_too_large() {
     let plain = simple_dag();
     let mut packed = plain.clone();
-    packed.status.compressed_nodes =
-        Some(compress::encode_nodes(plain.status.nodes.as_ref().unwrap()));
+    packed.status.compressed_nodes = Some(compress::encode_nodes(
+        plain.status.nodes.as_ref().unwrap(),
+        compress::Encoder::Gzip(6),
+    ));
     packed.status.nodes = None;
     let from_plain = plan(&plain, &RetryOptions::default());
     let from_packed = plan(&packed, &RetryOptions::default());
@@ -630,7 +632,7 @@ fn compressed_nodes_are_read_and_written_back_when_too_large() {
     );
 
     // A limit the plan exceeds: its nodes go back compressed.
-    let size = compress::go_json_size(&from_plain.workflow);
+    let size = compress::go_json_size(&from_plain.workflow, ArgoVersion::V4);
     let opts = RetryOptions {
         max_workflow_size: size - 1,
         ..Default::default()

@@ -136,7 +136,12 @@ impl FailedDag {
             ..Default::default()
         };
         // Past the limit even compressed the API server refuses it anyway.
-        let _ = dehydrate(&mut workflow, DEFAULT_MAX_WORKFLOW_SIZE);
+        let _ = dehydrate(
+            &mut workflow,
+            DEFAULT_MAX_WORKFLOW_SIZE,
+            &Default::default(),
+            ArgoVersion::V4,
+        );
         workflow
     }
 

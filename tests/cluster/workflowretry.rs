@@ -248,6 +248,7 @@ pub async fn ensure_what_argo_creates(
         node_field_selector: String::new(),
         parameters: None,
         max_workflow_size: None,
+        ..Default::default()
     };
     let result = tokio::task::spawn_blocking(move || {
         crate::oracle::run_oracle(crate::oracle::ArgoLine::V4, &[case])

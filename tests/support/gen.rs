@@ -111,7 +111,7 @@ pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
         12 => offload_nodes(&mut workflow),
         _ => {}
     }
-    let case = GenCase {
+    let mut case = GenCase {
         id: format!("case_from_seed({seed:#x}, {budget})"),
         workflow,
         restart_successful: options.restart_successful,
@@ -119,6 +119,15 @@ pub fn generate_case(seed: u64, budget: usize) -> (GenCase, Option<Defect>) {
         parameters: options.parameters,
         max_workflow_size,
     };
+    // Drawn last, so the draws above (and the cases they make) stay as they were.
+    if r.chance(0.04) {
+        // Selecting the root deletes every node: the result has none.
+        case.restart_successful = true;
+        case.node_field_selector = format!("name={}", escape_value(&wf_name));
+    }
+    if r.chance(0.04) {
+        add_stale_blob(&mut case.workflow);
+    }
     (case, defect)
 }
 
@@ -1844,6 +1853,29 @@ fn offload_nodes(workflow: &mut Value) {
             Value::String(format!("fnv:{version}")),
         );
     }
+}
+
+/// Adds a `compressedNodes` beside `status.nodes` holding an older node map
+/// (one node fewer): Argo retries from `nodes` and returns the blob untouched.
+fn add_stale_blob(workflow: &mut Value) {
+    let Some(status) = workflow.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let Some(Value::Object(nodes)) = status.get("nodes") else {
+        return;
+    };
+    if nodes.is_empty() || status.contains_key("compressedNodes") {
+        return;
+    }
+    let older: Map<String, Value> = nodes.clone().into_iter().skip(1).collect();
+    let plain = serde_json::to_vec(&older).unwrap_or_default();
+    let mut w = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    w.write_all(&plain).expect("compressing into memory");
+    let packed = w.finish().expect("compressing into memory");
+    status.insert(
+        "compressedNodes".into(),
+        Value::String(base64::engine::general_purpose::STANDARD.encode(packed)),
+    );
 }
 
 /// Moves `status.nodes` into `status.compressedNodes` as the controller does

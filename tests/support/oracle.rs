@@ -31,7 +31,7 @@ impl ArgoLine {
 }
 
 /// One retry request: the inputs of Argo's `RetryWorkflow`.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OracleCase {
     pub id: String,
@@ -43,6 +43,16 @@ pub struct OracleCase {
     /// Argo's MAX_WORKFLOW_SIZE for this case; `None` keeps Argo's default (1 MiB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_workflow_size: Option<usize>,
+    /// Argo's WORKFLOW_COMPRESSION_ALGORITHM and WORKFLOW_COMPRESSION_LEVEL
+    /// for this case; `None` leaves them unset (gzip at its default level).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression_algorithm: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression_level: Option<String>,
+    /// Argo's GZIP_IMPLEMENTATION, read once per oracle process: [`run_oracle`]
+    /// runs the cases that set it in a process of their own.
+    #[serde(skip)]
+    pub gzip_implementation: Option<String>,
 }
 
 /// What Argo produced for one case: the reset workflow (as Go marshals it)
@@ -55,6 +65,13 @@ pub struct OracleResult {
     pub workflow: Option<serde_json::Value>,
     pub pods_to_delete: Vec<String>,
     pub error: Option<String>,
+    /// `len(json.Marshal(workflow))`, what Argo compares with the limit.
+    #[serde(default)]
+    pub size: usize,
+    /// That size with the retried nodes compressed by Argo's encoder (also
+    /// when Argo refused as too large; 0 before that point or without nodes).
+    #[serde(default)]
+    pub compressed_size: usize,
 }
 
 /// The oracle binary for `line`, built by tools/oracle/build.sh on first use
@@ -102,14 +119,47 @@ const ARGO_BEHAVIOUR_VARS: [&str; 7] = [
     "TRANSIENT_ERROR_PATTERN",
 ];
 
-/// Runs `cases` through one oracle process and returns one result per case,
-/// in order. Cases are written while results are read, so batches of any size
-/// stream without filling a pipe.
+/// Runs `cases` through the oracle and returns one result per case, in
+/// order: one process per GZIP_IMPLEMENTATION the cases ask for.
 pub fn run_oracle(line: ArgoLine, cases: &[OracleCase]) -> Vec<OracleResult> {
+    let mut groups: Vec<(Option<&str>, Vec<usize>)> = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let implementation = case.gzip_implementation.as_deref();
+        match groups.iter_mut().find(|(g, _)| *g == implementation) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((implementation, vec![i])),
+        }
+    }
+    let mut results: Vec<Option<OracleResult>> = vec![None; cases.len()];
+    for (implementation, members) in groups {
+        let batch: Vec<OracleCase> = members.iter().map(|&i| cases[i].clone()).collect();
+        for (i, result) in members
+            .into_iter()
+            .zip(run_process(line, &batch, implementation))
+        {
+            results[i] = Some(result);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every case is in one group"))
+        .collect()
+}
+
+/// Runs `cases` through one oracle process. Cases are written while results
+/// are read, so batches of any size stream without filling a pipe.
+fn run_process(
+    line: ArgoLine,
+    cases: &[OracleCase],
+    gzip_implementation: Option<&str>,
+) -> Vec<OracleResult> {
     let binary = oracle_binary(line);
     let mut command = Command::new(&binary);
     for var in ARGO_BEHAVIOUR_VARS {
         command.env_remove(var);
+    }
+    if let Some(implementation) = gzip_implementation {
+        command.env("GZIP_IMPLEMENTATION", implementation);
     }
     let mut child = command
         .stdin(Stdio::piped())
@@ -178,6 +228,9 @@ mod tests {
             node_field_selector: String::new(),
             parameters: None,
             max_workflow_size: None,
+            compression_algorithm: None,
+            compression_level: None,
+            gzip_implementation: None,
         }
     }
 

@@ -10,7 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use rewind::budget::{BudgetConfig, Rate};
 use rewind::controller::{Controller, Options};
-use rewind::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
+use rewind::plan::compress::{
+    Algorithm, Compression, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
+};
+use rewind::plan::{ArgoVersion, RetryOptions};
 use rewind::retry::RetryConfig;
 use rewind::telemetry::{self, LogFormat};
 use rewind::watch::Scope;
@@ -113,6 +116,34 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
+    #[command(flatten)]
+    compression: CompressionArgs,
+}
+
+/// Argo's compression settings, read under Argo's own variable names so one
+/// ConfigMap can feed both: rewind writes compressed nodes as the cluster's
+/// Argo would.
+#[derive(clap::Args, Clone, Debug)]
+struct CompressionArgs {
+    /// Argo's WORKFLOW_COMPRESSION_ALGORITHM: gzip, zstd or brotli (v4 only).
+    #[arg(long, default_value = "gzip", env = "WORKFLOW_COMPRESSION_ALGORITHM")]
+    compression_algorithm: Algorithm,
+    /// Argo's WORKFLOW_COMPRESSION_LEVEL (gzip 1-9, zstd 1-4, brotli 0-11; else the default).
+    #[arg(long, env = "WORKFLOW_COMPRESSION_LEVEL")]
+    compression_level: Option<String>,
+    /// Argo's GZIP_IMPLEMENTATION: PGZip (default) or GZip.
+    #[arg(long, default_value = "PGZip", env = "GZIP_IMPLEMENTATION")]
+    gzip_implementation: GzipImplementation,
+}
+
+impl CompressionArgs {
+    fn settings(&self) -> Compression {
+        Compression {
+            algorithm: self.compression_algorithm,
+            level: self.compression_level.clone(),
+            gzip_implementation: self.gzip_implementation,
+        }
+    }
 }
 
 impl Tuning {
@@ -137,6 +168,7 @@ impl Tuning {
                 argo_version: self.argo_version,
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,
+                compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
             pod_gc: self.pod_gc,
@@ -180,6 +212,8 @@ struct PlanArgs {
     /// Argo's MAX_WORKFLOW_SIZE: above it, nodes are written compressed.
     #[arg(long, default_value_t = DEFAULT_MAX_WORKFLOW_SIZE, env = "MAX_WORKFLOW_SIZE")]
     max_workflow_size: usize,
+    #[command(flatten)]
+    compression: CompressionArgs,
 }
 
 #[cfg(feature = "testenv")]
@@ -297,6 +331,7 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
         parameters: (!args.parameters.is_empty()).then_some(args.parameters),
         argo_version: args.argo_version,
         max_workflow_size: args.max_workflow_size,
+        compression: args.compression.settings(),
     };
     match rewind::plan::plan_retry(&workflow, &options) {
         Ok(plan) => {

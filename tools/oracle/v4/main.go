@@ -16,6 +16,7 @@ import (
 
 	"github.com/argoproj/argo-workflows/v4/persist/sqldb"
 	wfv1 "github.com/argoproj/argo-workflows/v4/pkg/apis/workflow/v1alpha1"
+	"github.com/argoproj/argo-workflows/v4/util/file"
 	"github.com/argoproj/argo-workflows/v4/util/logging"
 	"github.com/argoproj/argo-workflows/v4/workflow/hydrator"
 	"github.com/argoproj/argo-workflows/v4/workflow/packer"
@@ -29,6 +30,11 @@ type retryCase struct {
 	NodeFieldSelector string          `json:"nodeFieldSelector"`
 	Parameters        []string        `json:"parameters"`
 	MaxWorkflowSize   int             `json:"maxWorkflowSize"`
+	// Argo's WORKFLOW_COMPRESSION_ALGORITHM and WORKFLOW_COMPRESSION_LEVEL for
+	// this case ("" leaves them unset). GZIP_IMPLEMENTATION is read once when
+	// the process starts, so it is set for a whole oracle process instead.
+	CompressionAlgorithm string `json:"compressionAlgorithm"`
+	CompressionLevel     string `json:"compressionLevel"`
 }
 
 type retryResult struct {
@@ -36,6 +42,13 @@ type retryResult struct {
 	Workflow     *wfv1.Workflow `json:"workflow"`
 	PodsToDelete []string       `json:"podsToDelete"`
 	Error        *string        `json:"error"`
+	// Size is len(json.Marshal(workflow)), the size Argo compares with
+	// MAX_WORKFLOW_SIZE (0 without a workflow).
+	Size int `json:"size"`
+	// CompressedSize is that size with the retried nodes compressed as Argo
+	// would compress them, also when Argo refused the retry as too large
+	// (0 when the retry failed before, or there are no nodes to compress).
+	CompressedSize int `json:"compressedSize"`
 }
 
 // An Argo Server without persistence uses the explosive repo, so offloaded
@@ -78,6 +91,8 @@ func run(ctx context.Context, c retryCase) (res retryResult) {
 		}
 	}()
 	defer withMaxWorkflowSize(c.MaxWorkflowSize)()
+	defer withEnv("WORKFLOW_COMPRESSION_ALGORITHM", c.CompressionAlgorithm)()
+	defer withEnv("WORKFLOW_COMPRESSION_LEVEL", c.CompressionLevel)()
 
 	wf := &wfv1.Workflow{}
 	if err := json.Unmarshal(c.Workflow, wf); err != nil {
@@ -101,11 +116,13 @@ func run(ctx context.Context, c retryCase) (res retryResult) {
 		res.Error = errText(err)
 		return res
 	}
+	res.CompressedSize = compressedSize(ctx, wf)
 	if err := wfHydrator.Dehydrate(ctx, wf); err != nil {
 		res.Error = errText(err)
 		return res
 	}
 	res.Workflow = wf
+	res.Size = marshalledSize(wf)
 	res.PodsToDelete = append(res.PodsToDelete, pods...) // non-nil: no pods is [], not null
 	slices.Sort(res.PodsToDelete)
 	return res
@@ -127,6 +144,47 @@ func withMaxWorkflowSize(size int) func() {
 			_ = os.Unsetenv("MAX_WORKFLOW_SIZE")
 		}
 	}
+}
+
+// withEnv sets an environment variable Argo reads on every call for one
+// case, unless value is empty, and returns a function restoring it.
+func withEnv(key, value string) func() {
+	if value == "" {
+		return func() {}
+	}
+	prev, had := os.LookupEnv(key)
+	_ = os.Setenv(key, value)
+	return func() {
+		if had {
+			_ = os.Setenv(key, prev)
+		} else {
+			_ = os.Unsetenv(key)
+		}
+	}
+}
+
+func marshalledSize(wf *wfv1.Workflow) int {
+	b, err := json.Marshal(wf)
+	if err != nil {
+		panic(err)
+	}
+	return len(b)
+}
+
+// compressedSize is what packer.compressWorkflow measures: the workflow with
+// its nodes moved to compressedNodes by Argo's own encoder.
+func compressedSize(ctx context.Context, wf *wfv1.Workflow) int {
+	if len(wf.Status.Nodes) == 0 {
+		return 0
+	}
+	nodes, err := json.Marshal(wf.Status.Nodes)
+	if err != nil {
+		panic(err)
+	}
+	packed := wf.DeepCopy()
+	packed.Status.CompressedNodes = file.CompressEncodeString(ctx, string(nodes))
+	packed.Status.Nodes = nil
+	return marshalledSize(packed)
 }
 
 func errText(err error) *string {
