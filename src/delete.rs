@@ -17,10 +17,10 @@ const SUCCEEDED: &str = "Succeeded";
 /// One unit of deletion work, each one API request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeleteWork {
-    /// DeleteCollection of the workflow's pods with this field selector; the
-    /// label selector is always `workflows.argoproj.io/workflow=<workflow>`.
+    /// DeleteCollection of the pods these selectors pick (see [`bulk_selectors`]).
     Bulk {
         workflow: String,
+        label_selector: String,
         field_selector: String,
         pods: Vec<String>,
     },
@@ -170,14 +170,7 @@ pub fn assess(
 ) -> Assessment {
     let listed: BTreeMap<&str, &Pod> = listed
         .iter()
-        .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::WORKFLOW))
-                .map(String::as_str)
-                == Some(workflow)
-        })
+        .filter(|p| label(p, labels::WORKFLOW) == Some(workflow))
         .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
         .collect();
 
@@ -204,13 +197,18 @@ pub fn assess(
         }
     }
 
-    // A bulk delete is exact when every pod it would select (terminating or
-    // not) is a plan pod. The planner only plans terminal workflows, for which
-    // Argo creates no pods, so nothing new can match between list and delete.
-    let bulk_selects = |p: &Pod| phase(p) != SUCCEEDED;
+    // The bulk request selects only pods Argo has finished with
+    // (completed=true). Argo v4.1.4 creates every pod with completed=false
+    // (workflowpod.go) and relabels it true only after it has written the
+    // workflow (pod/queue.go, operator.go), so a pod created or recreated after
+    // this list never matches: the request is exact when every listed pod it
+    // may select is a plan pod. A listed outsider whose relabelling Argo may
+    // still have queued (it carries Argo's node annotations) counts as
+    // selected; any other unfinished outsider cannot match and does not
+    // stop the bulk path.
     let outsiders = listed
         .iter()
-        .any(|(name, p)| bulk_selects(p) && !plan_pods.contains(*name));
+        .any(|(name, p)| may_become_selected(p) && !plan_pods.contains(*name));
     let in_bulk: Vec<String> = deletable
         .iter()
         .filter(|(_, _, p)| bulk_selects(p))
@@ -219,9 +217,11 @@ pub fn assess(
     // One request for one pod gains nothing over a precise single delete.
     let use_bulk = allow_bulk && !outsiders && in_bulk.len() > 1;
     if use_bulk {
+        let (label_selector, field_selector) = bulk_selectors(workflow);
         out.work.push(DeleteWork::Bulk {
             workflow: workflow.to_owned(),
-            field_selector: format!("status.phase!={SUCCEEDED}"),
+            label_selector,
+            field_selector,
             pods: in_bulk,
         });
     }
@@ -234,6 +234,40 @@ pub fn assess(
         }
     }
     out
+}
+
+/// The label and field selectors of a bulk delete of `workflow`'s pods:
+/// finished with by Argo, and not succeeded.
+pub fn bulk_selectors(workflow: &str) -> (String, String) {
+    (
+        format!("{}={workflow},{}=true", labels::WORKFLOW, labels::COMPLETED),
+        format!("status.phase!={SUCCEEDED}"),
+    )
+}
+
+/// What the bulk request's selectors pick now (the workflow label aside).
+fn bulk_selects(pod: &Pod) -> bool {
+    label(pod, labels::COMPLETED) == Some("true") && phase(pod) != SUCCEEDED
+}
+
+/// What the bulk request may pick by the time the server lists: what it picks
+/// now, and Argo's own unfinished pods, which Argo may be relabelling.
+fn may_become_selected(pod: &Pod) -> bool {
+    let argos = [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(*key))
+    });
+    bulk_selects(pod) || (argos && phase(pod) != SUCCEEDED)
+}
+
+fn label<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
 }
 
 fn phase(pod: &Pod) -> &str {
@@ -262,7 +296,13 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 uid: Some(format!("uid-{name}")),
-                labels: Some([(labels::WORKFLOW.to_string(), wf.to_string())].into()),
+                labels: Some(
+                    [
+                        (labels::WORKFLOW.to_string(), wf.to_string()),
+                        (labels::COMPLETED.to_string(), "true".to_string()),
+                    ]
+                    .into(),
+                ),
                 ..Default::default()
             },
             status: Some(PodStatus {
@@ -270,6 +310,29 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
+        }
+    }
+
+    /// A pod Argo has not relabelled completed=true (yet), made by Argo
+    /// (with its node annotations) or by someone else.
+    fn unfinished(mut p: Pod, argos: bool) -> Pod {
+        p.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::COMPLETED.into(), "false".into());
+        if argos {
+            p.metadata.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
+        }
+        p
+    }
+
+    fn bulk(wf: &str, pods: &[&str]) -> DeleteWork {
+        DeleteWork::Bulk {
+            workflow: wf.into(),
+            label_selector: format!("{}={wf},{}=true", labels::WORKFLOW, labels::COMPLETED),
+            field_selector: "status.phase!=Succeeded".into(),
+            pods: pods.iter().map(|p| p.to_string()).collect(),
         }
     }
 
@@ -293,15 +356,60 @@ mod tests {
             pod("wf", "ok", "Succeeded"),
         ];
         let got = assess("wf", &names(&["a", "b", "gone"]), &listed, true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn unrelabelled_plan_pods_are_deleted_singly_and_unfinished_outsiders_do_not_block() {
+        // "late" is planned but Argo never marked it completed: the bulk
+        // selector cannot reach it. "other" is someone else's pod with the
+        // workflow's label, also unfinished: the bulk selector cannot reach it
+        // either, so it does not stop the bulk path.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "late", "Failed"), true),
+            unfinished(pod("wf", "other", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["a", "b", "late"]), &listed, true);
         assert_eq!(
             got.work,
-            vec![DeleteWork::Bulk {
-                workflow: "wf".into(),
-                field_selector: "status.phase!=Succeeded".into(),
-                pods: vec!["a".into(), "b".into()]
-            }]
+            vec![
+                bulk("wf", &["a", "b"]),
+                DeleteWork::Pod {
+                    name: "late".into(),
+                    uid: "uid-late".into()
+                },
+            ]
         );
-        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn an_outsider_argo_may_still_relabel_blocks_bulk() {
+        // Argo relabels its pods after it writes the finished workflow: this
+        // failed attempt outside the plan may match by the time the server lists.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "kept", "Failed"), true),
+            unfinished(pod("wf", "ok", "Succeeded"), true),
+        ];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert!(
+            got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })),
+            "{:?}",
+            got.work
+        );
+        // A succeeded one never matches the field selector: bulk is fine.
+        let got = assess("wf", &names(&["a", "b"]), &listed[..2], true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        let mut with_ok = listed[..2].to_vec();
+        with_ok.push(listed[3].clone());
+        assert_eq!(
+            assess("wf", &names(&["a", "b"]), &with_ok, true).work,
+            vec![bulk("wf", &["a", "b"])]
+        );
     }
 
     #[test]

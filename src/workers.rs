@@ -146,12 +146,12 @@ async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
     match &item.work {
         DeleteWork::Bulk {
-            workflow,
+            label_selector,
             field_selector,
             ..
         } => {
             let lp = ListParams::default()
-                .labels(&format!("{}={workflow}", labels::WORKFLOW))
+                .labels(label_selector)
                 .fields(field_selector);
             let deleted = pods
                 .delete_collection(&DeleteParams::default(), &lp)
@@ -225,10 +225,11 @@ fn describe(work: &DeleteWork) -> String {
     match work {
         DeleteWork::Bulk {
             workflow,
+            label_selector,
             field_selector,
             pods,
         } => format!(
-            "deleting the {} pods of workflow {workflow} with {field_selector}",
+            "deleting the {} pods of workflow {workflow} with labels {label_selector} and fields {field_selector}",
             pods.len()
         ),
         DeleteWork::Pod { name, .. } => format!("deleting pod {name}"),
