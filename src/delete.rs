@@ -7,12 +7,21 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::workflow::labels;
 
-/// Pod phases a bulk field selector can exclude; Argo's pods end in one of these.
-const SUCCEEDED: &str = "Succeeded";
+/// A pod as the assessment sees it: its metadata (name, UID, labels,
+/// annotations, deletion timestamp, finalizers) and the one fact of its status
+/// that matters here, whether it succeeded (the bulk field selector's term).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    pub meta: ObjectMeta,
+    pub succeeded: bool,
+}
+
+/// The pod phase the bulk field selector excludes.
+pub const SUCCEEDED: &str = "Succeeded";
 
 /// One unit of deletion work, each one API request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,7 +119,7 @@ impl Tracker {
     pub fn assess(
         &mut self,
         workflow: &str,
-        listed: &[Pod],
+        listed: &[Listed],
         allow_bulk: bool,
     ) -> Result<Assessment, Recreated> {
         let assessment = assess(workflow, &self.plan, listed, allow_bulk);
@@ -118,8 +127,8 @@ impl Tracker {
             .iter()
             .filter_map(|p| {
                 Some((
-                    p.metadata.name.as_deref()?,
-                    p.metadata.uid.as_deref().unwrap_or_default(),
+                    p.meta.name.as_deref()?,
+                    p.meta.uid.as_deref().unwrap_or_default(),
                 ))
             })
             .collect();
@@ -165,24 +174,24 @@ impl Tracker {
 pub fn assess(
     workflow: &str,
     plan_pods: &BTreeSet<String>,
-    listed: &[Pod],
+    listed: &[Listed],
     allow_bulk: bool,
 ) -> Assessment {
-    let listed: BTreeMap<&str, &Pod> = listed
+    let listed: BTreeMap<&str, &Listed> = listed
         .iter()
         .filter(|p| label(p, labels::WORKFLOW) == Some(workflow))
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+        .filter_map(|p| Some((p.meta.name.as_deref()?, p)))
         .collect();
 
     let mut out = Assessment::default();
-    let mut deletable: Vec<(&str, &str, &Pod)> = Vec::new();
+    let mut deletable: Vec<(&str, &str, &Listed)> = Vec::new();
     for name in plan_pods {
         let Some(pod) = listed.get(name.as_str()) else {
             out.gone.insert(name.clone());
             continue;
         };
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
+        let uid = pod.meta.uid.as_deref().unwrap_or_default();
+        if pod.meta.deletion_timestamp.is_some() {
             if let Some(index) = status_finalizer_index(pod) {
                 out.work.push(DeleteWork::Finalizer {
                     name: name.clone(),
@@ -246,39 +255,32 @@ pub fn bulk_selectors(workflow: &str) -> (String, String) {
 }
 
 /// What the bulk request's selectors pick now (the workflow label aside).
-fn bulk_selects(pod: &Pod) -> bool {
-    label(pod, labels::COMPLETED) == Some("true") && phase(pod) != SUCCEEDED
+fn bulk_selects(pod: &Listed) -> bool {
+    label(pod, labels::COMPLETED) == Some("true") && !pod.succeeded
 }
 
 /// What the bulk request may pick by the time the server lists: what it picks
 /// now, and Argo's own unfinished pods, which Argo may be relabelling.
-fn may_become_selected(pod: &Pod) -> bool {
+fn may_become_selected(pod: &Listed) -> bool {
     let argos = [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
-        pod.metadata
+        pod.meta
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(*key))
     });
-    bulk_selects(pod) || (argos && phase(pod) != SUCCEEDED)
+    bulk_selects(pod) || (argos && !pod.succeeded)
 }
 
-fn label<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
-    pod.metadata
+fn label<'p>(pod: &'p Listed, key: &str) -> Option<&'p str> {
+    pod.meta
         .labels
         .as_ref()
         .and_then(|l| l.get(key))
         .map(String::as_str)
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
-fn status_finalizer_index(pod: &Pod) -> Option<usize> {
-    pod.metadata
+fn status_finalizer_index(pod: &Listed) -> Option<usize> {
+    pod.meta
         .finalizers
         .as_ref()?
         .iter()
@@ -288,12 +290,11 @@ fn status_finalizer_index(pod: &Pod) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn pod(wf: &str, name: &str, phase: &str) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
+    fn pod(wf: &str, name: &str, phase: &str) -> Listed {
+        Listed {
+            meta: ObjectMeta {
                 name: Some(name.into()),
                 uid: Some(format!("uid-{name}")),
                 labels: Some(
@@ -305,24 +306,20 @@ mod tests {
                 ),
                 ..Default::default()
             },
-            status: Some(PodStatus {
-                phase: Some(phase.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
+            succeeded: phase == SUCCEEDED,
         }
     }
 
     /// A pod Argo has not relabelled completed=true (yet), made by Argo
     /// (with its node annotations) or by someone else.
-    fn unfinished(mut p: Pod, argos: bool) -> Pod {
-        p.metadata
+    fn unfinished(mut p: Listed, argos: bool) -> Listed {
+        p.meta
             .labels
             .as_mut()
             .unwrap()
             .insert(labels::COMPLETED.into(), "false".into());
         if argos {
-            p.metadata.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
+            p.meta.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
         }
         p
     }
@@ -336,10 +333,10 @@ mod tests {
         }
     }
 
-    fn terminating(mut p: Pod, finalizer: bool) -> Pod {
-        p.metadata.deletion_timestamp = Some(Time(Default::default()));
+    fn terminating(mut p: Listed, finalizer: bool) -> Listed {
+        p.meta.deletion_timestamp = Some(Time(Default::default()));
         if finalizer {
-            p.metadata.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
+            p.meta.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
         }
         p
     }
@@ -530,7 +527,7 @@ mod tests {
         let mut t = Tracker::new(names(&["a"]));
         t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
         let mut again = pod("wf", "a", "Failed");
-        again.metadata.uid = Some("new".into());
+        again.meta.uid = Some("new".into());
         assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
     }
 

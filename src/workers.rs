@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, VersionMatch};
+use kube::{Client, Resource as _};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::budget::Budget;
-use crate::delete::DeleteWork;
+use crate::delete::{DeleteWork, Listed, SUCCEEDED};
 use crate::queue::{Lease, WorkQueue};
 use crate::workflow::labels;
 
@@ -93,6 +93,9 @@ impl Outcomes {
     }
 }
 
+/// The media type that asks the API server for a list of object metadata only.
+const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
 /// Attempts per item before a transient error is reported as a failure.
 const MAX_ATTEMPTS: u32 = 8;
 
@@ -142,6 +145,51 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
     }
 }
 
+/// Lists the pods labelled with `workflow` for [`crate::delete::assess`].
+///
+/// The assessment needs each pod's metadata and whether it succeeded; a
+/// metadata list carries no phase, so two metadata lists split by the bulk
+/// field selector's own term (phase Succeeded or not) give exactly that, each
+/// pod once, from one revision (the second is read at the first's). Full pods
+/// would carry their spec and status too, several times the bytes to send
+/// and decode.
+pub async fn list_workflow_pods(
+    client: &Client,
+    namespace: &str,
+    workflow: &str,
+) -> Result<Vec<Listed>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let unsucceeded = pods
+        .list_metadata(
+            &by_workflow
+                .clone()
+                .fields(&format!("status.phase!={SUCCEEDED}")),
+        )
+        .await?;
+    let mut succeeded_lp = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
+    if let Some(rv) = unsucceeded.metadata.resource_version.as_deref() {
+        succeeded_lp = succeeded_lp.at(rv).matching(VersionMatch::Exact);
+    }
+    let succeeded = pods.list_metadata(&succeeded_lp).await?;
+    let listed = |items: Vec<kube::api::PartialObjectMeta<Pod>>, succeeded: bool| {
+        items.into_iter().map(move |p| Listed {
+            meta: p.metadata,
+            succeeded,
+        })
+    };
+    Ok(listed(unsucceeded.items, false)
+        .chain(listed(succeeded.items, true))
+        .collect())
+}
+
+/// The part of a DeleteCollection response rewind reads: how many pods it removed.
+#[derive(serde::Deserialize)]
+struct DeletedPods {
+    #[serde(default)]
+    items: Vec<serde::de::IgnoredAny>,
+}
+
 async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
     match &item.work {
@@ -153,12 +201,17 @@ async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> 
             let lp = ListParams::default()
                 .labels(label_selector)
                 .fields(field_selector);
-            let deleted = pods
+            let mut request = kube::core::Request::new(Pod::url_path(&(), Some(&item.namespace)))
                 .delete_collection(&DeleteParams::default(), &lp)
-                .await?;
-            Ok(Done::Deleted(
-                deleted.left().map_or(0, |list| list.items.len()),
-            ))
+                .map_err(kube::Error::BuildRequest)?;
+            // The server answers with every deleted pod; their metadata is
+            // plenty (a count), a fraction of full pods to encode and decode.
+            request.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(METADATA_LIST),
+            );
+            let deleted: DeletedPods = client.request(request).await?;
+            Ok(Done::Deleted(deleted.items.len()))
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {
