@@ -493,17 +493,13 @@ impl<'a> Job<'a> {
     /// the workflow being as read: if someone else changed it, nothing is
     /// written and the workflow is read again before the commit.
     async fn report_progress(&mut self) -> Result<(), RetryError> {
-        let interval = self.ctx.config.status_interval;
-        let due = self.started.elapsed() >= interval
-            && self.written.as_ref().is_none_or(|(status, at)| {
-                at.elapsed() >= interval
-                    && (status.phase, status.pods_total, status.pods_deleted)
-                        != (
-                            self.status.phase,
-                            self.status.pods_total,
-                            self.status.pods_deleted,
-                        )
-            });
+        let written = self.written.as_ref().map(|(s, at)| (s, at.elapsed()));
+        let due = progress_due(
+            &self.status,
+            self.started.elapsed(),
+            written,
+            self.ctx.config.status_interval,
+        );
         if !due || self.stale {
             return Ok(());
         }
@@ -604,6 +600,22 @@ impl<'a> Job<'a> {
     }
 }
 
+/// Whether progress `now`, of a request running for `running`, is worth a
+/// write, given the status last `written` and how long ago: only once the
+/// request has run an `interval`, at most once per `interval`, and only if it
+/// says something the last write did not.
+fn progress_due(
+    now: &RetryStatus,
+    running: Duration,
+    written: Option<(&RetryStatus, Duration)>,
+    interval: Duration,
+) -> bool {
+    let news = |s: &RetryStatus| {
+        (s.phase, s.pods_total, s.pods_deleted) != (now.phase, now.pods_total, now.pods_deleted)
+    };
+    running >= interval && written.is_none_or(|(last, ago)| ago >= interval && news(last))
+}
+
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut end = max;
@@ -619,4 +631,57 @@ fn now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: RetryPhase, deleted: u64) -> RetryStatus {
+        RetryStatus {
+            token: "t".into(),
+            phase,
+            pods_total: 10,
+            pods_deleted: deleted,
+            message: String::new(),
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn progress_is_written_only_when_new_and_at_most_once_per_interval() {
+        let s = Duration::from_secs;
+        let interval = s(2);
+        let deleting = status(RetryPhase::DeletingPods, 0);
+        // Not before the request has run an interval: a quick retry writes only its end.
+        assert!(!progress_due(
+            &deleting,
+            Duration::from_millis(1900),
+            None,
+            interval
+        ));
+        assert!(progress_due(&deleting, s(2), None, interval));
+        // One bulk request in flight: nothing new, no write however long it runs.
+        assert!(!progress_due(
+            &deleting,
+            s(30),
+            Some((&deleting, s(28))),
+            interval
+        ));
+        // Something new, but the last write was too recent.
+        let moved = status(RetryPhase::DeletingPods, 4);
+        assert!(!progress_due(
+            &moved,
+            s(5),
+            Some((&deleting, s(1))),
+            interval
+        ));
+        assert!(progress_due(
+            &moved,
+            s(5),
+            Some((&deleting, s(2))),
+            interval
+        ));
+    }
 }

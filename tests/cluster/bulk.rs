@@ -182,5 +182,62 @@ pub async fn a_pod_created_during_a_long_bulk_delete_survives(
         bulk == 1,
         "expected the plan to go in one deletecollection, the controller sent {bulk}"
     );
+    // During the one bulk request progress cannot move: one status write (DeletingPods, once
+    // the retry has run 2 s) and the reset, nothing else.
+    let writes = workflow_writes(&cluster, &namespace, &dag.name)?;
+    ensure!(
+        (1..=2).contains(&writes.len()),
+        "expected at most two writes of the workflow (progress, reset), the controller sent {writes:?}"
+    );
+    Ok(())
+}
+
+/// The controller's writes of `workflow`, as (verb, HTTP code).
+fn workflow_writes(
+    cluster: &LocalCluster,
+    namespace: &str,
+    workflow: &str,
+) -> anyhow::Result<Vec<(String, u16)>> {
+    Ok(ctl::audit_log(cluster, namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.resource == "workflows"
+                && a.name == workflow
+                && a.is_mutating()
+        })
+        .map(|a| (a.verb, a.code))
+        .collect())
+}
+
+/// The controller stopped gracefully the moment the reset is visible still sends the retry's
+/// Retried Event before its stop completes.
+pub async fn a_graceful_stop_right_after_a_reset_still_sends_its_event(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 1,
+    };
+    dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
+    let controller = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    controller.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
+    let reasons = ctl::event_reasons(&cluster, &namespace, &dag.name).await?;
+    ensure!(
+        reasons.iter().any(|r| r == "Retried"),
+        "the controller's stop completed without the Retried Event; Events: {reasons:?}"
+    );
     Ok(())
 }
