@@ -162,6 +162,9 @@ pub async fn run(
 /// Tells the user (log, metrics, status, Event) how a request ended.
 async fn report(job: &mut Job<'_>, result: &Result<Finished, RetryError>, started: Instant) {
     let (ctx, target) = (job.ctx, job.target);
+    if let Some(announcing) = job.announcing.take() {
+        let _ = announcing.await;
+    }
     let label = match result {
         Ok(Finished::Retried { .. }) => "succeeded",
         Ok(Finished::AlreadyObserved) => "already_observed",
@@ -220,6 +223,8 @@ struct Job<'a> {
     was_completed: bool,
     tracker: Option<Tracker>,
     pods_deleted: usize,
+    /// The RetryStarted Event being sent.
+    announcing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<'a> Job<'a> {
@@ -245,6 +250,7 @@ impl<'a> Job<'a> {
             was_completed: false,
             tracker: None,
             pods_deleted: 0,
+            announcing: None,
         }
     }
 
@@ -316,12 +322,12 @@ impl<'a> Job<'a> {
                 token = self.target.token,
                 "retry started"
             );
-            self.event(
+            // Off the retry's path; the request's last Event waits for it.
+            self.announcing = Some(tokio::spawn(self.publish(
                 EventType::Normal,
                 "RetryStarted",
                 format!("rewind started retry request {}", self.target.token),
-            )
-            .await;
+            )));
         }
         self.resource_version = wf.metadata.resource_version.clone();
         self.stale = false;
@@ -373,10 +379,14 @@ impl<'a> Job<'a> {
         // per interval at most, and none for a batch that ends sooner.
         let mut next_report = self.started + interval;
         loop {
-            let listed =
-                list_workflow_pods(&self.ctx.client, &self.target.namespace, &self.target.name)
-                    .await?;
             let tracker = self.tracker.as_mut().expect("planned before deleting");
+            let listed = list_workflow_pods(
+                &self.ctx.client,
+                &self.target.namespace,
+                &self.target.name,
+                tracker.plan(),
+            )
+            .await?;
             let assessment =
                 tracker.assess(&self.target.name, &listed, self.ctx.config.allow_bulk)?;
             self.status.pods_deleted = assessment.gone.len() as u64;
@@ -579,6 +589,17 @@ impl<'a> Job<'a> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.publish(type_, reason, note).await
+    }
+
+    /// Publishes an Event about the workflow; the future borrows nothing, so
+    /// it can run beside the request.
+    fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let reference = ObjectReference {
             api_version: Some(Workflow::api_version(&()).into_owned()),
             kind: Some(Workflow::kind(&()).into_owned()),
@@ -594,8 +615,11 @@ impl<'a> Job<'a> {
             action: "Retry".into(),
             secondary: None,
         };
-        if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
-            warn!(workflow = self.target.name, error = %e, "could not publish event");
+        let (recorder, workflow) = (self.ctx.recorder.clone(), self.target.name.clone());
+        async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                warn!(workflow, error = %e, "could not publish event");
+            }
         }
     }
 }

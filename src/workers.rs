@@ -4,7 +4,7 @@
 //! Every request goes through the budgeted client, so the number of workers
 //! bounds concurrency while the token bucket bounds the rate.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -145,18 +145,24 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
     }
 }
 
-/// Lists the pods labelled with `workflow` for [`crate::delete::assess`].
+/// Lists the pods labelled with `workflow` for [`crate::delete::assess`] of
+/// the plan `plan`.
 ///
 /// The assessment needs each pod's metadata and whether it succeeded; a
-/// metadata list carries no phase, so two metadata lists split by the bulk
-/// field selector's own term (phase Succeeded or not) give exactly that, each
-/// pod once, from one revision (the second is read at the first's). Full pods
-/// would carry their spec and status too, several times the bytes to send
-/// and decode.
+/// metadata list carries no phase, so metadata lists split by the bulk field
+/// selector's own term give exactly that. First the pods not succeeded; a
+/// succeeded pod matters only if it is planned (a bulk request never selects
+/// one), so the succeeded ones are listed only when a plan pod is missing from
+/// the first list. That second list is read from the API server's cache at
+/// the first's revision or later: succeeded is a final phase, so a plan pod in
+/// neither list was gone at one of the two revisions, which is all one list
+/// could say. Full pods would carry their spec and status too, several times
+/// the bytes to send and decode.
 pub async fn list_workflow_pods(
     client: &Client,
     namespace: &str,
     workflow: &str,
+    plan: &BTreeSet<String>,
 ) -> Result<Vec<Listed>, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
@@ -167,20 +173,37 @@ pub async fn list_workflow_pods(
                 .fields(&format!("status.phase!={SUCCEEDED}")),
         )
         .await?;
-    let mut succeeded_lp = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
-    if let Some(rv) = unsucceeded.metadata.resource_version.as_deref() {
-        succeeded_lp = succeeded_lp.at(rv).matching(VersionMatch::Exact);
-    }
-    let succeeded = pods.list_metadata(&succeeded_lp).await?;
-    let listed = |items: Vec<kube::api::PartialObjectMeta<Pod>>, succeeded: bool| {
-        items.into_iter().map(move |p| Listed {
+    let revision = unsucceeded.metadata.resource_version;
+    let mut listed: Vec<Listed> = unsucceeded
+        .items
+        .into_iter()
+        .map(|p| Listed {
             meta: p.metadata,
-            succeeded,
+            succeeded: false,
         })
-    };
-    Ok(listed(unsucceeded.items, false)
-        .chain(listed(succeeded.items, true))
-        .collect())
+        .collect();
+    let seen: BTreeSet<&str> = listed
+        .iter()
+        .filter_map(|p| p.meta.name.as_deref())
+        .collect();
+    if plan.iter().all(|name| seen.contains(name.as_str())) {
+        return Ok(listed);
+    }
+    let mut lp = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
+    if let Some(rv) = revision.as_deref() {
+        lp = lp.at(rv).matching(VersionMatch::NotOlderThan);
+    }
+    listed.extend(
+        pods.list_metadata(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|p| Listed {
+                meta: p.metadata,
+                succeeded: true,
+            }),
+    );
+    Ok(listed)
 }
 
 /// The part of a DeleteCollection response rewind reads: how many pods it removed.
