@@ -21,7 +21,7 @@ use kube::api::{Api, ListParams, PostParams};
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::delete::Tracker;
+use crate::delete::{Listed, SUCCEEDED, Tracker};
 use crate::plan::{self, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::workers::{Done, WorkItem};
@@ -428,7 +428,15 @@ async fn delete_leftovers(
                         .collect(),
                 });
             }
-            let ours: Vec<Pod> = listed.into_iter().filter(|p| owned_by(p, owner)).collect();
+            let ours: Vec<Listed> = listed
+                .into_iter()
+                .filter(|p| owned_by(p, owner))
+                .map(|p| Listed {
+                    succeeded: p.status.as_ref().and_then(|s| s.phase.as_deref())
+                        == Some(SUCCEEDED),
+                    meta: p.metadata,
+                })
+                .collect();
             let assessment = tracker.assess(workflow, &ours, ctx.config.allow_bulk && !foreign)?;
             let gone = assessment.gone.len() as u64;
             reporter.status.pods_deleted = deleted.max(gone).min(total);

@@ -7,20 +7,29 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::workflow::labels;
 
-/// Pod phases a bulk field selector can exclude; Argo's pods end in one of these.
-const SUCCEEDED: &str = "Succeeded";
+/// A pod as the assessment sees it: its metadata (name, UID, labels,
+/// annotations, deletion timestamp, finalizers) and the one fact of its status
+/// that matters here, whether it succeeded (the bulk field selector's term).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    pub meta: ObjectMeta,
+    pub succeeded: bool,
+}
+
+/// The pod phase the bulk field selector excludes.
+pub const SUCCEEDED: &str = "Succeeded";
 
 /// One unit of deletion work, each one API request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeleteWork {
-    /// DeleteCollection of the workflow's pods with this field selector; the
-    /// label selector is always `workflows.argoproj.io/workflow=<workflow>`.
+    /// DeleteCollection of the pods these selectors pick (see [`bulk_selectors`]).
     Bulk {
         workflow: String,
+        label_selector: String,
         field_selector: String,
         pods: Vec<String>,
     },
@@ -110,7 +119,7 @@ impl Tracker {
     pub fn assess(
         &mut self,
         workflow: &str,
-        listed: &[Pod],
+        listed: &[Listed],
         allow_bulk: bool,
     ) -> Result<Assessment, Recreated> {
         let assessment = assess(workflow, &self.plan, listed, allow_bulk);
@@ -118,8 +127,8 @@ impl Tracker {
             .iter()
             .filter_map(|p| {
                 Some((
-                    p.metadata.name.as_deref()?,
-                    p.metadata.uid.as_deref().unwrap_or_default(),
+                    p.meta.name.as_deref()?,
+                    p.meta.uid.as_deref().unwrap_or_default(),
                 ))
             })
             .collect();
@@ -165,31 +174,24 @@ impl Tracker {
 pub fn assess(
     workflow: &str,
     plan_pods: &BTreeSet<String>,
-    listed: &[Pod],
+    listed: &[Listed],
     allow_bulk: bool,
 ) -> Assessment {
-    let listed: BTreeMap<&str, &Pod> = listed
+    let listed: BTreeMap<&str, &Listed> = listed
         .iter()
-        .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::WORKFLOW))
-                .map(String::as_str)
-                == Some(workflow)
-        })
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, p)))
+        .filter(|p| label(p, labels::WORKFLOW) == Some(workflow))
+        .filter_map(|p| Some((p.meta.name.as_deref()?, p)))
         .collect();
 
     let mut out = Assessment::default();
-    let mut deletable: Vec<(&str, &str, &Pod)> = Vec::new();
+    let mut deletable: Vec<(&str, &str, &Listed)> = Vec::new();
     for name in plan_pods {
         let Some(pod) = listed.get(name.as_str()) else {
             out.gone.insert(name.clone());
             continue;
         };
-        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
+        let uid = pod.meta.uid.as_deref().unwrap_or_default();
+        if pod.meta.deletion_timestamp.is_some() {
             if let Some(index) = status_finalizer_index(pod) {
                 out.work.push(DeleteWork::Finalizer {
                     name: name.clone(),
@@ -204,13 +206,18 @@ pub fn assess(
         }
     }
 
-    // A bulk delete is exact when every pod it would select (terminating or
-    // not) is a plan pod. The planner only plans terminal workflows, for which
-    // Argo creates no pods, so nothing new can match between list and delete.
-    let bulk_selects = |p: &Pod| phase(p) != SUCCEEDED;
+    // The bulk request selects only pods Argo has finished with
+    // (completed=true). Argo v4.1.4 creates every pod with completed=false
+    // (workflowpod.go) and relabels it true only after it has written the
+    // workflow (pod/queue.go, operator.go), so a pod created or recreated after
+    // this list never matches: the request is exact when every listed pod it
+    // may select is a plan pod. A listed outsider whose relabelling Argo may
+    // still have queued (it carries Argo's node annotations) counts as
+    // selected; any other unfinished outsider cannot match and does not
+    // stop the bulk path.
     let outsiders = listed
         .iter()
-        .any(|(name, p)| bulk_selects(p) && !plan_pods.contains(*name));
+        .any(|(name, p)| may_become_selected(p) && !plan_pods.contains(*name));
     let in_bulk: Vec<String> = deletable
         .iter()
         .filter(|(_, _, p)| bulk_selects(p))
@@ -219,9 +226,11 @@ pub fn assess(
     // One request for one pod gains nothing over a precise single delete.
     let use_bulk = allow_bulk && !outsiders && in_bulk.len() > 1;
     if use_bulk {
+        let (label_selector, field_selector) = bulk_selectors(workflow);
         out.work.push(DeleteWork::Bulk {
             workflow: workflow.to_owned(),
-            field_selector: format!("status.phase!={SUCCEEDED}"),
+            label_selector,
+            field_selector,
             pods: in_bulk,
         });
     }
@@ -236,15 +245,42 @@ pub fn assess(
     out
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
+/// The label and field selectors of a bulk delete of `workflow`'s pods:
+/// finished with by Argo, and not succeeded.
+pub fn bulk_selectors(workflow: &str) -> (String, String) {
+    (
+        format!("{}={workflow},{}=true", labels::WORKFLOW, labels::COMPLETED),
+        format!("status.phase!={SUCCEEDED}"),
+    )
 }
 
-fn status_finalizer_index(pod: &Pod) -> Option<usize> {
-    pod.metadata
+/// What the bulk request's selectors pick now (the workflow label aside).
+fn bulk_selects(pod: &Listed) -> bool {
+    label(pod, labels::COMPLETED) == Some("true") && !pod.succeeded
+}
+
+/// What the bulk request may pick by the time the server lists: what it picks
+/// now, and Argo's own unfinished pods, which Argo may be relabelling.
+fn may_become_selected(pod: &Listed) -> bool {
+    let argos = [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
+        pod.meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(*key))
+    });
+    bulk_selects(pod) || (argos && !pod.succeeded)
+}
+
+fn label<'p>(pod: &'p Listed, key: &str) -> Option<&'p str> {
+    pod.meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+fn status_finalizer_index(pod: &Listed) -> Option<usize> {
+    pod.meta
         .finalizers
         .as_ref()?
         .iter()
@@ -254,29 +290,53 @@ fn status_finalizer_index(pod: &Pod) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodStatus;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn pod(wf: &str, name: &str, phase: &str) -> Pod {
-        Pod {
-            metadata: ObjectMeta {
+    fn pod(wf: &str, name: &str, phase: &str) -> Listed {
+        Listed {
+            meta: ObjectMeta {
                 name: Some(name.into()),
                 uid: Some(format!("uid-{name}")),
-                labels: Some([(labels::WORKFLOW.to_string(), wf.to_string())].into()),
+                labels: Some(
+                    [
+                        (labels::WORKFLOW.to_string(), wf.to_string()),
+                        (labels::COMPLETED.to_string(), "true".to_string()),
+                    ]
+                    .into(),
+                ),
                 ..Default::default()
             },
-            status: Some(PodStatus {
-                phase: Some(phase.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
+            succeeded: phase == SUCCEEDED,
         }
     }
 
-    fn terminating(mut p: Pod, finalizer: bool) -> Pod {
-        p.metadata.deletion_timestamp = Some(Time(Default::default()));
+    /// A pod Argo has not relabelled completed=true (yet), made by Argo
+    /// (with its node annotations) or by someone else.
+    fn unfinished(mut p: Listed, argos: bool) -> Listed {
+        p.meta
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::COMPLETED.into(), "false".into());
+        if argos {
+            p.meta.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
+        }
+        p
+    }
+
+    fn bulk(wf: &str, pods: &[&str]) -> DeleteWork {
+        DeleteWork::Bulk {
+            workflow: wf.into(),
+            label_selector: format!("{}={wf},{}=true", labels::WORKFLOW, labels::COMPLETED),
+            field_selector: "status.phase!=Succeeded".into(),
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn terminating(mut p: Listed, finalizer: bool) -> Listed {
+        p.meta.deletion_timestamp = Some(Time(Default::default()));
         if finalizer {
-            p.metadata.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
+            p.meta.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
         }
         p
     }
@@ -293,15 +353,60 @@ mod tests {
             pod("wf", "ok", "Succeeded"),
         ];
         let got = assess("wf", &names(&["a", "b", "gone"]), &listed, true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn unrelabelled_plan_pods_are_deleted_singly_and_unfinished_outsiders_do_not_block() {
+        // "late" is planned but Argo never marked it completed: the bulk
+        // selector cannot reach it. "other" is someone else's pod with the
+        // workflow's label, also unfinished: the bulk selector cannot reach it
+        // either, so it does not stop the bulk path.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "late", "Failed"), true),
+            unfinished(pod("wf", "other", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["a", "b", "late"]), &listed, true);
         assert_eq!(
             got.work,
-            vec![DeleteWork::Bulk {
-                workflow: "wf".into(),
-                field_selector: "status.phase!=Succeeded".into(),
-                pods: vec!["a".into(), "b".into()]
-            }]
+            vec![
+                bulk("wf", &["a", "b"]),
+                DeleteWork::Pod {
+                    name: "late".into(),
+                    uid: "uid-late".into()
+                },
+            ]
         );
-        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn an_outsider_argo_may_still_relabel_blocks_bulk() {
+        // Argo relabels its pods after it writes the finished workflow: this
+        // failed attempt outside the plan may match by the time the server lists.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "kept", "Failed"), true),
+            unfinished(pod("wf", "ok", "Succeeded"), true),
+        ];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert!(
+            got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })),
+            "{:?}",
+            got.work
+        );
+        // A succeeded one never matches the field selector: bulk is fine.
+        let got = assess("wf", &names(&["a", "b"]), &listed[..2], true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        let mut with_ok = listed[..2].to_vec();
+        with_ok.push(listed[3].clone());
+        assert_eq!(
+            assess("wf", &names(&["a", "b"]), &with_ok, true).work,
+            vec![bulk("wf", &["a", "b"])]
+        );
     }
 
     #[test]
@@ -422,7 +527,7 @@ mod tests {
         let mut t = Tracker::new(names(&["a"]));
         t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
         let mut again = pod("wf", "a", "Failed");
-        again.metadata.uid = Some("new".into());
+        again.meta.uid = Some("new".into());
         assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
     }
 

@@ -11,18 +11,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::delete::{Recreated, Tracker};
 use crate::plan::{self, ArgoVersion, Plan, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::request::{self, RetryPhase, RetryStatus, annotations};
-use crate::workers::{Done, Outcome, Outcomes, Queue, RequestKey, WorkItem, api_code};
+use crate::workers::{
+    Done, Outcome, Outcomes, Queue, RequestKey, WorkItem, api_code, list_workflow_pods,
+};
 use crate::workflow::{Workflow, labels};
 
 /// Settings shared by every retry.
@@ -34,7 +37,8 @@ pub struct RetryConfig {
     pub max_workflow_size: usize,
     /// How the cluster's Argo compresses nodes (its WORKFLOW_COMPRESSION_* settings).
     pub compression: plan::compress::Compression,
-    /// Least time between two `rewind.dev/retry-status` writes of one request.
+    /// Least time between two progress writes of `rewind.dev/retry-status`
+    /// (the final one is never held back).
     pub status_interval: Duration,
     /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
     pub always_offload_node_status: bool,
@@ -138,18 +142,45 @@ pub enum Finished {
     AlreadyObserved,
 }
 
+/// How long the report of a request's end (status, Event) may still take once
+/// the controller is stopping.
+const REPORT_GRACE: Duration = Duration::from_secs(5);
+
 /// Runs one request to its end, or until a transient error (see
-/// [`RetryError::is_transient`]), which the caller retries later. Errors are
-/// reported to the user (status annotation and Event) before this returns.
-pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError> {
+/// [`RetryError::is_transient`]), which the caller retries later, or until
+/// `shutdown` (the request stays pending). Errors are reported to the user
+/// (status annotation and Event) before this returns, and so is a reset: once
+/// written, its Event is sent even when `shutdown` came meanwhile.
+pub async fn run(
+    ctx: &Context,
+    target: &Target,
+    shutdown: &CancellationToken,
+) -> Result<Finished, RetryError> {
     let started = Instant::now();
     let key = target.key();
     let mut outcomes = ctx.outcomes.register(key.clone());
     let mut job = Job::new(ctx, target, key.clone());
-    let result = job.run(&mut outcomes).await;
+    let result = job.run(&mut outcomes, shutdown).await;
     ctx.outcomes.unregister(&key);
     ctx.queue.cancel(&key);
-    let label = match &result {
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(REPORT_GRACE).await;
+    };
+    tokio::select! {
+        _ = report(&mut job, &result, started) => {}
+        _ = grace => warn!(workflow = target.name, namespace = target.namespace, "stopping before the end of the retry was reported"),
+    }
+    result
+}
+
+/// Tells the user (log, metrics, status, Event) how a request ended.
+async fn report(job: &mut Job<'_>, result: &Result<Finished, RetryError>, started: Instant) {
+    let (ctx, target) = (job.ctx, job.target);
+    if let Some(announcing) = job.announcing.take() {
+        let _ = announcing.await;
+    }
+    let label = match result {
         Ok(Finished::Retried { .. }) => "succeeded",
         Ok(Finished::AlreadyObserved) => "already_observed",
         Err(RetryError::ShuttingDown | RetryError::Superseded) => "interrupted",
@@ -157,7 +188,7 @@ pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError>
         Err(_) => "failed",
     };
     ctx.metrics.observe_retry(label, started.elapsed());
-    match &result {
+    match result {
         Ok(Finished::Retried { pods_deleted }) => {
             info!(
                 workflow = target.name,
@@ -182,8 +213,10 @@ pub async fn run(ctx: &Context, target: &Target) -> Result<Finished, RetryError>
             job.fail(e).await;
         }
     }
-    result
 }
+
+/// How often to look again at plan pods that are terminating gracefully.
+const TERMINATING_POLL: Duration = Duration::from_millis(500);
 
 struct Job<'a> {
     ctx: &'a Context,
@@ -191,15 +224,22 @@ struct Job<'a> {
     key: RequestKey,
     status: RetryStatus,
     started: Instant,
-    last_status_write: Option<Instant>,
-    /// A status write changed the workflow since it was last read.
-    wrote_since_read: bool,
+    /// The status last written, and when.
+    written: Option<(RetryStatus, Instant)>,
+    /// The workflow's resourceVersion as last read, or as our own status
+    /// write (made on that version) left it: the commit's precondition.
+    resource_version: Option<String>,
+    /// Someone else changed the workflow since it was read: read it again
+    /// before committing.
+    stale: bool,
     /// When the workflow was last checked for a change of phase under us.
     last_check: Instant,
     /// The workflow carried `workflows.argoproj.io/completed=true` when read.
     was_completed: bool,
     tracker: Option<Tracker>,
     pods_deleted: usize,
+    /// The RetryStarted Event being sent.
+    announcing: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl<'a> Job<'a> {
@@ -218,12 +258,14 @@ impl<'a> Job<'a> {
                 finished_at: None,
             },
             started: Instant::now(),
-            last_status_write: None,
-            wrote_since_read: false,
+            written: None,
+            resource_version: None,
+            stale: false,
             last_check: Instant::now(),
             was_completed: false,
             tracker: None,
             pods_deleted: 0,
+            announcing: None,
         }
     }
 
@@ -246,39 +288,20 @@ impl<'a> Job<'a> {
     async fn run(
         &mut self,
         outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
+        shutdown: &CancellationToken,
     ) -> Result<Finished, RetryError> {
         let mut announced = false;
         loop {
-            let Some(mut wf) = self.read().await? else {
+            // Everything up to the commit may stop at shutdown: the request
+            // stays pending and the next start resumes it (rule 4).
+            let prepared = tokio::select! {
+                _ = shutdown.cancelled() => return Err(RetryError::ShuttingDown),
+                p = self.prepare(&mut announced, outcomes) => p?,
+            };
+            let Some((wf, plan)) = prepared else {
                 return Ok(Finished::AlreadyObserved);
             };
-            crate::offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
-            // Announced once the workflow confirms the request is pending: a
-            // late watch event about a finished request says nothing.
-            if !announced {
-                announced = true;
-                info!(
-                    workflow = self.target.name,
-                    namespace = self.target.namespace,
-                    token = self.target.token,
-                    "retry started"
-                );
-                self.event(
-                    EventType::Normal,
-                    "RetryStarted",
-                    format!("rewind started retry request {}", self.target.token),
-                )
-                .await;
-            }
-            self.wrote_since_read = false;
-            self.was_completed = wf.label(labels::COMPLETED) == Some("true");
-            let plan = self.plan(&wf)?;
-            self.delete_pods(outcomes).await?;
-            self.status.phase = RetryPhase::Committing;
-            self.write_status().await?;
-            if self.wrote_since_read {
-                // Our own status write changed the workflow: read it again
-                // (the next pass re-checks the pods with a fresh list).
+            if self.stale {
                 continue;
             }
             match self.commit(wf, plan).await {
@@ -287,12 +310,47 @@ impl<'a> Job<'a> {
                         pods_deleted: self.pods_deleted,
                     });
                 }
-                // Someone changed the workflow (perhaps only our own status
-                // annotation): re-read, re-plan, re-check the pods.
+                // Someone changed the workflow: re-read, re-plan, re-check the pods.
                 Err(RetryError::Api(e)) if api_code(&e) == Some(409) => continue,
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Reads and plans the workflow and deletes the plan's pods; `None` if the
+    /// request is already answered.
+    async fn prepare(
+        &mut self,
+        announced: &mut bool,
+        outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
+    ) -> Result<Option<(Workflow, Plan)>, RetryError> {
+        let Some(mut wf) = self.read().await? else {
+            return Ok(None);
+        };
+        crate::offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
+        // Announced once the workflow confirms the request is pending: a
+        // late watch event about a finished request says nothing.
+        if !*announced {
+            *announced = true;
+            info!(
+                workflow = self.target.name,
+                namespace = self.target.namespace,
+                token = self.target.token,
+                "retry started"
+            );
+            // Off the retry's path; the request's last Event waits for it.
+            self.announcing = Some(tokio::spawn(self.publish(
+                EventType::Normal,
+                "RetryStarted",
+                format!("rewind started retry request {}", self.target.token),
+            )));
+        }
+        self.resource_version = wf.metadata.resource_version.clone();
+        self.stale = false;
+        self.was_completed = wf.label(labels::COMPLETED) == Some("true");
+        let plan = self.plan(&wf)?;
+        self.delete_pods(outcomes).await?;
+        Ok(Some((wf, plan)))
     }
 
     fn plan(&mut self, wf: &Workflow) -> Result<Plan, RetryError> {
@@ -334,15 +392,22 @@ impl<'a> Job<'a> {
         &mut self,
         outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Outcome>,
     ) -> Result<(), RetryError> {
-        let pods: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.target.namespace);
-        let lp =
-            ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, self.target.name));
         let tracker = self.tracker.as_mut().expect("planned before deleting");
         let total = tracker.plan().len();
         self.status.pods_total = total as u64;
+        let interval = self.ctx.config.status_interval;
+        // Progress is reported on a clock, not per outcome: one status write
+        // per interval at most, and none for a batch that ends sooner.
+        let mut next_report = self.started + interval;
         loop {
-            let listed = pods.list(&lp).await?.items;
             let tracker = self.tracker.as_mut().expect("planned before deleting");
+            let listed = list_workflow_pods(
+                &self.ctx.client,
+                &self.target.namespace,
+                &self.target.name,
+                tracker.plan(),
+            )
+            .await?;
             let assessment =
                 tracker.assess(&self.target.name, &listed, self.ctx.config.allow_bulk)?;
             self.status.pods_deleted = assessment.gone.len() as u64;
@@ -361,11 +426,18 @@ impl<'a> Job<'a> {
                     .add(self.key.clone(), Class::Interactive, item);
                 pending += 1;
             }
-            while pending > 0 {
+            let mut wait_terminating = !assessment.terminating.is_empty();
+            while pending > 0 || wait_terminating {
                 let outcome = tokio::select! {
-                    o = outcomes.recv() => o.ok_or(RetryError::ShuttingDown)?,
-                    _ = tokio::time::sleep(self.ctx.config.status_interval) => {
-                        self.write_status().await?;
+                    o = outcomes.recv(), if pending > 0 => o.ok_or(RetryError::ShuttingDown)?,
+                    // Pods on a node shut down gracefully; look again shortly.
+                    _ = tokio::time::sleep(TERMINATING_POLL), if pending == 0 => {
+                        wait_terminating = false;
+                        continue;
+                    }
+                    _ = tokio::time::sleep_until(next_report) => {
+                        next_report = Instant::now() + interval;
+                        self.report_progress().await?;
                         self.check_still_completed().await?;
                         continue;
                     }
@@ -380,12 +452,6 @@ impl<'a> Job<'a> {
                     }
                     Done::AlreadyGone | Done::Replaced => {}
                 }
-                self.write_status().await?;
-                self.check_still_completed().await?;
-            }
-            if !assessment.terminating.is_empty() {
-                // Pods on a node shut down gracefully; look again shortly.
-                tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }
@@ -439,7 +505,10 @@ impl<'a> Job<'a> {
             )
             .await?;
         }
-        reset.metadata.resource_version = wf.metadata.resource_version.clone();
+        reset.metadata.resource_version = self
+            .resource_version
+            .clone()
+            .or(wf.metadata.resource_version);
         self.status.phase = RetryPhase::Succeeded;
         self.status.finished_at = Some(now());
         self.status.message = format!(
@@ -455,34 +524,41 @@ impl<'a> Job<'a> {
             annotations::STATUS.into(),
             serde_json::to_string(&self.status).expect("status serializes"),
         );
-        self.wait_status_slot().await;
         self.workflows()
             .replace(&self.target.name, &PostParams::default(), &reset)
             .await?;
-        self.last_status_write = Some(Instant::now());
         Ok(())
     }
 
-    /// Patches `rewind.dev/retry-status` with progress, at most once per
-    /// status interval and not before the request has run that long: a retry
-    /// that ends sooner costs no write but the final one.
-    async fn write_status(&mut self) -> Result<(), RetryError> {
-        let interval = self.ctx.config.status_interval;
-        if self.started.elapsed() < interval
-            || self
-                .last_status_write
-                .is_some_and(|t| t.elapsed() < interval)
-        {
+    /// Writes progress to `rewind.dev/retry-status` if it says something new
+    /// and the request has run for a status interval (a retry that ends
+    /// sooner costs no write but the final one). The write is conditional on
+    /// the workflow being as read: if someone else changed it, nothing is
+    /// written and the workflow is read again before the commit.
+    async fn report_progress(&mut self) -> Result<(), RetryError> {
+        let written = self.written.as_ref().map(|(s, at)| (s, at.elapsed()));
+        let due = progress_due(
+            &self.status,
+            self.started.elapsed(),
+            written,
+            self.ctx.config.status_interval,
+        );
+        if !due || self.stale {
             return Ok(());
         }
-        self.patch_status(false).await?;
-        self.wrote_since_read = true;
-        Ok(())
+        match self.patch_status(false, true).await {
+            Err(e) if api_code(&e) == Some(409) => {
+                self.stale = true;
+                Ok(())
+            }
+            result => Ok(result?),
+        }
     }
 
     /// Writes the status annotation, and the observed token with it when
-    /// `observe` (the request is answered).
-    async fn patch_status(&mut self, observe: bool) -> Result<(), kube::Error> {
+    /// `observe` (the request is answered); only on the workflow's version as
+    /// last read (or written by us) when `guarded`.
+    async fn patch_status(&mut self, observe: bool, guarded: bool) -> Result<(), kube::Error> {
         let mut annotations = serde_json::Map::new();
         annotations.insert(
             annotations::STATUS.into(),
@@ -496,22 +572,24 @@ impl<'a> Job<'a> {
                 self.target.token.clone().into(),
             );
         }
-        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
-        self.workflows()
+        let mut metadata = serde_json::json!({"annotations": annotations});
+        if guarded {
+            // A merge patch naming a resourceVersion fails (409) on any other.
+            metadata["resourceVersion"] = self.resource_version.clone().into();
+        }
+        let written = self
+            .workflows()
             .patch_metadata(
                 &self.target.name,
                 &PatchParams::default(),
-                &Patch::Merge(&patch),
+                &Patch::Merge(&serde_json::json!({ "metadata": metadata })),
             )
             .await?;
-        self.last_status_write = Some(Instant::now());
-        Ok(())
-    }
-
-    async fn wait_status_slot(&self) {
-        if let Some(t) = self.last_status_write {
-            tokio::time::sleep_until(t + self.ctx.config.status_interval).await;
+        if guarded {
+            self.resource_version = written.metadata.resource_version;
         }
+        self.written = Some((self.status.clone(), Instant::now()));
+        Ok(())
     }
 
     /// Ends the request as failed: the status says why and the token is
@@ -520,8 +598,7 @@ impl<'a> Job<'a> {
         self.status.phase = RetryPhase::Failed;
         self.status.message = error.to_string();
         self.status.finished_at = Some(now());
-        self.wait_status_slot().await;
-        if let Err(e) = self.patch_status(true).await {
+        if let Err(e) = self.patch_status(true, false).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the failed retry");
         }
         self.event(EventType::Warning, "RetryFailed", error.to_string())
@@ -533,8 +610,7 @@ impl<'a> Job<'a> {
     async fn report_transient(&mut self, error: &RetryError) {
         self.status.phase = RetryPhase::Pending;
         self.status.message = format!("{error}; rewind will try again");
-        self.wait_status_slot().await;
-        if let Err(e) = self.patch_status(false).await {
+        if let Err(e) = self.patch_status(false, false).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the retry's error");
         }
         self.event(
@@ -546,6 +622,17 @@ impl<'a> Job<'a> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.publish(type_, reason, note).await
+    }
+
+    /// Publishes an Event about the workflow; the future borrows nothing, so
+    /// it can run beside the request.
+    fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) -> impl Future<Output = ()> + Send + 'static {
         let reference = ObjectReference {
             api_version: Some(Workflow::api_version(&()).into_owned()),
             kind: Some(Workflow::kind(&()).into_owned()),
@@ -561,10 +648,29 @@ impl<'a> Job<'a> {
             action: "Retry".into(),
             secondary: None,
         };
-        if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
-            warn!(workflow = self.target.name, error = %e, "could not publish event");
+        let (recorder, workflow) = (self.ctx.recorder.clone(), self.target.name.clone());
+        async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                warn!(workflow, error = %e, "could not publish event");
+            }
         }
     }
+}
+
+/// Whether progress `now`, of a request running for `running`, is worth a
+/// write, given the status last `written` and how long ago: only once the
+/// request has run an `interval`, at most once per `interval`, and only if it
+/// says something the last write did not.
+fn progress_due(
+    now: &RetryStatus,
+    running: Duration,
+    written: Option<(&RetryStatus, Duration)>,
+    interval: Duration,
+) -> bool {
+    let news = |s: &RetryStatus| {
+        (s.phase, s.pods_total, s.pods_deleted) != (now.phase, now.pods_total, now.pods_deleted)
+    };
+    running >= interval && written.is_none_or(|(last, ago)| ago >= interval && news(last))
 }
 
 fn truncate(mut s: String, max: usize) -> String {
@@ -582,4 +688,57 @@ fn now() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: RetryPhase, deleted: u64) -> RetryStatus {
+        RetryStatus {
+            token: "t".into(),
+            phase,
+            pods_total: 10,
+            pods_deleted: deleted,
+            message: String::new(),
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn progress_is_written_only_when_new_and_at_most_once_per_interval() {
+        let s = Duration::from_secs;
+        let interval = s(2);
+        let deleting = status(RetryPhase::DeletingPods, 0);
+        // Not before the request has run an interval: a quick retry writes only its end.
+        assert!(!progress_due(
+            &deleting,
+            Duration::from_millis(1900),
+            None,
+            interval
+        ));
+        assert!(progress_due(&deleting, s(2), None, interval));
+        // One bulk request in flight: nothing new, no write however long it runs.
+        assert!(!progress_due(
+            &deleting,
+            s(30),
+            Some((&deleting, s(28))),
+            interval
+        ));
+        // Something new, but the last write was too recent.
+        let moved = status(RetryPhase::DeletingPods, 4);
+        assert!(!progress_due(
+            &moved,
+            s(5),
+            Some((&deleting, s(1))),
+            interval
+        ));
+        assert!(progress_due(
+            &moved,
+            s(5),
+            Some((&deleting, s(2))),
+            interval
+        ));
+    }
 }

@@ -18,6 +18,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::request;
@@ -89,6 +90,7 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
         active: Arc::default(),
         stores: stores.clone(),
         shutdown: shutdown.clone(),
+        tasks: TaskTracker::new(),
     };
     let requests = WorkflowRetries {
         ctx,
@@ -140,6 +142,9 @@ pub async fn run(ctx: retry::Context, scope: Scope, state: State, shutdown: Canc
         _ = events => warn!("workflow watch ended"),
         _ = retry_objects => warn!("WorkflowRetry watch ended"),
     }
+    // Requests stop at once, but a reset already written is still reported.
+    dispatcher.tasks.close();
+    dispatcher.tasks.wait().await;
 }
 
 /// One API per watched namespace, or one for all namespaces.
@@ -275,6 +280,8 @@ struct Dispatcher {
     /// Stops the requests in progress; they stay pending and resume at the
     /// next start.
     shutdown: CancellationToken,
+    /// The requests being served, awaited at shutdown.
+    tasks: TaskTracker,
 }
 
 impl Dispatcher {
@@ -295,12 +302,8 @@ impl Dispatcher {
             return;
         }
         let this = self.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = this.shutdown.cancelled() => {}
-                _ = this.serve_workflow(target, key) => {}
-            }
-        });
+        self.tasks
+            .spawn(async move { this.serve_workflow(target, key).await });
     }
 
     /// Serves `target`, then each newer request of the same workflow.
@@ -312,7 +315,12 @@ impl Dispatcher {
                 namespace = target.namespace,
                 token = target.token
             );
-            serve(&self.ctx, &target).instrument(span).await;
+            serve(&self.ctx, &target, &self.shutdown)
+                .instrument(span)
+                .await;
+            if self.shutdown.is_cancelled() {
+                return;
+            }
             // Under the lock, so that an event handled after this check finds
             // the workflow inactive and starts its request itself (the cache
             // is updated before its event is handled).
@@ -337,13 +345,16 @@ impl Dispatcher {
 
 /// Runs one request to its end. Errors were reported to the user and logged
 /// by `retry::run`; transient ones are tried again, so no request is lost.
-async fn serve(ctx: &retry::Context, target: &Target) {
+async fn serve(ctx: &retry::Context, target: &Target, shutdown: &CancellationToken) {
     let mut delay = RETRY_BACKOFF_START;
-    while let Err(e) = retry::run(ctx, target).await {
+    while let Err(e) = retry::run(ctx, target, shutdown).await {
         if !e.is_transient() {
             break;
         }
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
         delay = (delay * 2).min(RETRY_BACKOFF_MAX);
     }
 }

@@ -4,17 +4,17 @@
 //! Every request goes through the budgeted client, so the number of workers
 //! bounds concurrency while the token bucket bounds the rate.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, VersionMatch};
+use kube::{Client, Resource as _};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::budget::Budget;
-use crate::delete::DeleteWork;
+use crate::delete::{DeleteWork, Listed, SUCCEEDED};
 use crate::queue::{Lease, WorkQueue};
 use crate::workflow::labels;
 
@@ -93,6 +93,9 @@ impl Outcomes {
     }
 }
 
+/// The media type that asks the API server for a list of object metadata only.
+const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
 /// Attempts per item before a transient error is reported as a failure.
 const MAX_ATTEMPTS: u32 = 8;
 
@@ -142,23 +145,96 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
     }
 }
 
+/// Lists the pods labelled with `workflow` for [`crate::delete::assess`] of
+/// the plan `plan`.
+///
+/// The assessment needs each pod's metadata and whether it succeeded; a
+/// metadata list carries no phase, so metadata lists split by the bulk field
+/// selector's own term give exactly that. First the pods not succeeded; a
+/// succeeded pod matters only if it is planned (a bulk request never selects
+/// one), so the succeeded ones are listed only when a plan pod is missing from
+/// the first list. That second list is read from the API server's cache at
+/// the first's revision or later: succeeded is a final phase, so a plan pod in
+/// neither list was gone at one of the two revisions, which is all one list
+/// could say. Full pods would carry their spec and status too, several times
+/// the bytes to send and decode.
+pub async fn list_workflow_pods(
+    client: &Client,
+    namespace: &str,
+    workflow: &str,
+    plan: &BTreeSet<String>,
+) -> Result<Vec<Listed>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let unsucceeded = pods
+        .list_metadata(
+            &by_workflow
+                .clone()
+                .fields(&format!("status.phase!={SUCCEEDED}")),
+        )
+        .await?;
+    let revision = unsucceeded.metadata.resource_version;
+    let mut listed: Vec<Listed> = unsucceeded
+        .items
+        .into_iter()
+        .map(|p| Listed {
+            meta: p.metadata,
+            succeeded: false,
+        })
+        .collect();
+    let seen: BTreeSet<&str> = listed
+        .iter()
+        .filter_map(|p| p.meta.name.as_deref())
+        .collect();
+    if plan.iter().all(|name| seen.contains(name.as_str())) {
+        return Ok(listed);
+    }
+    let mut lp = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
+    if let Some(rv) = revision.as_deref() {
+        lp = lp.at(rv).matching(VersionMatch::NotOlderThan);
+    }
+    listed.extend(
+        pods.list_metadata(&lp)
+            .await?
+            .items
+            .into_iter()
+            .map(|p| Listed {
+                meta: p.metadata,
+                succeeded: true,
+            }),
+    );
+    Ok(listed)
+}
+
+/// The part of a DeleteCollection response rewind reads: how many pods it removed.
+#[derive(serde::Deserialize)]
+struct DeletedPods {
+    #[serde(default)]
+    items: Vec<serde::de::IgnoredAny>,
+}
+
 async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
     match &item.work {
         DeleteWork::Bulk {
-            workflow,
+            label_selector,
             field_selector,
             ..
         } => {
             let lp = ListParams::default()
-                .labels(&format!("{}={workflow}", labels::WORKFLOW))
+                .labels(label_selector)
                 .fields(field_selector);
-            let deleted = pods
+            let mut request = kube::core::Request::new(Pod::url_path(&(), Some(&item.namespace)))
                 .delete_collection(&DeleteParams::default(), &lp)
-                .await?;
-            Ok(Done::Deleted(
-                deleted.left().map_or(0, |list| list.items.len()),
-            ))
+                .map_err(kube::Error::BuildRequest)?;
+            // The server answers with every deleted pod; their metadata is
+            // plenty (a count), a fraction of full pods to encode and decode.
+            request.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(METADATA_LIST),
+            );
+            let deleted: DeletedPods = client.request(request).await?;
+            Ok(Done::Deleted(deleted.items.len()))
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {
@@ -225,10 +301,11 @@ fn describe(work: &DeleteWork) -> String {
     match work {
         DeleteWork::Bulk {
             workflow,
+            label_selector,
             field_selector,
             pods,
         } => format!(
-            "deleting the {} pods of workflow {workflow} with {field_selector}",
+            "deleting the {} pods of workflow {workflow} with labels {label_selector} and fields {field_selector}",
             pods.len()
         ),
         DeleteWork::Pod { name, .. } => format!("deleting pod {name}"),

@@ -9,6 +9,7 @@
 #[path = "../archive/argodb.rs"]
 mod argodb;
 mod budget;
+mod bulk;
 mod idempotency;
 mod lifecycle;
 // Argo's retry code as an oracle, shared with the planner's differential test.
@@ -66,6 +67,9 @@ fn main() -> ExitCode {
         retry::pods_held_by_argos_finalizer_are_released_and_other_finalizers_respected,
         retry::a_workflow_that_runs_again_mid_retry_stops_the_deletions,
         retry::a_new_token_during_a_retry_is_served_after_it,
+        bulk::an_unfinished_outsider_survives_and_an_unrelabelled_plan_pod_goes_singly,
+        bulk::a_pod_created_during_a_long_bulk_delete_survives,
+        bulk::a_graceful_stop_right_after_a_reset_still_sends_its_event,
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,

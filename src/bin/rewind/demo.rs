@@ -4,6 +4,10 @@
 //! pods (and some succeeded ones that must survive), starts the controller,
 //! asks for a retry with `rewind.dev/retry`, shows progress from
 //! `rewind.dev/retry-status`, then checks and reports the result.
+//!
+//! `--compare-raw` measures instead: rewind's retry beside one raw
+//! DeleteCollection of the same pods, each on a fresh control plane, timed by
+//! the API server's audit log.
 
 use std::time::{Duration, Instant};
 
@@ -36,11 +40,22 @@ pub struct DemoArgs {
     /// Keep the control plane running afterwards, until Ctrl-C.
     #[arg(long)]
     keep: bool,
+    /// Benchmark: time rewind's retry (with its breakdown) and one raw
+    /// DeleteCollection of the same pods, each on a fresh control plane,
+    /// alternating which goes first, and print the medians.
+    #[arg(long, conflicts_with = "keep")]
+    compare_raw: bool,
+    /// Repetitions of each side with --compare-raw.
+    #[arg(long, default_value = "3", requires = "compare_raw")]
+    repetitions: usize,
     #[command(flatten)]
     tuning: Tuning,
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    if args.compare_raw {
+        return bench::run(&args).await;
+    }
     let started = Instant::now();
     println!("Starting a local control plane (etcd, kube-apiserver)...");
     let cluster = LocalCluster::start(Default::default())
@@ -191,4 +206,305 @@ fn progress(len: u64, message: &'static str) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+mod bench {
+    //! rewind beside the floor: one DeleteCollection of the plan's pods.
+
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context as _, bail, ensure};
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+    use kube::{Resource as _, ResourceExt as _};
+    use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
+
+    use rewind::controller::Controller;
+    use rewind::delete::bulk_selectors;
+    use rewind::request::{self, RetryPhase, annotations};
+    use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
+    use rewind::testenv::workload::FailedDag;
+    use rewind::watch::Scope;
+    use rewind::workflow::Workflow;
+
+    use super::{DemoArgs, NAMESPACE};
+
+    const WORKFLOW: &str = "big-retry";
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Side {
+        Rewind,
+        Raw,
+    }
+
+    /// One request in the audit log: who, what, on which object, received and answered when.
+    struct Audited {
+        user: String,
+        verb: String,
+        resource: String,
+        received: Timestamp,
+        completed: Timestamp,
+    }
+
+    /// rewind's run, from the audit log: seconds of each step and the end-to-end time.
+    #[derive(Default)]
+    struct Breakdown {
+        read_plan: f64,
+        list: f64,
+        delete: f64,
+        confirm: f64,
+        commit: f64,
+        total: f64,
+        workflow_writes: usize,
+        requests: usize,
+    }
+
+    pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
+        ensure!(args.repetitions > 0, "--repetitions must be at least 1");
+        println!(
+            "{} failed pods (+{} succeeded) per run; {} repetitions, each side on a fresh control plane",
+            args.pods, args.succeeded, args.repetitions
+        );
+        let mut rewind = Vec::new();
+        let mut raw = Vec::new();
+        for rep in 0..args.repetitions {
+            let order = if rep % 2 == 0 {
+                [Side::Rewind, Side::Raw]
+            } else {
+                [Side::Raw, Side::Rewind]
+            };
+            for side in order {
+                let cluster = LocalCluster::start(Options {
+                    audit: true,
+                    ..Options::default()
+                })
+                .await
+                .context("starting a local control plane")?;
+                let result = once(&cluster, args, side).await;
+                cluster
+                    .stop()
+                    .await
+                    .context("stopping the local control plane")?;
+                match (side, result?) {
+                    (Side::Rewind, Measured::Rewind(b)) => {
+                        println!(
+                            "  run {}: rewind {:6.2}s  (read+plan {:.2}, list {:.2}, delete {:.2}, confirm gone {:.2}, commit {:.2}; workflow writes {}, API requests {})",
+                            rep + 1,
+                            b.total,
+                            b.read_plan,
+                            b.list,
+                            b.delete,
+                            b.confirm,
+                            b.commit,
+                            b.workflow_writes,
+                            b.requests
+                        );
+                        rewind.push(b);
+                    }
+                    (Side::Raw, Measured::Raw(seconds)) => {
+                        println!("  run {}: raw    {seconds:6.2}s", rep + 1);
+                        raw.push(seconds);
+                    }
+                    _ => unreachable!("each side measures itself"),
+                }
+            }
+        }
+        let med = |f: &dyn Fn(&Breakdown) -> f64| median(rewind.iter().map(f).collect());
+        let (rewind_total, raw_total) = (med(&|b| b.total), median(raw.clone()));
+        println!(
+            "\nmedians: rewind {rewind_total:.2}s = read+plan {:.2} + list {:.2} + delete {:.2} + confirm gone {:.2} + commit {:.2} (+ gaps); raw DeleteCollection {raw_total:.2}s; ratio {:.3}",
+            med(&|b| b.read_plan),
+            med(&|b| b.list),
+            med(&|b| b.delete),
+            med(&|b| b.confirm),
+            med(&|b| b.commit),
+            rewind_total / raw_total
+        );
+        println!(
+            "rewind wrote the workflow object at most {} times in a retry",
+            rewind.iter().map(|b| b.workflow_writes).max().unwrap_or(0)
+        );
+        Ok(())
+    }
+
+    enum Measured {
+        Rewind(Breakdown),
+        Raw(f64),
+    }
+
+    async fn once(cluster: &LocalCluster, args: &DemoArgs, side: Side) -> anyhow::Result<Measured> {
+        let admin = cluster.admin_client();
+        cluster.create_namespace(NAMESPACE).await?;
+        let dag = FailedDag {
+            name: WORKFLOW.into(),
+            failed: args.pods,
+            succeeded: args.succeeded,
+        };
+        dag.create(&admin, NAMESPACE, 64, || ())
+            .await
+            .context("creating the workflow and its pods")?;
+        let log = cluster
+            .audit_log_path()
+            .context("the control plane audits")?;
+        match side {
+            Side::Raw => {
+                // The same request rewind sends: selectors and a metadata-only answer.
+                let (labels, fields) = bulk_selectors(WORKFLOW);
+                let lp = ListParams::default().labels(&labels).fields(&fields);
+                let mut request = kube::core::Request::new(Pod::url_path(&(), Some(NAMESPACE)))
+                    .delete_collection(&DeleteParams::default(), &lp)?;
+                request.headers_mut().insert(
+                    http::header::ACCEPT,
+                    http::HeaderValue::from_static(
+                        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+                    ),
+                );
+                let deleted: Value = admin.request(request).await?;
+                let n = deleted["items"].as_array().map_or(0, Vec::len);
+                ensure!(
+                    n == args.pods,
+                    "the raw DeleteCollection deleted {n} pods, expected {}",
+                    args.pods
+                );
+                let dc = audit(&log)?
+                    .into_iter()
+                    .find(|a| a.user == ADMIN_NAME && a.verb == "deletecollection")
+                    .context("the audit log has no deletecollection")?;
+                Ok(Measured::Raw(seconds(dc.received, dc.completed)))
+            }
+            Side::Rewind => {
+                retry(cluster, args).await?;
+                Ok(Measured::Rewind(breakdown(&audit(&log)?)?))
+            }
+        }
+    }
+
+    /// Runs the controller in this process and asks it for one retry; returns once it is reported.
+    async fn retry(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
+        let scope = Scope {
+            namespaces: vec![NAMESPACE.into()],
+            instance_id: None,
+        };
+        let controller = Controller::new(
+            cluster.config(Role::Controller).await?,
+            args.tuning.options(scope, None),
+        )?;
+        let state = controller.state();
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(controller.run(shutdown.clone()));
+        while !state.is_ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), NAMESPACE);
+        let token = "bench";
+        let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+        workflows
+            .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let status = loop {
+            let meta = workflows.get_metadata(WORKFLOW).await?;
+            if let Some(status) = request::status_of(meta.annotations(), token)?
+                && status.phase.is_finished()
+            {
+                break status;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the retry did not finish within 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        shutdown.cancel();
+        running.await??;
+        if status.phase != RetryPhase::Succeeded {
+            bail!("the retry failed: {}", status.message);
+        }
+        Ok(())
+    }
+
+    /// rewind's steps as the API server saw them: from the user's request to the first list of
+    /// pods (read and plan), to the DeleteCollection (list), its answer (delete), the commit
+    /// (confirm gone) and the commit's answer.
+    fn breakdown(log: &[Audited]) -> anyhow::Result<Breakdown> {
+        let asked = log
+            .iter()
+            .find(|a| a.user == ADMIN_NAME && a.verb == "patch" && a.resource == "workflows")
+            .context("the audit log has no retry request")?;
+        let ours: Vec<&Audited> = log
+            .iter()
+            .filter(|a| a.user == CONTROLLER_NAME && a.received >= asked.received)
+            .collect();
+        let find = |verb: &str, resource: &str| {
+            ours.iter()
+                .find(|a| a.verb == verb && a.resource == resource)
+                .copied()
+                .with_context(|| format!("the controller sent no {verb} of {resource}"))
+        };
+        let list = find("list", "pods")?;
+        let bulk = find("deletecollection", "pods")?;
+        let commit = find("update", "workflows")?;
+        Ok(Breakdown {
+            read_plan: seconds(asked.received, list.received),
+            list: seconds(list.received, bulk.received),
+            delete: seconds(bulk.received, bulk.completed),
+            confirm: seconds(bulk.completed, commit.received),
+            commit: seconds(commit.received, commit.completed),
+            total: seconds(asked.received, commit.completed),
+            workflow_writes: ours
+                .iter()
+                .filter(|a| {
+                    a.resource == "workflows" && matches!(a.verb.as_str(), "patch" | "update")
+                })
+                .count(),
+            requests: ours
+                .iter()
+                .filter(|a| a.received <= commit.completed && a.verb != "watch")
+                .count(),
+        })
+    }
+
+    fn audit(path: &Path) -> anyhow::Result<Vec<Audited>> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if event["objectRef"]["namespace"] != super::NAMESPACE {
+                continue;
+            }
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let time = |key: &str| -> anyhow::Result<Timestamp> {
+                let t = s(&event[key]);
+                t.parse().with_context(|| format!("audit timestamp {t:?}"))
+            };
+            out.push(Audited {
+                user: s(&event["user"]["username"]),
+                verb: s(&event["verb"]),
+                resource: s(&event["objectRef"]["resource"]),
+                received: time("requestReceivedTimestamp")?,
+                completed: time("stageTimestamp")?,
+            });
+        }
+        out.sort_by_key(|a| a.received);
+        Ok(out)
+    }
+
+    fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+        to.duration_since(from).as_secs_f64()
+    }
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    }
 }
