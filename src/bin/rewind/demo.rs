@@ -36,12 +36,24 @@ pub struct DemoArgs {
     /// Keep the control plane running afterwards, until Ctrl-C.
     #[arg(long)]
     keep: bool,
+    /// Show the controller's logs between the progress lines instead of writing them to a file.
+    #[arg(short, long)]
+    pub verbose: bool,
     #[command(flatten)]
     tuning: Tuning,
 }
 
+/// Where the demo's logs go unless `--verbose`: what a person watches shows
+/// progress and results, the controller's logs stay available in this file.
+pub fn log_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("rewind-demo.log")
+}
+
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    if !args.verbose {
+        println!("Logs: {} (or run with -v)", log_file().display());
+    }
     println!("Starting a local control plane (etcd, kube-apiserver)...");
     let cluster = LocalCluster::start(Default::default())
         .await

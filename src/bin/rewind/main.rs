@@ -185,10 +185,17 @@ struct LocalClusterArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // kube logs every failed request at ERROR; we report the ones that matter.
-    telemetry::init(
-        cli.log_format,
-        "info,kube=warn,kube_client::client::builder=off",
-    );
+    let filter = "info,kube=warn,kube_client::client::builder=off";
+    match &cli.command {
+        #[cfg(feature = "testenv")]
+        Command::Demo(args) if !args.verbose => {
+            let path = demo::log_file();
+            let file = std::fs::File::create(&path)
+                .with_context(|| format!("creating the log file {}", path.display()))?;
+            telemetry::init_with(cli.log_format, filter, false, std::sync::Arc::new(file));
+        }
+        _ => telemetry::init(cli.log_format, filter),
+    }
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
