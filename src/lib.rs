@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod controller;
 pub mod delete;
+pub mod follow;
 pub mod gc;
 pub mod hint;
 pub mod metrics;
