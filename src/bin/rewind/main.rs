@@ -16,8 +16,11 @@ use rewind::telemetry::{self, LogFormat};
 use rewind::watch::Scope;
 use rewind::workflow::Workflow;
 
+mod connect;
 #[cfg(feature = "testenv")]
 mod demo;
+mod retry;
+mod status;
 
 /// Retries failed Argo Workflows, live and archived, fast and politely.
 #[derive(Parser)]
@@ -40,6 +43,10 @@ struct Cli {
 enum Command {
     /// Run the controller (kubeconfig rules as kubectl's, or in-cluster config).
     Controller(ControllerArgs),
+    /// Retry workflows as `argo retry` does, through the rewind controller, and follow the retries.
+    Retry(retry::RetryArgs),
+    /// Show retry requests and their progress, kubectl-style.
+    Status(status::StatusArgs),
     /// Print the retry plan of a workflow, offline: what `argo retry` would reset and delete.
     Plan(PlanArgs),
     /// Start a local control plane (etcd, kube-apiserver, ...) until Ctrl-C.
@@ -185,7 +192,11 @@ struct LocalClusterArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // kube logs every failed request at ERROR; we report the ones that matter.
-    let filter = "info,kube=warn,kube_client::client::builder=off";
+    let filter = match cli.command {
+        // A user's command prints what it has to say; logs only for problems.
+        Command::Retry(_) | Command::Status(_) => "warn,kube_client::client::builder=off",
+        _ => "info,kube=warn,kube_client::client::builder=off",
+    };
     match &cli.command {
         #[cfg(feature = "testenv")]
         Command::Demo(args) if !args.verbose => {
@@ -202,6 +213,8 @@ fn main() -> anyhow::Result<()> {
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
                 Command::Controller(args) => controller(args).await,
+                Command::Retry(args) => retry::run(args).await,
+                Command::Status(args) => status::run(args).await,
                 #[cfg(feature = "testenv")]
                 Command::LocalCluster(args) => local_cluster(args).await,
                 #[cfg(feature = "testenv")]
