@@ -171,7 +171,9 @@ async fn resolve(workflows: &Api<Workflow>, args: &RetryArgs) -> anyhow::Result<
     let mut seen = BTreeSet::new();
     names.retain(|n| seen.insert(n.clone()));
     if names.is_empty() {
-        bail!("no workflow to retry: name one, or choose them with -l / --field-selector (none matched)");
+        bail!(
+            "no workflow to retry: name one, or choose them with -l / --field-selector (none matched)"
+        );
     }
     Ok(names)
 }
@@ -231,19 +233,39 @@ async fn dry_run(
         Some(Output::Name) => previews
             .iter()
             .for_each(|p| println!("workflow.argoproj.io/{}", p.workflow)),
-        None => previews.iter().for_each(|p| print_preview(namespace, p, args)),
+        None => previews
+            .iter()
+            .for_each(|p| print_preview(namespace, p, args)),
     }
     if refused > 0 {
-        bail!("{refused} of {} workflows cannot be retried (see above); nothing was changed", names.len());
+        bail!(
+            "{refused} of {} workflows cannot be retried (see above); nothing was changed",
+            names.len()
+        );
     }
     Ok(())
 }
 
 fn print_preview(namespace: &str, p: &Preview, args: &RetryArgs) {
-    println!("Workflow {namespace}/{} (dry run: nothing is changed)", p.workflow);
-    println!("  nodes to reset:   {} {}", p.nodes_reset.len(), list(&p.nodes_reset));
-    println!("  nodes to delete:  {} {}", p.nodes_deleted.len(), list(&p.nodes_deleted));
-    println!("  pods to delete:   {} {}", p.pods_to_delete.len(), list(&p.pods_to_delete));
+    println!(
+        "Workflow {namespace}/{} (dry run: nothing is changed)",
+        p.workflow
+    );
+    println!(
+        "  nodes to reset:   {} {}",
+        p.nodes_reset.len(),
+        list(&p.nodes_reset)
+    );
+    println!(
+        "  nodes to delete:  {} {}",
+        p.nodes_deleted.len(),
+        list(&p.nodes_deleted)
+    );
+    println!(
+        "  pods to delete:   {} {}",
+        p.pods_to_delete.len(),
+        list(&p.pods_to_delete)
+    );
     let bulk = if p.bulk_pods > 0 {
         format!("yes: one DeleteCollection for {} pods", p.bulk_pods)
     } else if args.no_bulk {
@@ -314,7 +336,13 @@ async fn follow_all(
                 continue;
             }
             let observed = follower.poll().await?;
-            show(&mut display, i, follower.asked(), &observed, started.elapsed());
+            show(
+                &mut display,
+                i,
+                follower.asked(),
+                &observed,
+                started.elapsed(),
+            );
             let asked = follower.asked().clone();
             let outcome = |status, error| Outcome {
                 namespace: asked.namespace.clone(),

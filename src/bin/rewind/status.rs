@@ -63,7 +63,10 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         print_row(&row, args.all_namespaces);
         shown.insert((row.namespace.clone(), row.workflow.clone()), row);
     }
-    while args.watch {
+    if !args.watch {
+        return Ok(());
+    }
+    loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         for row in self::rows(&workflows, args.name.as_deref()).await? {
             let key = (row.namespace.clone(), row.workflow.clone());
@@ -73,7 +76,6 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
 }
 
 async fn rows(workflows: &Api<Workflow>, name: Option<&str>) -> anyhow::Result<Vec<Row>> {
@@ -142,7 +144,15 @@ const WIDTHS: [usize; 6] = [16, 32, 16, 14, 13, 5];
 fn print_header(all: bool) {
     print_cells(
         all,
-        ["NAMESPACE", "WORKFLOW", "REQUEST", "PHASE", "PODS", "AGE", "MESSAGE"],
+        [
+            "NAMESPACE",
+            "WORKFLOW",
+            "REQUEST",
+            "PHASE",
+            "PODS",
+            "AGE",
+            "MESSAGE",
+        ],
     );
 }
 
