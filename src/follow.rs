@@ -277,6 +277,10 @@ pub struct Preview {
     pub nodes_reset: Vec<String>,
     pub nodes_deleted: Vec<String>,
     pub pods_to_delete: Vec<String>,
+    /// Whether the workflow's pods could be listed. Without the list (a user
+    /// may lack the right), the bulk path is unknown and the figures below
+    /// assume one request per plan pod: an upper bound.
+    pub pods_listed: bool,
     /// Plan pods one DeleteCollection would delete (0: no bulk path).
     pub bulk_pods: usize,
     /// Plan pods deleted (or released from Argo's finalizer) one request each.
@@ -288,18 +292,31 @@ pub struct Preview {
     pub estimated_seconds: f64,
 }
 
-/// The preview of `plan` for `workflow`, given its pods as listed now and the
-/// controller's write budget.
+/// The preview of `plan` for `workflow`, given its pods as listed now (if
+/// they could be) and the controller's write budget.
 pub fn preview(
     workflow: &str,
     plan: &Plan,
-    pods: &[Pod],
+    pods: Option<&[Pod]>,
     allow_bulk: bool,
     qps: u32,
     burst: u32,
 ) -> Preview {
     let planned = plan.pods_to_delete.iter().cloned().collect();
-    let assessment = delete::assess(workflow, &planned, pods, allow_bulk);
+    let assessment = match pods {
+        Some(pods) => delete::assess(workflow, &planned, pods, allow_bulk),
+        None => delete::Assessment {
+            work: plan
+                .pods_to_delete
+                .iter()
+                .map(|name| DeleteWork::Pod {
+                    name: name.clone(),
+                    uid: String::new(),
+                })
+                .collect(),
+            ..Default::default()
+        },
+    };
     let bulk_pods = assessment
         .work
         .iter()
@@ -321,6 +338,7 @@ pub fn preview(
         nodes_reset: plan.nodes_reset.clone(),
         nodes_deleted: plan.nodes_deleted.clone(),
         pods_to_delete: plan.pods_to_delete.clone(),
+        pods_listed: pods.is_some(),
         bulk_pods,
         single_requests,
         mutating_requests,
@@ -458,15 +476,19 @@ mod tests {
         let mut pods: Vec<Pod> = names.iter().map(|n| pod(n, "Failed")).collect();
         pods.push(pod("kept", "Succeeded"));
         let plan = plan_of(&names);
-        let bulk = preview("wf", &plan, &pods, true, 20, 30);
+        let bulk = preview("wf", &plan, Some(&pods), true, 20, 30);
         assert_eq!((bulk.bulk_pods, bulk.single_requests), (100, 0));
         assert_eq!((bulk.mutating_requests, bulk.estimated_seconds), (2, 0.0));
         assert_eq!(bulk.pods_to_delete.len(), 100);
-        let single = preview("wf", &plan, &pods, false, 20, 30);
+        let single = preview("wf", &plan, Some(&pods), false, 20, 30);
         assert_eq!((single.bulk_pods, single.single_requests), (0, 100));
         // 101 writes, 30 in the burst, 71 at 20/s.
         assert_eq!(single.mutating_requests, 101);
         assert_eq!(single.estimated_seconds, 3.55);
+        // Unlisted pods: the upper bound of one request each.
+        let unknown = preview("wf", &plan, None, true, 20, 30);
+        assert!(!unknown.pods_listed);
+        assert_eq!((unknown.bulk_pods, unknown.mutating_requests), (0, 101));
     }
 
     #[test]

@@ -213,15 +213,22 @@ async fn dry_run(
                 continue;
             }
         };
-        let listed = pods
+        let listed = match pods
             .list(&ListParams::default().labels(&format!("{}={name}", labels::WORKFLOW)))
             .await
-            .with_context(|| format!("listing the pods of workflow {namespace}/{name}"))?
-            .items;
+        {
+            Ok(list) => Some(list.items),
+            // Users may ask for retries without the right to list pods.
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("listing the pods of workflow {namespace}/{name}"));
+            }
+        };
         previews.push(follow::preview(
             name,
             &plan,
-            &listed,
+            listed.as_deref(),
             !args.no_bulk,
             args.qps,
             args.burst,
@@ -266,7 +273,9 @@ fn print_preview(namespace: &str, p: &Preview, args: &RetryArgs) {
         p.pods_to_delete.len(),
         list(&p.pods_to_delete)
     );
-    let bulk = if p.bulk_pods > 0 {
+    let bulk = if !p.pods_listed {
+        "unknown: you may not list pods (figures assume one request per pod)".to_owned()
+    } else if p.bulk_pods > 0 {
         format!("yes: one DeleteCollection for {} pods", p.bulk_pods)
     } else if args.no_bulk {
         "no (--no-bulk)".to_owned()
