@@ -318,19 +318,17 @@ async fn follow_all(
     let started = Instant::now();
     let mut display = if std::io::stderr().is_terminal() {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            "{prefix:24!} [{bar:30}] {pos}/{len} pods  {per_sec:>10}  ETA {eta:>4}  {msg}",
-        )
-        .expect("a valid template")
-        .progress_chars("=> ");
+        let waiting =
+            ProgressStyle::with_template("{prefix:24!} {spinner} {msg}").expect("a valid template");
         Display::Bars(
             followers
                 .iter()
                 .map(|f| {
                     let bar = multi.add(ProgressBar::new(0));
-                    bar.set_style(style.clone());
+                    bar.set_style(waiting.clone());
                     bar.set_prefix(f.asked().workflow.clone());
                     bar.set_message("waiting for the controller");
+                    bar.enable_steady_tick(Duration::from_millis(200));
                     bar
                 })
                 .collect(),
@@ -394,9 +392,19 @@ fn show(display: &mut Display, i: usize, asked: &Asked, observed: &Observed, ela
     match display {
         Display::Bars(bars) => {
             let bar = &bars[i];
-            bar.set_length(status.pods_total);
+            if bar.length() == Some(0) {
+                bar.disable_steady_tick();
+                bar.set_style(
+                    ProgressStyle::with_template("{prefix:24!} [{bar:30}] {pos}/{len} pods  {msg}")
+                        .expect("a valid template")
+                        .progress_chars("=> "),
+                );
+            }
+            bar.set_length(status.pods_total.max(1));
             bar.set_position(status.pods_deleted);
-            bar.set_message(format!("{:?}", status.phase));
+            let (rate, left) = follow::pace(status, elapsed);
+            let eta = left.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
+            bar.set_message(format!("{rate:.0} pods/s  ETA {eta}  {:?}", status.phase));
         }
         Display::Lines(last) => {
             let now = (status.phase, status.pods_deleted);
