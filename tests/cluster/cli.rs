@@ -38,6 +38,7 @@ fn rewind(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> Command {
         .arg(cluster.kubeconfig_path(ClusterRole::User))
         .args(["-n", namespace])
         .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
         .env_remove("NO_COLOR")
         .stdin(Stdio::null());
     command

@@ -375,7 +375,13 @@ async fn follow_all(
                 _ => None,
             };
             if let (Display::Bars(bars), Some(o)) = (&display, &outcomes[i]) {
-                bars[i].finish_with_message(if o.succeeded() { "Succeeded" } else { "Failed" });
+                bars[i].disable_steady_tick();
+                if o.succeeded() {
+                    bars[i].finish_with_message("Succeeded");
+                } else {
+                    // Keeps the bar where it stopped.
+                    bars[i].abandon_with_message("Failed");
+                }
             }
         }
         if outcomes.iter().any(Option::is_none) {
@@ -392,7 +398,7 @@ fn show(display: &mut Display, i: usize, asked: &Asked, observed: &Observed, ela
     match display {
         Display::Bars(bars) => {
             let bar = &bars[i];
-            if bar.length() == Some(0) {
+            if bar.length() == Some(0) && bar.position() == 0 && status.pods_total > 0 {
                 bar.disable_steady_tick();
                 bar.set_style(
                     ProgressStyle::with_template("{prefix:24!} [{bar:30}] {pos}/{len} pods  {msg}")
@@ -400,7 +406,7 @@ fn show(display: &mut Display, i: usize, asked: &Asked, observed: &Observed, ela
                         .progress_chars("=> "),
                 );
             }
-            bar.set_length(status.pods_total.max(1));
+            bar.set_length(status.pods_total);
             bar.set_position(status.pods_deleted);
             let (rate, left) = follow::pace(status, elapsed);
             let eta = left.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
