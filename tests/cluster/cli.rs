@@ -364,6 +364,8 @@ pub async fn piped_output_json_selector_and_no_wait(
         &["retry", "c", "--no-wait", "-o", "name"],
     ))
     .await?;
+    // Asking again for a workflow just reset: Argo's words, then rewind's.
+    let again = run_piped(rewind(&cluster, &namespace, &["retry", "a"])).await?;
     let c_token = workflows
         .get("c")
         .await?
@@ -422,6 +424,24 @@ pub async fn piped_output_json_selector_and_no_wait(
             .parse::<Timestamp>()
             .with_context(|| format!("the line should start with a timestamp: {line}"))?;
     }
+
+    let first = printed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["workflow"] == "a")
+        .and_then(|o| o["request"].as_str())
+        .unwrap_or_default();
+    ensure!(
+        again.status.code() == Some(1)
+            && again.stderr.contains(&format!(
+                "failed: Cannot retry a workflow in phase  — not finished: it was reset by request {first} at "
+            ))
+            && again.stderr.contains("waits for Argo's controller"),
+        "a second retry of a reset workflow should say why it is refused:\n{}{}",
+        again.stdout,
+        again.stderr
+    );
 
     ensure!(no_wait.status.success(), "{}", no_wait.stderr);
     ensure!(
