@@ -79,16 +79,17 @@ pub enum Output {
 /// How one followed request ended, as `-o json|yaml` prints it.
 #[derive(Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Outcome {
+pub struct Outcome {
     namespace: String,
     workflow: String,
     request: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<RetryStatus>,
+    pub status: Option<RetryStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// From asking to the end, as the user waited.
     #[serde(skip)]
-    elapsed: Duration,
+    pub elapsed: Duration,
 }
 
 impl Outcome {
@@ -125,18 +126,38 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let outcomes = follow_asked(&workflows, asked, args.controller_timeout).await?;
+    finish(&outcomes, args.output)
+}
+
+/// Follows asked requests to their end with progress on stderr; Ctrl-C
+/// stops following (and the process), leaving the requests running.
+pub async fn follow_asked(
+    workflows: &Api<Workflow>,
+    asked: Vec<Asked>,
+    controller_timeout: Duration,
+) -> anyhow::Result<Vec<Outcome>> {
+    let namespace = asked
+        .first()
+        .map(|a| a.namespace.clone())
+        .unwrap_or_default();
     let followers = asked
         .into_iter()
         .map(|a| Follower::new(workflows.clone(), a))
         .collect();
-    let outcomes = tokio::select! {
-        outcomes = follow_all(followers, args.controller_timeout) => outcomes?,
+    tokio::select! {
+        outcomes = follow_all(followers, controller_timeout) => outcomes,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("\nStopped following. The retry requests keep running on the controller; see them with `rewind status -n {namespace}`.");
             std::process::exit(130);
         }
-    };
-    report(&outcomes, args.output)?;
+    }
+}
+
+/// Prints the outcomes (a summary, or `output` for scripts) and fails with
+/// the controller's message unless every retry succeeded.
+pub fn finish(outcomes: &[Outcome], output: Option<Output>) -> anyhow::Result<()> {
+    report(outcomes, output)?;
     let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.succeeded()).collect();
     match failed.as_slice() {
         [] => Ok(()),
