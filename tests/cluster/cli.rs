@@ -184,27 +184,30 @@ async fn failed_workflow(
 
 /// A success and a failure in a terminal: the progress bar moves, the
 /// summary names the pods deleted, and the exit code tells them apart.
-pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_failure(
+pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     grant_user(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "big", 150).await?;
-    failed_workflow(&cluster, &namespace, "other", 2).await?;
+    // A succeeded workflow: the controller refuses it (nothing to retry).
+    FailedDag {
+        name: "done".into(),
+        failed: 0,
+        succeeded: 2,
+    }
+    .create(&cluster.admin_client(), &namespace, 16, || ())
+    .await
+    .context("creating workflow done")?;
     // Single deletes at 30/s: about 5 s, so the bar shows several states.
     let controller = ctl::start(&cluster, &namespace, ctl::options(30, 5, false)).await?;
 
     let ok = run_in_pty(rewind(&cluster, &namespace, &["retry", "big"])).await?;
-    let bad = run_in_pty(rewind(
+    let refused = run_in_pty(rewind(&cluster, &namespace, &["retry", "done"])).await?;
+    let bad_selector = run_in_pty(rewind(
         &cluster,
         &namespace,
-        &[
-            "retry",
-            "other",
-            "--restart-successful",
-            "--node-field-selector",
-            "oops",
-        ],
+        &["retry", "big", "--node-field-selector", "oops"],
     ))
     .await?;
     controller.stop().await?;
@@ -232,17 +235,31 @@ pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_failure(
         "a terminal should get a drawn bar:\n{shown:?}"
     );
 
-    let shown = &bad.stdout;
+    let shown = &refused.stdout;
     ensure!(
-        bad.status.code() == Some(1),
-        "a failed retry must exit 1, got {:?}:\n{shown}",
-        bad.status
+        refused.status.code() == Some(1),
+        "a refused retry must exit 1, got {:?}:\n{shown}",
+        refused.status
     );
     ensure!(
         shown.contains(&format!(
-            "retry of {namespace}/other failed: invalid selector: 'oops'"
-        )) && shown.contains("the node field selector takes"),
+            "retry of {namespace}/done failed: To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector — nothing to retry"
+        )),
         "the failure should carry the controller's message and hint:\n{shown}"
+    );
+    ensure!(
+        shown.contains("Failed"),
+        "the bar should end Failed:\n{shown}"
+    );
+
+    // A selector that does not parse is refused before anything is asked, as `argo retry` does.
+    let shown = &bad_selector.stdout;
+    ensure!(
+        bad_selector.status.code() == Some(1)
+            && shown
+                .contains("unable to parse node field selector 'oops': invalid selector: 'oops'")
+            && shown.contains("the node field selector takes"),
+        "{shown}"
     );
     Ok(())
 }

@@ -60,7 +60,7 @@ fn main() -> ExitCode {
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
-        cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_failure,
+        cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
         cli::dry_run_prints_the_planners_plan_and_changes_nothing,
         cli::piped_output_json_selector_and_no_wait,
         cli::without_a_controller_retry_says_so_and_how_to_check,

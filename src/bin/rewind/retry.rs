@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams};
 
 use rewind::follow::{self, Asked, Follower, Observed, Preview};
 use rewind::hint;
+use rewind::plan::selector::Selector;
 use rewind::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
 use rewind::request::{RequestOptions, RetryPhase, RetryStatus};
 use rewind::retry::RetryError;
@@ -99,6 +100,15 @@ impl Outcome {
 }
 
 pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
+    // As `argo retry`, refuse a selector that does not parse before asking anything.
+    if let Err(e) = Selector::parse(&args.node_field_selector) {
+        let error = RetryError::Plan(e.clone().into());
+        let hint = hint::explain(&error, "WORKFLOW", &Default::default()).unwrap_or_default();
+        bail!(
+            "unable to parse node field selector '{}': {e} — {hint}",
+            args.node_field_selector
+        );
+    }
     let (client, namespace) = args.kube.connect().await?;
     let workflows: Api<Workflow> = Api::namespaced(client.clone(), &namespace);
     let names = resolve(&workflows, &args).await?;
