@@ -368,6 +368,8 @@ async fn follow_all(
         Display::Lines(vec![None; followers.len()])
     };
     let mut outcomes: Vec<Option<Outcome>> = followers.iter().map(|_| None).collect();
+    // One read per workflow a round: at most 20 reads a second, however many.
+    let interval = follow::POLL_INTERVAL.max(Duration::from_millis(50) * followers.len() as u32);
     while outcomes.iter().any(Option::is_none) {
         for (i, follower) in followers.iter_mut().enumerate() {
             if outcomes[i].is_some() {
@@ -416,7 +418,7 @@ async fn follow_all(
             }
         }
         if outcomes.iter().any(Option::is_none) {
-            tokio::time::sleep(follow::POLL_INTERVAL).await;
+            tokio::time::sleep(interval).await;
         }
     }
     Ok(outcomes.into_iter().flatten().collect())
