@@ -136,31 +136,29 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let outcomes = follow_asked(&workflows, asked, args.controller_timeout).await?;
+    let Some(outcomes) = follow_asked(&workflows, asked, args.controller_timeout).await? else {
+        eprintln!(
+            "\nStopped following. The retry requests keep running on the controller; see them with `rewind status -n {namespace}`."
+        );
+        std::process::exit(130);
+    };
     finish(&outcomes, args.output)
 }
 
-/// Follows asked requests to their end with progress on stderr; Ctrl-C
-/// stops following (and the process), leaving the requests running.
+/// Follows asked requests to their end with progress on stderr; `None`
+/// when Ctrl-C stopped following (the requests keep running).
 pub async fn follow_asked(
     workflows: &Api<Workflow>,
     asked: Vec<Asked>,
     controller_timeout: Duration,
-) -> anyhow::Result<Vec<Outcome>> {
-    let namespace = asked
-        .first()
-        .map(|a| a.namespace.clone())
-        .unwrap_or_default();
+) -> anyhow::Result<Option<Vec<Outcome>>> {
     let followers = asked
         .into_iter()
         .map(|a| Follower::new(workflows.clone(), a))
         .collect();
     tokio::select! {
-        outcomes = follow_all(followers, controller_timeout) => outcomes,
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("\nStopped following. The retry requests keep running on the controller; see them with `rewind status -n {namespace}`.");
-            std::process::exit(130);
-        }
+        outcomes = follow_all(followers, controller_timeout) => outcomes.map(Some),
+        _ = tokio::signal::ctrl_c() => Ok(None),
     }
 }
 
