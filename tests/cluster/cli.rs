@@ -59,7 +59,15 @@ async fn run_piped(mut command: Command) -> anyhow::Result<Run> {
 /// Runs the CLI with stdin, stdout and stderr on a pseudo-terminal, as in a
 /// person's shell, and returns everything the terminal showed (in `stdout`).
 /// libc's openpty (libc is already a dependency) keeps this to a few lines.
-async fn run_in_pty(mut command: Command) -> anyhow::Result<Run> {
+async fn run_in_pty(command: Command) -> anyhow::Result<Run> {
+    run_in_pty_interrupted(command, None).await
+}
+
+/// [`run_in_pty`], sending SIGINT (Ctrl-C) after `interrupt` if given.
+async fn run_in_pty_interrupted(
+    mut command: Command,
+    interrupt: Option<Duration>,
+) -> anyhow::Result<Run> {
     tokio::task::spawn_blocking(move || {
         let (mut master, mut slave) = (0, 0);
         let size = libc::winsize {
@@ -87,6 +95,14 @@ async fn run_in_pty(mut command: Command) -> anyhow::Result<Run> {
             .stdout(slave.try_clone()?)
             .stderr(slave);
         let mut child = command.spawn().context("starting rewind in a pty")?;
+        if let Some(after) = interrupt {
+            let pid = child.id() as libc::pid_t;
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                // SAFETY: a plain kill(2) of our own child.
+                unsafe { libc::kill(pid, libc::SIGINT) };
+            });
+        }
         // The command holds copies of the terminal's end: drop them, so
         // reading ends when the child exits.
         drop(command);
@@ -521,6 +537,44 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
         status.stdout.starts_with("WORKFLOW") && row.contains("Waiting"),
         "{}",
         status.stdout
+    );
+    Ok(())
+}
+
+/// Ctrl-C stops following, says the request keeps running, and leaves it set.
+pub async fn ctrl_c_stops_following_and_leaves_the_request(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    failed_workflow(&cluster, &namespace, "wf", 2).await?;
+    let run = run_in_pty_interrupted(
+        rewind(
+            &cluster,
+            &namespace,
+            &["retry", "wf", "--controller-timeout", "60s"],
+        ),
+        Some(Duration::from_secs(3)),
+    )
+    .await?;
+    let shown = &run.stdout;
+    ensure!(
+        run.status.code() == Some(130),
+        "exit {:?}:\n{shown}",
+        run.status
+    );
+    ensure!(
+        shown.contains("Stopped following. The retry requests keep running on the controller"),
+        "{shown}"
+    );
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    ensure!(
+        workflows
+            .get("wf")
+            .await?
+            .annotation(annotations::RETRY)
+            .is_some(),
+        "the request should stay on the workflow"
     );
     Ok(())
 }

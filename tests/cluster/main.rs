@@ -64,6 +64,7 @@ fn main() -> ExitCode {
         cli::dry_run_prints_the_planners_plan_and_changes_nothing,
         cli::piped_output_json_selector_and_no_wait,
         cli::without_a_controller_retry_says_so_and_how_to_check,
+        cli::ctrl_c_stops_following_and_leaves_the_request,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
