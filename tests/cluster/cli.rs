@@ -397,6 +397,7 @@ pub async fn piped_output_json_selector_and_no_wait(
         &["retry", "c", "--no-wait", "-o", "name"],
     ))
     .await?;
+    let table = run_piped(rewind(&cluster, &namespace, &["status", "b"])).await?;
     // Asking again for a workflow just reset: Argo's words, then rewind's.
     let again = run_piped(rewind(&cluster, &namespace, &["retry", "a"])).await?;
     let c_token = workflows
@@ -474,6 +475,23 @@ pub async fn piped_output_json_selector_and_no_wait(
         "a second retry of a reset workflow should say why it is refused:\n{}{}",
         again.stdout,
         again.stderr
+    );
+
+    let mut lines = table.stdout.lines();
+    let (header, row) = (
+        lines.next().unwrap_or_default(),
+        lines.next().unwrap_or_default(),
+    );
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    ensure!(
+        header.split_whitespace().collect::<Vec<_>>()
+            == ["WORKFLOW", "REQUEST", "PHASE", "PODS", "AGE", "MESSAGE"]
+            && cells.first() == Some(&"b")
+            && cells.get(2) == Some(&"Succeeded")
+            && cells.get(3) == Some(&"5/5")
+            && row.contains("deleted 5 pods; the workflow was reset"),
+        "rewind status b:\n{}",
+        table.stdout
     );
 
     ensure!(no_wait.status.success(), "{}", no_wait.stderr);
