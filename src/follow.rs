@@ -20,7 +20,7 @@ use crate::workflow::Workflow;
 
 /// How often a followed request is read again. The controller writes its
 /// progress every 2 s at most, so reading faster shows nothing new.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// A request asked on one workflow.
 #[derive(Clone, Debug, PartialEq, Eq)]
