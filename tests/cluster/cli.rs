@@ -198,6 +198,18 @@ async fn failed_workflow(
     Ok(dag)
 }
 
+/// Labels `workflow` with an Argo controller instance ID no controller
+/// serves, so no controller (not even one another test starts for every
+/// namespace) answers its requests.
+async fn unserved(cluster: &LocalCluster, namespace: &str, workflow: &str) -> anyhow::Result<()> {
+    let patch = serde_json::json!({"metadata": {"labels": {labels::CONTROLLER_INSTANCE_ID: "nobody-serves-this"}}});
+    Api::<Workflow>::namespaced(cluster.admin_client(), namespace)
+        .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("labelling workflow {workflow}"))?;
+    Ok(())
+}
+
 /// A success and a failure in a terminal: the progress bar moves, the
 /// summary names the pods deleted, and the exit code tells them apart.
 pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
@@ -517,6 +529,7 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
 ) -> anyhow::Result<()> {
     grant_user(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "wf", 2).await?;
+    unserved(&cluster, &namespace, "wf").await?;
     let started = std::time::Instant::now();
     let run = run_piped(rewind(
         &cluster,
@@ -566,6 +579,7 @@ pub async fn ctrl_c_stops_following_and_leaves_the_request(
 ) -> anyhow::Result<()> {
     grant_user(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "wf", 2).await?;
+    unserved(&cluster, &namespace, "wf").await?;
     let run = run_in_pty_interrupted(
         rewind(
             &cluster,
