@@ -12,11 +12,14 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::budget::{Bucket, BudgetObserver, Verb};
-use crate::queue::QueueStats;
+use crate::queue::QueueDepths;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClassLabels {
+struct QueueLabels {
+    /// Priority class: interactive (user retries) or background (GC).
     class: &'static str,
+    /// ready, waiting (out a backoff or delay) or leased (to a worker).
+    state: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,7 +42,7 @@ struct ResultLabels {
 /// Every metric rewind exports.
 pub struct Metrics {
     registry: Registry,
-    queue_depth: Family<ClassLabels, Gauge>,
+    queue_depth: Family<QueueLabels, Gauge>,
     api_requests: Family<RequestLabels, Counter>,
     token_wait: Family<BucketLabels, Counter<f64, AtomicU64>>,
     pauses: Family<BucketLabels, Counter>,
@@ -72,28 +75,28 @@ impl std::ops::Sub for RequestCounts {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("rewind");
-        let queue_depth = Family::<ClassLabels, Gauge>::default();
+        let queue_depth = Family::<QueueLabels, Gauge>::default();
         registry.register(
             "queue_depth",
-            "Items queued, by class (interactive, background, waiting for backoff, leased)",
+            "Delete work items in the queue, by priority class and state",
             queue_depth.clone(),
         );
         let api_requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "api_requests",
-            "Kubernetes API requests sent, by verb and response code",
+            "Kubernetes API requests sent, by verb and HTTP response code (error: no response)",
             api_requests.clone(),
         );
         let token_wait = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
         registry.register(
             "api_token_wait_seconds",
-            "Time requests spent waiting for a budget token, by bucket",
+            "Seconds API requests spent waiting for a budget token, by bucket (read or write)",
             token_wait.clone(),
         );
         let pauses = Family::<BucketLabels, Counter>::default();
         registry.register(
             "api_pauses",
-            "Pauses of a bucket ordered by the API server (429/503 with Retry-After)",
+            "Pauses of a budget bucket ordered by the API server (429 or 503 with Retry-After)",
             pauses.clone(),
         );
         let in_flight = Gauge::default();
@@ -105,7 +108,7 @@ impl Default for Metrics {
         let pods_deleted = Counter::default();
         registry.register(
             "pods_deleted",
-            "Pods deleted (or released from Argo's finalizer) for retries and GC",
+            "Pods deleted (or released from Argo's finalizer) for retries and pod GC",
             pods_deleted.clone(),
         );
         let retry_duration = Family::<ResultLabels, Histogram>::new_with_constructor(|| {
@@ -115,7 +118,7 @@ impl Default for Metrics {
         });
         registry.register(
             "retry_duration_seconds",
-            "Time from picking up a retry request to its end, by result",
+            "Seconds from picking up a retry request to its end, by result",
             retry_duration.clone(),
         );
         Metrics {
@@ -135,16 +138,20 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The text exposition, with queue depths as of `queue`.
-    pub fn encode(&self, queue: QueueStats) -> String {
-        for (class, depth) in [
+    pub fn encode(&self, queue: QueueDepths) -> String {
+        for (class, depths) in [
             ("interactive", queue.interactive),
             ("background", queue.background),
-            ("waiting", queue.waiting),
-            ("leased", queue.leased),
         ] {
-            self.queue_depth
-                .get_or_create(&ClassLabels { class })
-                .set(depth as i64);
+            for (state, depth) in [
+                ("ready", depths.ready),
+                ("waiting", depths.waiting),
+                ("leased", depths.leased),
+            ] {
+                self.queue_depth
+                    .get_or_create(&QueueLabels { class, state })
+                    .set(depth as i64);
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -209,6 +216,7 @@ impl BudgetObserver for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::queue::ClassDepths;
 
     #[test]
     fn exposition_has_every_family() {
@@ -216,6 +224,7 @@ mod tests {
         m.response(Verb::Delete, Some(StatusCode::OK));
         m.response(Verb::Delete, None);
         m.token_wait(Bucket::Write, Duration::from_millis(250));
+        m.paused(Bucket::Write, Duration::from_secs(1));
         m.observe_retry("succeeded", Duration::from_secs(3));
         m.pods_deleted(5);
         assert_eq!(
@@ -225,20 +234,46 @@ mod tests {
                 mutating: 2
             }
         );
-        let text = m.encode(QueueStats {
-            interactive: 2,
+        let text = m.encode(QueueDepths {
+            interactive: ClassDepths {
+                ready: 2,
+                leased: 3,
+                ..Default::default()
+            },
             ..Default::default()
         });
         for needle in [
             r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,
             r#"rewind_api_requests_total{verb="DELETE",code="error"} 1"#,
             r#"rewind_api_token_wait_seconds_total{bucket="write"} 0.25"#,
-            r#"rewind_queue_depth{class="interactive"} 2"#,
+            r#"rewind_queue_depth{class="interactive",state="ready"} 2"#,
+            r#"rewind_queue_depth{class="interactive",state="leased"} 3"#,
+            r#"rewind_queue_depth{class="background",state="waiting"} 0"#,
             "rewind_pods_deleted_total 5",
             r#"rewind_retry_duration_seconds_count{result="succeeded"} 1"#,
             "rewind_api_requests_in_flight 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        // One label per idea: no state hides in the class label any more.
+        for mixed in [r#"class="waiting""#, r#"class="leased""#] {
+            assert!(!text.contains(mixed), "{mixed} in\n{text}");
+        }
+        // Prometheus conventions: counters end in _total, every family has help and a type.
+        for family in [
+            "api_requests",
+            "api_token_wait_seconds",
+            "api_pauses",
+            "pods_deleted",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE rewind_{family} counter")),
+                "{family}\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# HELP rewind_{family} ")),
+                "{family}\n{text}"
+            );
         }
     }
 }

@@ -596,13 +596,21 @@ impl<'a> Job<'a> {
     /// observed, so the request is answered once and not retried in a loop.
     async fn fail(&mut self, error: &RetryError) {
         self.status.phase = RetryPhase::Failed;
-        self.status.message = error.to_string();
+        // The hint reads the workflow as it is now (e.g. reset by which request).
+        let meta = self.workflows().get_metadata_opt(&self.target.name).await;
+        let annotations = meta.ok().flatten().and_then(|m| m.metadata.annotations);
+        self.status.message =
+            crate::hint::message(error, &self.target.name, &annotations.unwrap_or_default());
         self.status.finished_at = Some(now());
         if let Err(e) = self.patch_status(true, false).await {
             warn!(workflow = self.target.name, namespace = self.target.namespace, error = %e, "could not record the failed retry");
         }
-        self.event(EventType::Warning, "RetryFailed", error.to_string())
-            .await;
+        self.event(
+            EventType::Warning,
+            "RetryFailed",
+            self.status.message.clone(),
+        )
+        .await;
     }
 
     /// Says why the request is waiting, without observing its token: it is

@@ -57,6 +57,6 @@ async fn metrics(AxumState(e): AxumState<Endpoints>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        e.metrics.encode(e.queue.stats()),
+        e.metrics.encode(e.queue.depths()),
     )
 }

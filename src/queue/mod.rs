@@ -98,6 +98,21 @@ pub struct QueueStats {
     pub leased: usize,
 }
 
+/// Items of each class by state, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepths {
+    pub interactive: ClassDepths,
+    pub background: ClassDepths,
+}
+
+/// Items of one class: ready to lease, waiting out a backoff or delay, leased.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassDepths {
+    pub ready: usize,
+    pub waiting: usize,
+    pub leased: usize,
+}
+
 /// The queue; clones share it.
 pub struct WorkQueue<K, R> {
     shared: Arc<Shared<K, R>>,
@@ -218,6 +233,25 @@ where
             waiting: state.waiting,
             leased: state.leased,
         }
+    }
+
+    /// Items by class and state, for metrics (one pass over every item).
+    pub fn depths(&self) -> QueueDepths {
+        let mut state = self.state();
+        state.fire_timers(Instant::now());
+        let mut depths = QueueDepths::default();
+        for entry in state.entries.values() {
+            let class = match entry.class {
+                Class::Interactive => &mut depths.interactive,
+                Class::Background => &mut depths.background,
+            };
+            match entry.slot {
+                Slot::Ready => class.ready += 1,
+                Slot::Waiting => class.waiting += 1,
+                Slot::Leased { .. } => class.leased += 1,
+            }
+        }
+        depths
     }
 
     /// Queued and waiting (not leased) items per request.

@@ -573,3 +573,33 @@ proptest! {
         runtime.block_on(run(ops));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn depths_count_each_item_once_by_class_and_state() {
+    let q = WorkQueue::new(config());
+    q.add("retry", Class::Interactive, 1);
+    q.add("retry", Class::Interactive, 2);
+    q.add("retry", Class::Interactive, 3);
+    q.add("gc", Class::Background, 4);
+    let first = take(&q);
+    let second = take(&q);
+    q.requeue_after(second, Duration::from_secs(2));
+    let depths = q.depths();
+    assert_eq!(
+        depths.interactive,
+        ClassDepths {
+            ready: 1,
+            waiting: 1,
+            leased: 1
+        }
+    );
+    assert_eq!(
+        depths.background,
+        ClassDepths {
+            ready: 1,
+            ..ClassDepths::default()
+        }
+    );
+    q.done(first);
+    assert_eq!(q.depths().interactive.leased, 0);
+}

@@ -10,6 +10,7 @@
 mod argodb;
 mod budget;
 mod bulk;
+mod cli;
 mod idempotency;
 mod lifecycle;
 // Argo's retry code as an oracle, shared with the planner's differential test.
@@ -82,6 +83,11 @@ fn main() -> ExitCode {
         workflowretry_db::an_archived_retry_on_mariadb,
         workflowretry_db::an_offloaded_live_retry_on_postgresql,
         workflowretry_db::an_offloaded_live_retry_on_mariadb,
+        cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
+        cli::dry_run_prints_the_planners_plan_and_changes_nothing,
+        cli::piped_output_json_selector_and_no_wait,
+        cli::without_a_controller_retry_says_so_and_how_to_check,
+        cli::ctrl_c_stops_following_and_leaves_the_request,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

@@ -2,8 +2,8 @@
 //!
 //! Starts etcd and kube-apiserver, creates a failed workflow with N failed
 //! pods (and some succeeded ones that must survive), starts the controller,
-//! asks for a retry with `rewind.dev/retry`, shows progress from
-//! `rewind.dev/retry-status`, then checks and reports the result.
+//! retries it as `rewind retry` does (the same code, in-process), then checks
+//! and reports the result.
 //!
 //! `--compare-raw` measures instead: rewind's retry beside one raw
 //! DeleteCollection of the same pods, each on a fresh control plane, timed by
@@ -11,15 +11,15 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt as _;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use tokio_util::sync::CancellationToken;
 
 use rewind::controller::Controller;
-use rewind::request::{self, RetryPhase, annotations};
+use rewind::follow;
+use rewind::request::RequestOptions;
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
 use rewind::watch::Scope;
@@ -48,8 +48,17 @@ pub struct DemoArgs {
     /// Repetitions of each side with --compare-raw.
     #[arg(long, default_value = "3", requires = "compare_raw")]
     repetitions: usize,
+    /// Show the controller's logs between the progress lines instead of writing them to a file.
+    #[arg(short, long)]
+    pub verbose: bool,
     #[command(flatten)]
     tuning: Tuning,
+}
+
+/// Where the demo's logs go unless `--verbose`: what a person watches shows
+/// progress and results, the controller's logs stay available in this file.
+pub fn log_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("rewind-demo.log")
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -57,6 +66,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         return bench::run(&args).await;
     }
     let started = Instant::now();
+    if !args.verbose {
+        println!("Logs: {} (or run with -v)", log_file().display());
+    }
     println!("Starting a local control plane (etcd, kube-apiserver)...");
     let cluster = LocalCluster::start(Default::default())
         .await
@@ -119,41 +131,21 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
     let before = metrics.api_requests();
 
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
-    let token = k8s_openapi::jiff::Timestamp::now().as_second().to_string();
-    println!(
-        "\nkubectl annotate workflow {} {}={token} --overwrite",
-        dag.name,
-        annotations::RETRY
-    );
-    let asked = Instant::now();
-    let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
-    workflows
-        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-
-    let bar = progress(args.pods as u64, "deleting pods");
-    let status = loop {
-        let meta = workflows.get_metadata(&dag.name).await?;
-        let status = request::status_of(meta.annotations(), &token)
-            .context("reading rewind.dev/retry-status")?;
-        if let Some(status) = status {
-            bar.set_length(status.pods_total.max(1));
-            bar.set_position(status.pods_deleted);
-            bar.set_message(format!("{:?}", status.phase));
-            if status.phase.is_finished() {
-                break status;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let elapsed = asked.elapsed();
-    bar.finish();
+    // What a user types; the demo runs the same code in-process.
+    println!("\nrewind retry {} -n {NAMESPACE}", dag.name);
+    let asked = follow::ask(&workflows, NAMESPACE, &dag.name, &RequestOptions::default()).await?;
+    let followed =
+        crate::retry::follow_asked(&workflows, vec![asked], Duration::from_secs(15)).await;
     let used = metrics.api_requests() - before;
     shutdown.cancel();
     running.await??;
-    if status.phase != RetryPhase::Succeeded {
-        bail!("the retry failed: {}", status.message);
-    }
+    let outcomes = followed?.context("interrupted (Ctrl-C)")?;
+    crate::retry::finish(&outcomes, None)?;
+    let outcome = &outcomes[0];
+    let (status, elapsed) = (
+        outcome.status.clone().context("no status")?,
+        outcome.elapsed,
+    );
 
     // Check the result as a user would: failed pods gone, succeeded pods kept, workflow reset.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);

@@ -19,8 +19,11 @@ use rewind::telemetry::{self, LogFormat};
 use rewind::watch::Scope;
 use rewind::workflow::Workflow;
 
+mod connect;
 #[cfg(feature = "testenv")]
 mod demo;
+mod retry;
+mod status;
 
 /// Retries failed Argo Workflows, live and archived, fast and politely.
 #[derive(Parser)]
@@ -43,6 +46,10 @@ struct Cli {
 enum Command {
     /// Run the controller (kubeconfig rules as kubectl's, or in-cluster config).
     Controller(ControllerArgs),
+    /// Retry workflows as `argo retry` does, through the rewind controller, and follow the retries.
+    Retry(retry::RetryArgs),
+    /// Show retry requests and their progress, kubectl-style.
+    Status(status::StatusArgs),
     /// Print the retry plan of a workflow, offline: what `argo retry` would reset and delete.
     Plan(PlanArgs),
     /// Print the WorkflowRetry CRD (YAML), as committed in deploy/crds/.
@@ -233,10 +240,21 @@ struct LocalClusterArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // kube logs every failed request at ERROR; we report the ones that matter.
-    telemetry::init(
-        cli.log_format,
-        "info,kube=warn,kube_client::client::builder=off",
-    );
+    let filter = match cli.command {
+        // A user's command prints what it has to say; logs only for problems.
+        Command::Retry(_) | Command::Status(_) => "warn,kube_client::client::builder=off",
+        _ => "info,kube=warn,kube_client::client::builder=off",
+    };
+    match &cli.command {
+        #[cfg(feature = "testenv")]
+        Command::Demo(args) if !args.verbose => {
+            let path = demo::log_file();
+            let file = std::fs::File::create(&path)
+                .with_context(|| format!("creating the log file {}", path.display()))?;
+            telemetry::init_with(cli.log_format, filter, false, std::sync::Arc::new(file));
+        }
+        _ => telemetry::init(cli.log_format, filter),
+    }
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
@@ -247,6 +265,8 @@ fn main() -> anyhow::Result<()> {
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
                 Command::Controller(args) => controller(args).await,
+                Command::Retry(args) => retry::run(args).await,
+                Command::Status(args) => status::run(args).await,
                 #[cfg(feature = "testenv")]
                 Command::LocalCluster(args) => local_cluster(args).await,
                 #[cfg(feature = "testenv")]

@@ -1,0 +1,612 @@
+//! `rewind retry` and `rewind status` as a user runs them: the real binary,
+//! with the unprivileged user's kubeconfig, against an in-process controller
+//! on the shared control plane; in a pseudo-terminal where the test is about
+//! what a person sees.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use rewind::request::annotations;
+use rewind::testenv::localcluster::{LocalCluster, Role as ClusterRole, USER_NAME};
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::{Workflow, labels};
+use serde_json::Value;
+
+use crate::support::controller as ctl;
+
+/// What one run of the CLI wrote and how it ended.
+struct Run {
+    stdout: String,
+    stderr: String,
+    status: ExitStatus,
+}
+
+/// The `rewind` binary with the user's kubeconfig and namespace.
+fn rewind(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path(ClusterRole::User))
+        .args(["-n", namespace])
+        .env_remove("RUST_LOG")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs the CLI with pipes: not a terminal.
+async fn run_piped(mut command: Command) -> anyhow::Result<Run> {
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await?
+        .context("running rewind")?;
+    Ok(Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        status: output.status,
+    })
+}
+
+/// Runs the CLI with stdin, stdout and stderr on a pseudo-terminal, as in a
+/// person's shell, and returns everything the terminal showed (in `stdout`).
+/// libc's openpty (libc is already a dependency) keeps this to a few lines.
+async fn run_in_pty(command: Command) -> anyhow::Result<Run> {
+    run_in_pty_interrupted(command, None).await
+}
+
+/// [`run_in_pty`], sending SIGINT (Ctrl-C) after `interrupt` if given.
+async fn run_in_pty_interrupted(
+    mut command: Command,
+    interrupt: Option<Duration>,
+) -> anyhow::Result<Run> {
+    tokio::task::spawn_blocking(move || {
+        let (mut master, mut slave) = (0, 0);
+        let size = libc::winsize {
+            ws_row: 40,
+            ws_col: 160,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: openpty writes two new descriptors, which we own from here on.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &size,
+            )
+        };
+        ensure!(rc == 0, "openpty: {}", std::io::Error::last_os_error());
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        command
+            .env("TERM", "xterm-256color")
+            .stdin(slave.try_clone()?)
+            .stdout(slave.try_clone()?)
+            .stderr(slave);
+        let mut child = command.spawn().context("starting rewind in a pty")?;
+        if let Some(after) = interrupt {
+            let pid = child.id() as libc::pid_t;
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                // SAFETY: a plain kill(2) of our own child.
+                unsafe { libc::kill(pid, libc::SIGINT) };
+            });
+        }
+        // The command holds copies of the terminal's end: drop them, so
+        // reading ends when the child exits.
+        drop(command);
+        let mut master = File::from(master);
+        let mut shown = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match master.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => shown.extend_from_slice(&buf[..n]),
+                // EIO: every holder of the terminal's other end is gone.
+                Err(e) if e.raw_os_error() == Some(libc::EIO) => break,
+                Err(e) => return Err(e).context("reading the pty"),
+            }
+        }
+        let status = child.wait()?;
+        Ok(Run {
+            stdout: String::from_utf8_lossy(&shown).into_owned(),
+            stderr: String::new(),
+            status,
+        })
+    })
+    .await?
+}
+
+fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Lets the test user ask for retries in `namespace` (and read pods, for
+/// the dry run's bulk assessment).
+async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let meta = ObjectMeta {
+        name: Some("rewind-cli-user".into()),
+        ..Default::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![
+            rule(
+                "argoproj.io",
+                "workflows",
+                &["get", "list", "watch", "patch"],
+            ),
+            rule("", "pods", &["get", "list"]),
+        ]),
+    };
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .context("creating the user's Role")?;
+    let binding = RoleBinding {
+        metadata: meta,
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "rewind-cli-user".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: USER_NAME.into(),
+            ..Default::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(admin, namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .context("creating the user's RoleBinding")?;
+    Ok(())
+}
+
+async fn failed_workflow(
+    cluster: &LocalCluster,
+    namespace: &str,
+    name: &str,
+    failed: usize,
+) -> anyhow::Result<FailedDag> {
+    let dag = FailedDag {
+        name: name.into(),
+        failed,
+        succeeded: 3,
+    };
+    dag.create(&cluster.admin_client(), namespace, 16, || ())
+        .await
+        .with_context(|| format!("creating workflow {name} and its pods"))?;
+    Ok(dag)
+}
+
+/// Labels `workflow` with an Argo controller instance ID no controller
+/// serves, so no controller (not even one another test starts for every
+/// namespace) answers its requests.
+async fn unserved(cluster: &LocalCluster, namespace: &str, workflow: &str) -> anyhow::Result<()> {
+    let patch = serde_json::json!({"metadata": {"labels": {labels::CONTROLLER_INSTANCE_ID: "nobody-serves-this"}}});
+    Api::<Workflow>::namespaced(cluster.admin_client(), namespace)
+        .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("labelling workflow {workflow}"))?;
+    Ok(())
+}
+
+/// A success and a failure in a terminal: the progress bar moves, the
+/// summary names the pods deleted, and the exit code tells them apart.
+pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    failed_workflow(&cluster, &namespace, "big", 150).await?;
+    // A succeeded workflow: the controller refuses it (nothing to retry).
+    FailedDag {
+        name: "done".into(),
+        failed: 0,
+        succeeded: 2,
+    }
+    .create(&cluster.admin_client(), &namespace, 16, || ())
+    .await
+    .context("creating workflow done")?;
+    // Single deletes at 30/s: about 5 s, so the bar shows several states.
+    let controller = ctl::start(&cluster, &namespace, ctl::options(30, 5, false)).await?;
+
+    let ok = run_in_pty(rewind(&cluster, &namespace, &["retry", "big"])).await?;
+    let refused = run_in_pty(rewind(&cluster, &namespace, &["retry", "done"])).await?;
+    let bad_selector = run_in_pty(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "big", "--node-field-selector", "oops"],
+    ))
+    .await?;
+    controller.stop().await?;
+
+    let shown = &ok.stdout;
+    ensure!(
+        ok.status.success(),
+        "exit {:?}; the terminal showed:\n{shown}",
+        ok.status
+    );
+    ensure!(
+        shown.contains("big") && shown.contains("/150 pods") && shown.contains("pods/s  ETA"),
+        "no progress bar in:\n{shown}"
+    );
+    ensure!(
+        shown.contains("DeletingPods"),
+        "the bar never showed the DeletingPods phase:\n{shown}"
+    );
+    ensure!(
+        shown.contains(&format!("{namespace}/big: retried; 150 pods deleted in")),
+        "no summary in:\n{shown}"
+    );
+    ensure!(
+        shown.contains('\x1b'),
+        "a terminal should get a drawn bar:\n{shown:?}"
+    );
+
+    let shown = &refused.stdout;
+    ensure!(
+        refused.status.code() == Some(1),
+        "a refused retry must exit 1, got {:?}:\n{shown}",
+        refused.status
+    );
+    ensure!(
+        shown.contains(&format!(
+            "retry of {namespace}/done failed: To retry a succeeded workflow, set the options restartSuccessful and nodeFieldSelector — nothing to retry"
+        )),
+        "the failure should carry the controller's message and hint:\n{shown}"
+    );
+    ensure!(
+        shown.contains("Failed"),
+        "the bar should end Failed:\n{shown}"
+    );
+
+    // A selector that does not parse is refused before anything is asked, as `argo retry` does.
+    let shown = &bad_selector.stdout;
+    ensure!(
+        bad_selector.status.code() == Some(1)
+            && shown
+                .contains("unable to parse node field selector 'oops': invalid selector: 'oops'")
+            && shown.contains("the node field selector takes"),
+        "{shown}"
+    );
+    Ok(())
+}
+
+/// `--dry-run -o json` prints exactly the planner's plan, and the API
+/// server's audit log shows no mutating request from the CLI's user.
+pub async fn dry_run_prints_the_planners_plan_and_changes_nothing(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    let dag = failed_workflow(&cluster, &namespace, "wf", 40).await?;
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    let before = workflows.get(&dag.name).await?;
+    let plan = ctl::expected_plan(&before)?;
+
+    let run = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "wf", "--dry-run", "-o", "json"],
+    ))
+    .await?;
+    ensure!(
+        run.status.success(),
+        "exit {:?}: {}",
+        run.status,
+        run.stderr
+    );
+    let printed: Value = serde_json::from_str(&run.stdout)
+        .with_context(|| format!("parsing the dry run's JSON:\n{}", run.stdout))?;
+    let preview = &printed[0];
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    ensure!(
+        strings(&preview["podsToDelete"]) == plan.pods_to_delete,
+        "pods differ: {preview}"
+    );
+    ensure!(
+        strings(&preview["nodesReset"]) == plan.nodes_reset,
+        "reset nodes differ: {preview}"
+    );
+    ensure!(
+        strings(&preview["nodesDeleted"]) == plan.nodes_deleted,
+        "deleted nodes differ: {preview}"
+    );
+    ensure!(
+        preview["bulkPods"] == 40 && preview["podsListed"] == true,
+        "the 40 failed pods should go in one bulk delete: {preview}"
+    );
+
+    // The human form tells the same.
+    let human = run_piped(rewind(&cluster, &namespace, &["retry", "wf", "--dry-run"])).await?;
+    ensure!(human.status.success(), "{}", human.stderr);
+    ensure!(
+        human.stdout.contains("pods to delete:   40")
+            && human
+                .stdout
+                .contains("bulk delete:      yes: one DeleteCollection for 40 pods"),
+        "{}",
+        human.stdout
+    );
+
+    // The audit log is written asynchronously: give it a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = ctl::audit_log(&cluster, &namespace)?;
+    let by_user: Vec<_> = log.iter().filter(|a| a.user == USER_NAME).collect();
+    ensure!(
+        by_user
+            .iter()
+            .any(|a| a.verb == "get" && a.resource == "workflows"),
+        "the dry run's reads should be in the audit log: {:?}",
+        ctl::summary(&log, USER_NAME)
+    );
+    ensure!(
+        !by_user.iter().any(|a| a.is_mutating()),
+        "the dry run sent mutating requests: {:?}",
+        ctl::summary(&log, USER_NAME)
+    );
+    let after = workflows.get(&dag.name).await?;
+    ensure!(
+        after.annotation(annotations::RETRY).is_none(),
+        "the dry run asked for a retry"
+    );
+    Ok(())
+}
+
+/// Without a terminal: timestamped lines on stderr, `-o json` on stdout;
+/// `-l` picks several workflows; `--no-wait` returns once the request is set.
+pub async fn piped_output_json_selector_and_no_wait(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    for name in ["a", "b", "c"] {
+        failed_workflow(&cluster, &namespace, name, 5).await?;
+    }
+    for name in ["a", "b"] {
+        let patch = serde_json::json!({"metadata": {"labels": {"team": "ml"}}});
+        workflows
+            .patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let controller = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
+    let run = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "-l", "team=ml", "-o", "json"],
+    ))
+    .await?;
+    let no_wait = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "c", "--no-wait", "-o", "name"],
+    ))
+    .await?;
+    let table = run_piped(rewind(&cluster, &namespace, &["status", "b"])).await?;
+    // Asking again for a workflow just reset: Argo's words, then rewind's.
+    let again = run_piped(rewind(&cluster, &namespace, &["retry", "a"])).await?;
+    let c_token = workflows
+        .get("c")
+        .await?
+        .annotation(annotations::RETRY)
+        .map(str::to_owned);
+    let status = ctl::wait_finished(
+        &workflows,
+        "c",
+        c_token.as_deref().unwrap_or_default(),
+        Duration::from_secs(30),
+    )
+    .await;
+    controller.stop().await?;
+
+    ensure!(
+        run.status.success(),
+        "exit {:?}: {}",
+        run.status,
+        run.stderr
+    );
+    let printed: Value = serde_json::from_str(&run.stdout)
+        .with_context(|| format!("parsing -o json:\n{}", run.stdout))?;
+    let mut retried: Vec<(String, String)> = printed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            (
+                o["workflow"].as_str().unwrap_or_default().to_owned(),
+                o["status"]["phase"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    retried.sort();
+    ensure!(
+        retried
+            == [
+                ("a".into(), "Succeeded".into()),
+                ("b".into(), "Succeeded".into())
+            ],
+        "-l team=ml should retry a and b: {printed}"
+    );
+    ensure!(
+        !run.stderr.contains('\x1b'),
+        "escape codes without a terminal: {:?}",
+        run.stderr
+    );
+    for name in ["a", "b"] {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.contains(&format!(" {namespace}/{name} Succeeded 5/5 pods deleted")))
+            .with_context(|| format!("no final progress line for {name} in:\n{}", run.stderr))?;
+        let stamp = line.split(' ').next().unwrap_or_default();
+        stamp
+            .parse::<Timestamp>()
+            .with_context(|| format!("the line should start with a timestamp: {line}"))?;
+    }
+
+    let first = printed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["workflow"] == "a")
+        .and_then(|o| o["request"].as_str())
+        .unwrap_or_default();
+    ensure!(
+        again.status.code() == Some(1)
+            && again.stderr.contains(&format!(
+                "failed: Cannot retry a workflow in phase  — not finished: it was reset by request {first} at "
+            ))
+            && again.stderr.contains("waits for Argo's controller"),
+        "a second retry of a reset workflow should say why it is refused:\n{}{}",
+        again.stdout,
+        again.stderr
+    );
+
+    let mut lines = table.stdout.lines();
+    let (header, row) = (
+        lines.next().unwrap_or_default(),
+        lines.next().unwrap_or_default(),
+    );
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    ensure!(
+        header.split_whitespace().collect::<Vec<_>>()
+            == ["WORKFLOW", "REQUEST", "PHASE", "PODS", "AGE", "MESSAGE"]
+            && cells.first() == Some(&"b")
+            && cells.get(2) == Some(&"Succeeded")
+            && cells.get(3) == Some(&"5/5")
+            && row.contains("deleted 5 pods; the workflow was reset"),
+        "rewind status b:\n{}",
+        table.stdout
+    );
+
+    ensure!(no_wait.status.success(), "{}", no_wait.stderr);
+    ensure!(
+        no_wait.stdout.trim() == "workflow.argoproj.io/c",
+        "-o name prints the workflow: {:?}",
+        no_wait.stdout
+    );
+    ensure!(c_token.is_some(), "--no-wait set no request on c");
+    status.context("the --no-wait request should still run to its end")?;
+    let labelled = workflows.get("c").await?;
+    ensure!(
+        labelled.label(labels::COMPLETED).is_none(),
+        "c was not reset by its --no-wait request"
+    );
+    Ok(())
+}
+
+/// With no controller, the CLI stops waiting and says what to check.
+pub async fn without_a_controller_retry_says_so_and_how_to_check(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    failed_workflow(&cluster, &namespace, "wf", 2).await?;
+    unserved(&cluster, &namespace, "wf").await?;
+    let started = std::time::Instant::now();
+    let run = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "wf", "--controller-timeout", "2s"],
+    ))
+    .await?;
+    ensure!(
+        !run.status.success(),
+        "should fail:\n{}{}",
+        run.stdout,
+        run.stderr
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    let all = format!("{}{}", run.stdout, run.stderr);
+    ensure!(
+        all.contains("no rewind controller answered retry request")
+            && all.contains("within 2s")
+            && all.contains("kubectl get lease rewind"),
+        "{all}"
+    );
+
+    // `rewind status` shows the request as waiting.
+    let status = run_piped(rewind(&cluster, &namespace, &["status"])).await?;
+    ensure!(status.status.success(), "{}", status.stderr);
+    let row = status
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("wf "))
+        .with_context(|| format!("no row for wf in:\n{}", status.stdout))?;
+    ensure!(
+        status.stdout.starts_with("WORKFLOW") && row.contains("Waiting"),
+        "{}",
+        status.stdout
+    );
+    Ok(())
+}
+
+/// Ctrl-C stops following, says the request keeps running, and leaves it set.
+pub async fn ctrl_c_stops_following_and_leaves_the_request(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    failed_workflow(&cluster, &namespace, "wf", 2).await?;
+    unserved(&cluster, &namespace, "wf").await?;
+    let run = run_in_pty_interrupted(
+        rewind(
+            &cluster,
+            &namespace,
+            &["retry", "wf", "--controller-timeout", "60s"],
+        ),
+        Some(Duration::from_secs(3)),
+    )
+    .await?;
+    let shown = &run.stdout;
+    ensure!(
+        run.status.code() == Some(130),
+        "exit {:?}:\n{shown}",
+        run.status
+    );
+    ensure!(
+        shown.contains("Stopped following. The retry requests keep running on the controller"),
+        "{shown}"
+    );
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    ensure!(
+        workflows
+            .get("wf")
+            .await?
+            .annotation(annotations::RETRY)
+            .is_some(),
+        "the request should stay on the workflow"
+    );
+    Ok(())
+}
