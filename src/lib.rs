@@ -6,6 +6,7 @@ pub mod budget;
 pub mod controller;
 pub mod delete;
 pub mod gc;
+pub mod leader;
 pub mod metrics;
 pub mod plan;
 pub mod queue;

@@ -6,6 +6,7 @@
 
 mod budget;
 mod idempotency;
+mod leader;
 mod lifecycle;
 mod pods;
 mod rbac;
@@ -59,6 +60,8 @@ fn main() -> ExitCode {
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
+        leader::a_killed_leader_is_replaced_and_the_retry_resets_exactly_once,
+        leader::a_graceful_stop_releases_the_lease_at_once,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
