@@ -16,7 +16,10 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{LocalCluster, Role};
@@ -203,6 +206,38 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         log_text.contains("acquired the lease"),
         "the controller never led (the chart turns leader election on):\n{log_text}"
     );
+
+    // alice may also ask with a WorkflowRetry (the chart installed its CRD).
+    let retries: Api<DynamicObject> = Api::namespaced_with(
+        alice.clone(),
+        &namespace,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "rewind.dev",
+            "v1alpha1",
+            "WorkflowRetry",
+        )),
+    );
+    let request: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rewind.dev/v1alpha1",
+        "kind": "WorkflowRetry",
+        "metadata": {"name": "by-alice"},
+        "spec": {"workflowName": dag.name},
+    }))?;
+    retries
+        .create(&PostParams::default(), &request)
+        .await
+        .context("alice (rewind-retry) creating a WorkflowRetry")?;
+    retries
+        .get("by-alice")
+        .await
+        .context("alice reading her WorkflowRetry")?;
+    forbidden(
+        retries
+            .delete("by-alice", &DeleteParams::default())
+            .await
+            .map(drop),
+        "alice deleting a WorkflowRetry",
+    )?;
 
     // alice may not touch pods.
     let alice_pods: Api<Pod> = Api::namespaced(alice, &namespace);
