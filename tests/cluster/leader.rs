@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
+use kube::config::Kubeconfig;
 use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
@@ -193,6 +195,134 @@ pub async fn a_graceful_stop_releases_the_lease_at_once(
     Ok(())
 }
 
+/// The API server becomes unreachable for the leader (its only road to it, a loopback proxy,
+/// is cut): it must stop working, and exit, before its lease expires.
+pub async fn a_leader_that_cannot_renew_stops_before_its_lease_expires(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let logs = tempfile::tempdir()?;
+    let duration = Duration::from_secs(6);
+    let proxy = Proxy::start(cluster.server_url()).await?;
+    let mut config = Kubeconfig::read_from(cluster.kubeconfig_path(Role::Controller))?;
+    for c in &mut config.clusters {
+        if let Some(cluster) = c.cluster.as_mut() {
+            cluster.server = Some(format!("https://{}", proxy.addr));
+        }
+    }
+    let kubeconfig = logs.path().join("through-proxy.kubeconfig");
+    std::fs::write(&kubeconfig, serde_yaml_ng::to_string(&config)?)?;
+    let mut a = Replica::spawn_with(&kubeconfig, &namespace, "rewind-a", duration, logs.path())?;
+    wait_holder(
+        &cluster,
+        &namespace,
+        Some("rewind-a"),
+        Duration::from_secs(20),
+        &mut [&mut a],
+    )
+    .await?;
+    // Let it renew at least once through the proxy first.
+    tokio::time::sleep(duration).await;
+    ensure!(
+        a.child.try_wait()?.is_none(),
+        "the leader exited with the API reachable:\n{}",
+        a.log()
+    );
+
+    proxy.cut();
+    let exit = tokio::time::timeout(duration * 2, a.child.wait())
+        .await
+        .with_context(|| {
+            format!(
+                "the leader kept running with the API unreachable:\n{}",
+                a.log()
+            )
+        })??;
+    let exited_at = Timestamp::now();
+    ensure!(
+        !exit.success(),
+        "the leader exited 0 on losing the API: {exit}"
+    );
+    let lease = Api::<Lease>::namespaced(cluster.admin_client(), &namespace)
+        .get(LEASE)
+        .await?
+        .spec
+        .context("the lease has no spec")?;
+    ensure!(
+        lease.holder_identity.as_deref() == Some("rewind-a"),
+        "holder {:?}",
+        lease.holder_identity
+    );
+    let renewed = lease.renew_time.context("the lease has no renewTime")?.0;
+    let expires = renewed + SignedDuration::try_from(duration)?;
+    let margin = expires.duration_since(exited_at);
+    tracing::info!(%renewed, %exited_at, ?margin, "the leader stopped before its lease expired");
+    ensure!(
+        exited_at < expires,
+        "the leader exited at {exited_at}, after its lease expired at {expires}:\n{}",
+        a.log()
+    );
+    ensure!(
+        a.log().contains("lease"),
+        "the leader's log does not say it lost the lease:\n{}",
+        a.log()
+    );
+    Ok(())
+}
+
+/// Forwards loopback TCP connections to the API server until cut; then refuses them.
+struct Proxy {
+    addr: std::net::SocketAddr,
+    cut: tokio_util::sync::CancellationToken,
+}
+
+impl Proxy {
+    async fn start(server_url: &str) -> anyhow::Result<Proxy> {
+        let upstream = server_url
+            .strip_prefix("https://")
+            .context("the API server URL is not https")?
+            .trim_end_matches('/')
+            .to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let cut = tokio_util::sync::CancellationToken::new();
+        let stop = cut.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut down, _) = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(_) => return,
+                    },
+                };
+                let (upstream, stop) = (upstream.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let Ok(mut up) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy { addr, cut })
+    }
+
+    /// Drops every connection and closes the listener.
+    fn cut(&self) {
+        self.cut.cancel();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut.cancel();
+    }
+}
+
 struct Replica {
     name: &'static str,
     child: Child,
@@ -202,6 +332,17 @@ struct Replica {
 impl Replica {
     fn spawn(
         cluster: &LocalCluster,
+        namespace: &str,
+        name: &'static str,
+        duration: Duration,
+        dir: &Path,
+    ) -> anyhow::Result<Replica> {
+        let kubeconfig = cluster.kubeconfig_path(Role::Controller);
+        Self::spawn_with(&kubeconfig, namespace, name, duration, dir)
+    }
+
+    fn spawn_with(
+        kubeconfig: &Path,
         namespace: &str,
         name: &'static str,
         duration: Duration,
@@ -223,7 +364,7 @@ impl Replica {
             // Slow enough that a kill falls inside the retry: 10 single deletes a second.
             .args(["--qps", "10", "--burst", "10", "--no-bulk"])
             .env("POD_NAME", name)
-            .env("KUBECONFIG", cluster.kubeconfig_path(Role::Controller))
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)

@@ -63,6 +63,7 @@ fn main() -> ExitCode {
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
         leader::a_killed_leader_is_replaced_and_the_retry_resets_exactly_once,
         leader::a_graceful_stop_releases_the_lease_at_once,
+        leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
