@@ -185,7 +185,8 @@ impl Controller {
             }
         };
         if let Some((addr, server)) = server {
-            // A lost lease ends the process; stop serving at once.
+            // After a lost lease the caller has not asked to stop; the
+            // process ends, so stop serving too.
             shutdown.cancel();
             server
                 .await
@@ -195,8 +196,8 @@ impl Controller {
         Ok(result?)
     }
 
-    /// Watches and works until `stop` is cancelled.
-    async fn work(self, stop: CancellationToken) {
+    /// Watches and works until `shutdown` is cancelled.
+    async fn work(self, shutdown: CancellationToken) {
         let Controller {
             options,
             budget,
@@ -204,7 +205,6 @@ impl Controller {
             state,
             ..
         } = self;
-        let shutdown = stop;
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
