@@ -96,6 +96,14 @@ const EVERYTHING: &[&str] = &[
     "--set",
     "controller.bulkDelete=false",
     "--set",
+    "controller.alwaysOffloadNodeStatus=true",
+    "--set",
+    "controller.compression.algorithm=zstd",
+    "--set-string",
+    "controller.compression.level=3",
+    "--set",
+    "controller.compression.gzipImplementation=GZip",
+    "--set",
     "archive.enabled=true",
     "--set",
     "archive.secretNames={argo-postgres-config}",
@@ -123,6 +131,7 @@ fn the_values_schema_refuses_bad_values() {
         "controller.logFormat=xml",
         "leaderElection.leaseDuration=soon",
         "controller.unknownFlag=1",
+        "controller.compression.algorithm=lz4",
     ] {
         let (ok, _, err) = helm(&["template", "rewind", CHART, "--set", bad]);
         assert!(!ok, "helm template accepted --set {bad}");
