@@ -15,8 +15,12 @@ demo:
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked -- demo $(DEMO_ARGS)
 
 # Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds
-# the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests.
+# the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
+# Helm, actionlint and hadolint (tests/install.rs and the chart's cluster test)
+# are built first so their cold build is not counted in a test's time.
 test:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
+	tools/helm/build.sh >/dev/null
+	tools/lint/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets

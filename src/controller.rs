@@ -12,6 +12,7 @@ use tracing::info;
 
 use crate::archived::ArgoDatabase;
 use crate::budget::{self, Budget, BudgetConfig};
+use crate::leader::{self, LeaderError, LeaseConfig, Role};
 use crate::metrics::Metrics;
 use crate::queue::{QueueConfig, WorkQueue};
 use crate::retry::{self, RetryConfig};
@@ -33,6 +34,21 @@ pub struct Options {
     pub http_addr: Option<SocketAddr>,
     /// Names this controller in Events (`reportingController`).
     pub reporter: String,
+    /// Work only while holding this lease; `None` works at once, alone.
+    pub leader_election: Option<LeaseConfig>,
+}
+
+/// Why the controller stopped other than by a requested shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("serving HTTP on {addr}: {source}")]
+    Http {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
 }
 
 impl Default for Options {
@@ -46,6 +62,7 @@ impl Default for Options {
             pod_gc: None,
             http_addr: None,
             reporter: "rewind".into(),
+            leader_election: None,
         }
     }
 }
@@ -56,12 +73,25 @@ pub struct Controller {
     budget: Budget,
     ctx: retry::Context,
     state: State,
+    /// The lease's own client: outside the budget (renewals never wait for
+    /// pod deletions) and with short timeouts (fencing, see `leader`).
+    lease_client: Option<kube::Client>,
 }
 
 impl Controller {
     /// Builds the budgeted client. Must be called inside a tokio runtime.
     pub fn new(config: kube::Config, options: Options) -> Result<Self, kube::Error> {
         let metrics = Arc::new(Metrics::default());
+        let lease_client = match &options.leader_election {
+            Some(lease) => {
+                let mut config = config.clone();
+                config.connect_timeout = Some(lease.request_timeout());
+                config.read_timeout = Some(lease.request_timeout());
+                config.write_timeout = Some(lease.request_timeout());
+                Some(kube::Client::try_from(config)?)
+            }
+            None => None,
+        };
         let budget = Budget::with_observer(&options.budget, metrics.clone());
         let client = budget::client(config, &budget)?;
         let reporter = Reporter {
@@ -82,6 +112,7 @@ impl Controller {
             budget,
             ctx,
             state: State::default(),
+            lease_client,
         })
     }
 
@@ -104,13 +135,86 @@ impl Controller {
     }
 
     /// Runs until `shutdown` is cancelled. Requests in progress stay pending
-    /// in their annotations and resume at the next start.
-    pub async fn run(self, shutdown: CancellationToken) -> std::io::Result<()> {
+    /// in their annotations and resume at the next start. With leader
+    /// election, it stands by (ready) until it holds the lease, works while it
+    /// holds it, releases it at shutdown, and returns an error as soon as it
+    /// can no longer renew it.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let role = match self.options.leader_election {
+            Some(_) => Role::standby(),
+            None => Role::leader(),
+        };
+        self.ctx.metrics.set_leader(!role.is_standby());
+        let server = match self.options.http_addr {
+            Some(addr) => {
+                let http = |source| RunError::Http { addr, source };
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(http)?;
+                info!(addr = %listener.local_addr().map_err(http)?, "serving /healthz, /readyz and /metrics");
+                let endpoints = crate::server::Endpoints {
+                    state: self.state.clone(),
+                    metrics: self.ctx.metrics.clone(),
+                    queue: self.ctx.queue.clone(),
+                    role: role.clone(),
+                };
+                Some((
+                    addr,
+                    tokio::spawn(crate::server::serve(listener, endpoints, shutdown.clone())),
+                ))
+            }
+            None => None,
+        };
+        let result = match (&self.options.leader_election, &self.lease_client) {
+            (Some(lease), Some(client)) => {
+                let (lease, client) = (lease.clone(), client.clone());
+                match leader::acquire(&client, &lease, &role, &shutdown).await {
+                    Ok(Some(leadership)) => {
+                        self.ctx.metrics.set_leader(true);
+                        // Work stops at shutdown or as soon as the lease
+                        // cannot be renewed; at shutdown the lease is
+                        // released once the work has stopped.
+                        let work = shutdown.child_token();
+                        let worked = CancellationToken::new();
+                        let (stop_working, until) = (work.clone(), worked.clone());
+                        let metrics = self.ctx.metrics.clone();
+                        let holding = tokio::spawn(async move {
+                            let held = leadership.hold(until).await;
+                            metrics.set_leader(false);
+                            stop_working.cancel();
+                            held
+                        });
+                        self.work(work).await;
+                        worked.cancel();
+                        holding.await.expect("holding the lease does not panic")
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => {
+                self.work(shutdown.clone()).await;
+                Ok(())
+            }
+        };
+        if let Some((addr, server)) = server {
+            // After a lost lease the caller has not asked to stop; the
+            // process ends, so stop serving too.
+            shutdown.cancel();
+            server
+                .await
+                .expect("the HTTP server does not panic")
+                .map_err(|source| RunError::Http { addr, source })?;
+        }
+        Ok(result?)
+    }
+
+    /// Watches and works until `shutdown` is cancelled.
+    async fn work(self, shutdown: CancellationToken) {
         let Controller {
             options,
             budget,
             ctx,
             state,
+            ..
         } = self;
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();
@@ -133,30 +237,9 @@ impl Controller {
                 shutdown.clone(),
             ));
         }
-        let server = match options.http_addr {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr).await?;
-                info!(addr = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
-                let endpoints = crate::server::Endpoints {
-                    state: state.clone(),
-                    metrics: ctx.metrics.clone(),
-                    queue: ctx.queue.clone(),
-                };
-                Some(tokio::spawn(crate::server::serve(
-                    listener,
-                    endpoints,
-                    shutdown.clone(),
-                )))
-            }
-            None => None,
-        };
         let queue = ctx.queue.clone();
         watch::run(ctx, options.scope, state, shutdown.clone()).await;
         queue.shutdown();
         while tasks.join_next().await.is_some() {}
-        if let Some(server) = server {
-            server.await.expect("the HTTP server does not panic")?;
-        }
-        Ok(())
     }
 }

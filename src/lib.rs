@@ -10,6 +10,7 @@ pub mod delete;
 pub mod follow;
 pub mod gc;
 pub mod hint;
+pub mod leader;
 pub mod metrics;
 pub mod offload;
 pub mod plan;

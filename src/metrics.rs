@@ -49,6 +49,7 @@ pub struct Metrics {
     in_flight: Gauge,
     pods_deleted: Counter,
     retry_duration: Family<ResultLabels, Histogram>,
+    leader: Gauge,
     /// Plain totals beside the families, which are costly to sum.
     requests_total: AtomicU64,
     mutating_total: AtomicU64,
@@ -121,8 +122,15 @@ impl Default for Metrics {
             "Seconds from picking up a retry request to its end, by result",
             retry_duration.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica works (holds the lease, or runs without leader election), 0 while it stands by",
+            leader.clone(),
+        );
         Metrics {
             registry,
+            leader,
             queue_depth,
             api_requests,
             token_wait,
@@ -170,6 +178,10 @@ impl Metrics {
             total: self.requests_total.load(Ordering::Relaxed),
             mutating: self.mutating_total.load(Ordering::Relaxed),
         }
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(leading.into());
     }
 
     pub fn pods_deleted(&self, n: usize) {
@@ -227,6 +239,7 @@ mod tests {
         m.paused(Bucket::Write, Duration::from_secs(1));
         m.observe_retry("succeeded", Duration::from_secs(3));
         m.pods_deleted(5);
+        m.set_leader(true);
         assert_eq!(
             m.api_requests(),
             RequestCounts {
@@ -252,6 +265,7 @@ mod tests {
             "rewind_pods_deleted_total 5",
             r#"rewind_retry_duration_seconds_count{result="succeeded"} 1"#,
             "rewind_api_requests_in_flight 0",
+            "rewind_leader 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

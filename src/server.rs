@@ -9,6 +9,7 @@ use axum::{
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::leader::Role;
 use crate::metrics::Metrics;
 use crate::watch::State;
 use crate::workers::Queue;
@@ -19,6 +20,7 @@ pub struct Endpoints {
     pub state: State,
     pub metrics: Arc<Metrics>,
     pub queue: Queue,
+    pub role: Role,
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` until `shutdown` is cancelled.
@@ -41,7 +43,10 @@ fn router(endpoints: Endpoints) -> Router {
 }
 
 async fn readyz(AxumState(e): AxumState<Endpoints>) -> (StatusCode, &'static str) {
-    if e.state.is_ready() {
+    // A standby is ready so rollouts proceed; it has no cache to sync.
+    if e.role.is_standby() {
+        (StatusCode::OK, "standby")
+    } else if e.state.is_ready() {
         (StatusCode::OK, "ok")
     } else {
         (

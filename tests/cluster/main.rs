@@ -12,6 +12,8 @@ mod budget;
 mod bulk;
 mod cli;
 mod idempotency;
+mod install;
+mod leader;
 mod lifecycle;
 // Argo's retry code as an oracle, shared with the planner's differential test.
 #[allow(dead_code)]
@@ -88,6 +90,10 @@ fn main() -> ExitCode {
         cli::piped_output_json_selector_and_no_wait,
         cli::without_a_controller_retry_says_so_and_how_to_check,
         cli::ctrl_c_stops_following_and_leaves_the_request,
+        leader::a_killed_leader_is_replaced_and_the_retry_resets_exactly_once,
+        leader::a_graceful_stop_releases_the_lease_at_once,
+        leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
+        install::the_chart_installs_and_its_service_account_serves_a_users_retry,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

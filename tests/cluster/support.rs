@@ -55,7 +55,7 @@ pub mod controller {
     /// A controller running in this process with the controller's credentials.
     pub struct Running {
         shutdown: CancellationToken,
-        task: JoinHandle<std::io::Result<()>>,
+        task: JoinHandle<Result<(), rewind::controller::RunError>>,
     }
 
     /// Starts a controller serving `namespace` only, and waits until its cache has synced.

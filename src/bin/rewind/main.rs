@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use rewind::budget::{BudgetConfig, Rate};
 use rewind::controller::{Controller, Options};
+use rewind::leader::LeaseConfig;
 use rewind::plan::compress::{
     Algorithm, Compression, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
 };
@@ -88,6 +89,44 @@ struct ControllerArgs {
     argo_configmap: String,
     #[command(flatten)]
     tuning: Tuning,
+    #[command(flatten)]
+    leader: LeaderArgs,
+}
+
+/// Leader election, for running several replicas.
+#[derive(clap::Args)]
+struct LeaderArgs {
+    /// Work only while holding a coordination.k8s.io Lease; stand by (ready) otherwise.
+    #[arg(long, env = "REWIND_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, default_value = "rewind", env = "REWIND_LEASE_NAME")]
+    lease_name: String,
+    /// Namespace of the Lease (the chart passes its own namespace).
+    #[arg(long, default_value = "default", env = "REWIND_LEASE_NAMESPACE")]
+    lease_namespace: String,
+    /// A standby takes over this long after the leader's last renewal (e.g. 15s).
+    #[arg(long, default_value = "15s", value_parser = parse_duration, env = "REWIND_LEASE_DURATION")]
+    lease_duration: Duration,
+    /// This replica's name in the Lease; a random one when omitted.
+    #[arg(long, env = "POD_NAME")]
+    lease_identity: Option<String>,
+}
+
+impl LeaderArgs {
+    fn lease(self) -> Option<LeaseConfig> {
+        self.leader_elect.then(|| LeaseConfig {
+            name: self.lease_name,
+            namespace: self.lease_namespace,
+            identity: self.lease_identity.unwrap_or_else(|| {
+                let suffix: String = std::iter::repeat_with(fastrand::lowercase)
+                    .take(8)
+                    .collect();
+                format!("rewind-{suffix}")
+            }),
+            duration: self.lease_duration,
+        })
+    }
 }
 
 /// Budget and behaviour, shared by `controller` and `demo`.
@@ -285,20 +324,18 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         namespaces: args.namespaces,
         instance_id: args.instance_id,
     };
-    let mut controller = Controller::new(
-        config.clone(),
-        args.tuning.options(scope, Some(args.http_addr)),
-    )
-    .context("building the Kubernetes client")?;
+    let options = Options {
+        leader_election: args.leader.lease(),
+        ..args.tuning.options(scope, Some(args.http_addr))
+    };
+    let mut controller =
+        Controller::new(config.clone(), options).context("building the Kubernetes client")?;
     if let Some(database) = argo_database(config, &args.argo_configmap).await? {
         controller = controller.with_database(database);
     }
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    controller
-        .run(shutdown)
-        .await
-        .with_context(|| format!("serving HTTP on {}", args.http_addr))?;
+    controller.run(shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

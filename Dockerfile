@@ -1,0 +1,14 @@
+# The controller image: a release build without the test machinery
+# (--no-default-features leaves out rewind::testenv), on a distroless base
+# that runs as the non-root user 65532.
+FROM rust:1.89-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --no-default-features --bin rewind
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/rewind /usr/local/bin/rewind
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/rewind"]
+CMD ["controller"]

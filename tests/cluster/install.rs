@@ -1,0 +1,368 @@
+//! The Helm chart installed for real: `helm install` on the local control plane, then the
+//! `rewind` binary run with the installed Deployment's arguments and environment, signed in as
+//! the chart's ServiceAccount (a TokenRequest token), serves a retry that a user bound only to
+//! `rewind-retry` asked for. That user may not list or delete pods; the ServiceAccount may not
+//! delete a ConfigMap.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use rewind::request::{RetryPhase, annotations};
+use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::{Workflow, labels};
+use tokio::process::Command;
+
+use crate::support::controller as ctl;
+
+const RELEASE: &str = "rewind";
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/rewind");
+
+pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let work = tempfile::tempdir()?;
+    // Scoped to the test's namespace: the cluster is shared with the other tests.
+    helm(
+        &cluster,
+        work.path(),
+        &[
+            "install",
+            RELEASE,
+            CHART,
+            "--namespace",
+            &namespace,
+            "--set",
+            &format!("controller.namespaces={{{namespace}}}"),
+        ],
+    )
+    .await?;
+
+    let deployment = Api::<Deployment>::namespaced(admin.clone(), &namespace)
+        .get(RELEASE)
+        .await
+        .context("the chart's Deployment")?;
+    let pod = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("the Deployment has no pod spec")?;
+    let sa_name = pod
+        .service_account_name
+        .clone()
+        .context("the Deployment names no ServiceAccount")?;
+    let container = pod.containers.into_iter().next().context("no container")?;
+    let pod_name = "rewind-0";
+    // The installed arguments, except that tests listen on loopback only.
+    let args: Vec<String> = container
+        .args
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--http-addr=") {
+                "--http-addr=127.0.0.1:0".to_owned()
+            } else {
+                a
+            }
+        })
+        .collect();
+    ensure!(
+        args.contains(&format!("--namespace={namespace}")),
+        "the Deployment does not scope the controller to {namespace}: {args:?}"
+    );
+    let mut env = Vec::new();
+    for var in container.env.unwrap_or_default() {
+        let value = match (var.value, var.value_from.and_then(|v| v.field_ref)) {
+            (Some(value), _) => value,
+            (None, Some(field)) => match field.field_path.as_str() {
+                "metadata.name" => pod_name.to_owned(),
+                "metadata.namespace" => namespace.clone(),
+                other => bail!(
+                    "env {} refers to {other}, which this test cannot stand in for",
+                    var.name
+                ),
+            },
+            (None, None) => String::new(),
+        };
+        env.push((var.name, value));
+    }
+
+    let sa_kubeconfig = kubeconfig_for(&cluster, &namespace, &sa_name, work.path()).await?;
+    let user_kubeconfig = {
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
+        let alice = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some("alice".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        sas.create(&PostParams::default(), &alice).await?;
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some("alice-rewind-retry".into()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: "rewind-retry".into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: "alice".into(),
+                namespace: Some(namespace.clone()),
+                api_group: None,
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
+            .create(&PostParams::default(), &binding)
+            .await?;
+        kubeconfig_for(&cluster, &namespace, "alice", work.path()).await?
+    };
+    let alice = client(&user_kubeconfig).await?;
+    let controller = client(&sa_kubeconfig).await?;
+
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 12,
+        succeeded: 3,
+    };
+    let created = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+
+    let log = work.path().join("controller.log");
+    let out = std::fs::File::create(&log)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args(&args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("KUBECONFIG", &sa_kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the rewind binary")?;
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // alice starts the retry with the annotation, the only thing she may do to a workflow.
+    let from =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(1);
+    let token = "retry-by-alice";
+    let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+    Api::<Workflow>::namespaced(alice.clone(), &namespace)
+        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("alice (rewind-retry) annotating a workflow")?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await;
+    let to = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(1);
+    if let Some(exit) = child.try_wait()? {
+        bail!("the controller exited ({exit}):\n{}", read_log());
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    let (after, status) =
+        finished.with_context(|| format!("the controller's log:\n{}", read_log()))?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the retry ended {status:?}:\n{}",
+        read_log()
+    );
+    ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
+    let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+    let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
+    let expected: BTreeSet<String> = pods_before.difference(&planned).cloned().collect();
+    ensure!(
+        pods_after == expected,
+        "pods left {pods_after:?}, expected {expected:?}"
+    );
+    let log_text = read_log();
+    ensure!(
+        log_text.contains("acquired the lease"),
+        "the controller never led (the chart turns leader election on):\n{log_text}"
+    );
+
+    // alice may also ask with a WorkflowRetry (the chart installed its CRD).
+    let retries: Api<DynamicObject> = Api::namespaced_with(
+        alice.clone(),
+        &namespace,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "rewind.dev",
+            "v1alpha1",
+            "WorkflowRetry",
+        )),
+    );
+    let request: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rewind.dev/v1alpha1",
+        "kind": "WorkflowRetry",
+        "metadata": {"name": "by-alice"},
+        "spec": {"workflowName": dag.name},
+    }))?;
+    retries
+        .create(&PostParams::default(), &request)
+        .await
+        .context("alice (rewind-retry) creating a WorkflowRetry")?;
+    retries
+        .get("by-alice")
+        .await
+        .context("alice reading her WorkflowRetry")?;
+    forbidden(
+        retries
+            .delete("by-alice", &DeleteParams::default())
+            .await
+            .map(drop),
+        "alice deleting a WorkflowRetry",
+    )?;
+
+    // alice may not touch pods.
+    let alice_pods: Api<Pod> = Api::namespaced(alice, &namespace);
+    forbidden(
+        alice_pods.list(&ListParams::default()).await.map(drop),
+        "alice listing pods",
+    )?;
+    let some_pod = pods_after
+        .iter()
+        .next()
+        .context("no pod left to try deleting")?;
+    forbidden(
+        alice_pods
+            .delete(some_pod, &DeleteParams::default())
+            .await
+            .map(drop),
+        "alice deleting a pod",
+    )?;
+    // The controller may not touch what its rules do not name.
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin, &namespace);
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("precious".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    configmaps.create(&PostParams::default(), &cm).await?;
+    forbidden(
+        Api::<ConfigMap>::namespaced(controller, &namespace)
+            .delete("precious", &DeleteParams::default())
+            .await
+            .map(drop),
+        "the controller's ServiceAccount deleting a ConfigMap",
+    )?;
+    configmaps
+        .get("precious")
+        .await
+        .context("the ConfigMap is gone")?;
+
+    helm(
+        &cluster,
+        work.path(),
+        &["uninstall", RELEASE, "--namespace", &namespace],
+    )
+    .await?;
+    Ok(())
+}
+
+fn forbidden(result: Result<(), kube::Error>, what: &str) -> anyhow::Result<()> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
+        Err(other) => bail!("{what}: expected 403 Forbidden, got {other}"),
+        Ok(()) => bail!("{what} was allowed; it must be forbidden"),
+    }
+}
+
+/// A kubeconfig for the cluster signed in as ServiceAccount `name` with a TokenRequest token.
+async fn kubeconfig_for(
+    cluster: &LocalCluster,
+    namespace: &str,
+    name: &str,
+    dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let sas: Api<ServiceAccount> = Api::namespaced(cluster.admin_client(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("a TokenRequest for ServiceAccount {namespace}/{name}"))?
+        .status
+        .context("the TokenRequest has no status")?
+        .token;
+    let mut config = Kubeconfig::read_from(cluster.kubeconfig_path(Role::Controller))?;
+    for auth in &mut config.auth_infos {
+        auth.auth_info = Some(AuthInfo {
+            token: Some(token.clone().into()),
+            ..Default::default()
+        });
+    }
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+    Ok(path)
+}
+
+async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let config = Kubeconfig::read_from(kubeconfig)?;
+    let config =
+        kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Runs the Helm CLI built by tools/helm/build.sh against the cluster as its admin.
+async fn helm(cluster: &LocalCluster, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let build = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/helm/build.sh");
+    let out = Command::new(build)
+        .output()
+        .await
+        .context("running tools/helm/build.sh")?;
+    ensure!(
+        out.status.success(),
+        "tools/helm/build.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let helm = PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("helm");
+    let out = Command::new(&helm)
+        .args(args)
+        .env("KUBECONFIG", cluster.kubeconfig_path(Role::Admin))
+        .env("HELM_CACHE_HOME", dir.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", dir.join("helm/config"))
+        .env("HELM_DATA_HOME", dir.join("helm/data"))
+        .output()
+        .await
+        .context("running helm")?;
+    ensure!(
+        out.status.success(),
+        "helm {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
