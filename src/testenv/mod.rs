@@ -1,7 +1,9 @@
 //! Machinery for tests, the demo and benchmarks only: a real local control
-//! plane built from Go modules ([`localcluster`]) and generators of failed Argo
+//! plane built from Go modules ([`localcluster`]), Argo's own workflow-controller
+//! ([`argo`]) and generators of failed Argo
 //! workloads ([`workload`]). Behind the `testenv` feature, so a reader (or a
 //! build) of the controller never wades through it.
 
+pub mod argo;
 pub mod localcluster;
 pub mod workload;
