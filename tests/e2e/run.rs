@@ -81,6 +81,8 @@ pub struct Side {
 pub struct PodSeen {
     pub uid: String,
     pub phase: String,
+    /// The Argo node it runs.
+    pub node: String,
 }
 
 /// Both sides of a scenario.
@@ -352,6 +354,13 @@ async fn pods_of(pods: &Api<Pod>, workflow: &str) -> anyhow::Result<BTreeMap<Str
                     .as_ref()
                     .and_then(|s| s.phase.clone())
                     .unwrap_or_default(),
+                node: pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::NODE_NAME))
+                    .cloned()
+                    .unwrap_or_default(),
             };
             (pod.metadata.name.unwrap_or_default(), seen)
         })
@@ -427,7 +436,10 @@ fn normalized(wf: &Workflow) -> anyhow::Result<Value> {
             meta.remove(key);
         }
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            annotations.retain(|k, _| !k.starts_with("rewind.dev/"));
+            // Argo's controller gives every workflow its own trace ID.
+            annotations.retain(|k, _| {
+                !k.starts_with("rewind.dev/") && k != "workflows.argoproj.io/trace-id"
+            });
             if annotations.is_empty() {
                 meta.remove("annotations");
             }
