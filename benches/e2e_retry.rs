@@ -166,7 +166,10 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     tokio::runtime::Runtime::new()?.block_on(bench(args))

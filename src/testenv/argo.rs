@@ -482,6 +482,7 @@ async fn drive(pods: Api<Pod>, fail_first: FailFirst) {
             "Succeeded"
         };
         let name = meta.name.clone().unwrap_or_default();
+        tracing::debug!(pod = %name, %workflow, %node, first, outcome, "pod outcome");
         let pods = pods.clone();
         // Concurrent, so a burst of new pods is not served one round trip at a time.
         tokio::spawn(async move {

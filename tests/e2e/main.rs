@@ -180,6 +180,17 @@ async fn check(
             );
         }
     }
+    for parameter in &scenario.retry.parameters {
+        let (name, value) = parameter.split_once('=').expect("name=value");
+        let arguments = serde_json::to_value(&outcome.rewind.workflow.spec)?["arguments"].clone();
+        let set = arguments["parameters"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["name"] == name && p["value"] == value));
+        ensure!(
+            set,
+            "rewind's retry did not set parameter {parameter}: {arguments}"
+        );
+    }
     let (rewind, argo) = (outcome.rewind.fates(), outcome.argo.fates());
     ensure!(
         rewind == argo,

@@ -157,6 +157,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     )
     .await?;
     let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), &namespace);
+    wait_settled(&pods, &scenario.name, scenario.timeout).await?;
     let before = pods_of(&pods, &scenario.name).await?;
 
     let (reset_took, retry_took) = match via {
@@ -336,6 +337,36 @@ async fn wait_phase(
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until Argo's controller has labelled every pod of the workflow completed.
+///
+/// Its pod-cleanup queue is keyed by pod name and rate limited (10/s after a burst of 100),
+/// so a label queued for a failed pod can land seconds later on the new pod of the same
+/// name that a fast retry made Argo create: that pod then drops out of Argo's pod informer
+/// and its node stays Pending forever (seen here with 100 pods). A retry of a settled
+/// workflow does not race with that queue.
+async fn wait_settled(pods: &Api<Pod>, workflow: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let selector = format!(
+        "{}={workflow},{}!=true",
+        labels::WORKFLOW,
+        labels::COMPLETED
+    );
+    loop {
+        let left = pods.list(&ListParams::default().labels(&selector)).await?;
+        if left.items.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} pods of workflow {workflow} are still not labelled {}=true after {timeout:?}",
+                left.items.len(),
+                labels::COMPLETED
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
