@@ -101,11 +101,9 @@ pub async fn run(
     sequential: bool,
 ) -> anyhow::Result<Outcome> {
     let (rewind, argo) = if sequential {
-        let rewind = side(cluster, scenario, Via::Rewind(budgets)).await;
-        (
-            rewind,
-            side(cluster, scenario, Via::Argo(peer, budgets)).await,
-        )
+        // Argo's side first, so rewind's is not the one that runs on a fresh cluster.
+        let argo = side(cluster, scenario, Via::Argo(peer, budgets)).await;
+        (side(cluster, scenario, Via::Rewind(budgets)).await, argo)
     } else {
         tokio::join!(
             side(cluster, scenario, Via::Rewind(budgets)),
