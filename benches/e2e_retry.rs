@@ -93,6 +93,8 @@ spec:
             .collect(),
         retry: Retry::default(),
         timeout: Duration::from_secs(3600),
+        argo_version: rewind::plan::ArgoVersion::V4,
+        instance_id: None,
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event, watcher};
@@ -165,6 +165,10 @@ pub struct Options {
     /// The controller's client budget (`--qps`, `--burst`); Argo's defaults are 20/30.
     pub qps: u32,
     pub burst: u32,
+    /// Argo's `instanceID`: serve only workflows labelled
+    /// `workflows.argoproj.io/controller-instanceid` with it (`None`: only unlabelled ones),
+    /// so controllers of two versions can share a cluster.
+    pub instance_id: Option<String>,
 }
 
 impl Default for Options {
@@ -174,6 +178,7 @@ impl Default for Options {
             managed_namespace: None,
             qps: 20,
             burst: 30,
+            instance_id: None,
         }
     }
 }
@@ -196,7 +201,7 @@ impl ArgoController {
         .expect("the build thread does not panic")?;
         let crd_dir = binary.with_file_name("crds");
         install_crds(&cluster.admin_client(), &crd_dir).await?;
-        install_config(cluster).await?;
+        let configmap = install_config(cluster, options.instance_id.as_deref()).await?;
 
         let dir = tempfile::Builder::new()
             .prefix("rewind-argo-")
@@ -213,7 +218,7 @@ impl ArgoController {
             .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path(Role::Admin))
             .args(["--namespace", CONTROLLER_NAMESPACE])
-            .args(["--configmap", CONFIGMAP])
+            .args(["--configmap", &configmap])
             .args(["--executor-image", options.version.executor_image()])
             .args(["--qps", &options.qps.to_string()])
             .args(["--burst", &options.burst.to_string()])
@@ -390,34 +395,54 @@ async fn install_crds(client: &kube::Client, dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// The controller's namespace and ConfigMap: metrics off (their port is fixed), nothing else.
-async fn install_config(cluster: &LocalCluster) -> Result<(), Error> {
+/// The controller's namespace and ConfigMap (one per instance ID): metrics off (their port
+/// is fixed), the instance ID, nothing else. Returns the ConfigMap's name.
+async fn install_config(
+    cluster: &LocalCluster,
+    instance_id: Option<&str>,
+) -> Result<String, Error> {
+    let name = match instance_id {
+        Some(id) => format!("{CONFIGMAP}-{id}"),
+        None => CONFIGMAP.to_owned(),
+    };
     let configmaps: Api<ConfigMap> = Api::namespaced(cluster.admin_client(), CONTROLLER_NAMESPACE);
     if configmaps
-        .get_opt(CONFIGMAP)
+        .get_opt(&name)
         .await
         .map_err(kube_err("reading Argo's ConfigMap"))?
         .is_some()
     {
-        return Ok(());
+        return Ok(name);
     }
-    cluster.create_namespace(CONTROLLER_NAMESPACE).await?;
-    let config = "metricsConfig:\n  enabled: false\ntelemetryConfig:\n  enabled: false\n";
+    let namespaces: Api<Namespace> = Api::all(cluster.admin_client());
+    if namespaces
+        .get_opt(CONTROLLER_NAMESPACE)
+        .await
+        .map_err(kube_err("reading Argo's namespace"))?
+        .is_none()
+    {
+        cluster.create_namespace(CONTROLLER_NAMESPACE).await?;
+    }
+    let mut config =
+        "metricsConfig:\n  enabled: false\ntelemetryConfig:\n  enabled: false\n".to_owned();
+    if let Some(id) = instance_id {
+        config.push_str(&format!("instanceID: {id}\n"));
+    }
     let configmap = ConfigMap {
         metadata: ObjectMeta {
-            name: Some(CONFIGMAP.to_owned()),
+            name: Some(name.clone()),
             ..Default::default()
         },
-        data: Some([("config".to_owned(), config.to_owned())].into()),
+        data: Some([("config".to_owned(), config)].into()),
         ..Default::default()
     };
     configmaps
         .create(&PostParams::default(), &configmap)
         .await
         .map_err(kube_err(format!(
-            "creating ConfigMap {CONTROLLER_NAMESPACE}/{CONFIGMAP}"
+            "creating ConfigMap {CONTROLLER_NAMESPACE}/{name}"
         )))?;
-    Ok(())
+    Ok(name)
 }
 
 /// Decides how Argo's pods in a namespace end: the first pod of each node for which the

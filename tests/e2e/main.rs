@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use anyhow::ensure;
 use libtest_mimic::{Arguments, Failed, Trial};
+use rewind::plan::ArgoVersion;
 use rewind::testenv::argo::{self, ArgoController};
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::workflow::Workflow;
@@ -43,7 +44,25 @@ fn workflow(body: &str) -> Workflow {
     serde_yaml_ng::from_str(&yaml).expect("a valid workflow")
 }
 
+/// The v4 scenarios, then the DAG with retryStrategy again under Argo v3.7.6 (its own
+/// controller, instance ID `v3`; rewind with v3.7 rules; v3.7.6's RetryWorkflow).
 fn scenarios() -> Vec<Scenario> {
+    let mut all = v4_scenarios();
+    let mut v3 = all
+        .iter()
+        .find(|s| s.name == "dag-retry-strategy")
+        .expect("the DAG scenario")
+        .clone();
+    v3.name = "dag-retry-strategy-v3".into();
+    v3.argo_version = ArgoVersion::V3_7;
+    v3.instance_id = Some(V3_INSTANCE.into());
+    all.push(v3);
+    all
+}
+
+const V3_INSTANCE: &str = "v3";
+
+fn v4_scenarios() -> Vec<Scenario> {
     let timeout = Duration::from_secs(120);
     vec![
         Scenario {
@@ -65,6 +84,8 @@ fn scenarios() -> Vec<Scenario> {
             fails: vec!["[0].b".into()],
             retry: Retry::default(),
             timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
         },
         Scenario {
             name: "dag-retry-strategy".into(),
@@ -91,6 +112,8 @@ fn scenarios() -> Vec<Scenario> {
             fails: vec![".b(0)".into(), ".b(1)".into(), ".c".into()],
             retry: Retry::default(),
             timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
         },
         Scenario {
             name: "dag-on-exit".into(),
@@ -115,6 +138,8 @@ fn scenarios() -> Vec<Scenario> {
             fails: vec![".b".into()],
             retry: Retry::default(),
             timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
         },
         Scenario {
             name: "selector-parameters".into(),
@@ -140,6 +165,8 @@ fn scenarios() -> Vec<Scenario> {
                 parameters: vec!["msg=bye".into()],
             },
             timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
         },
     ]
 }
@@ -216,21 +243,46 @@ async fn check(
 struct Env {
     cluster: LocalCluster,
     argo: ArgoController,
+    argo_v3: ArgoController,
     peer: PathBuf,
+    peer_v3: PathBuf,
+}
+
+impl Env {
+    fn peer(&self, version: ArgoVersion) -> &std::path::Path {
+        match version {
+            ArgoVersion::V4 => &self.peer,
+            ArgoVersion::V3_7 => &self.peer_v3,
+        }
+    }
 }
 
 async fn start() -> anyhow::Result<Env> {
-    let peer = tokio::task::spawn_blocking(|| argo::binary("peer")).await??;
+    let (peer, peer_v3) = tokio::task::spawn_blocking(|| {
+        anyhow::Ok((argo::binary("peer")?, argo::binary("peer-v3")?))
+    })
+    .await??;
     let cluster = LocalCluster::start(Options {
         scheduling: true,
         ..Options::default()
     })
     .await?;
     let argo = ArgoController::start(&cluster, &argo::Options::default()).await?;
+    let argo_v3 = ArgoController::start(
+        &cluster,
+        &argo::Options {
+            version: argo::Version::V3,
+            instance_id: Some(V3_INSTANCE.into()),
+            ..argo::Options::default()
+        },
+    )
+    .await?;
     Ok(Env {
         cluster,
         argo,
+        argo_v3,
         peer,
+        peer_v3,
     })
 }
 
@@ -275,20 +327,32 @@ fn main() -> ExitCode {
                 let env =
                     env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
                 handle
-                    .block_on(check(&env.cluster, &env.peer, scenario))
+                    .block_on(check(
+                        &env.cluster,
+                        env.peer(scenario.argo_version),
+                        scenario,
+                    ))
                     .map_err(|error| Failed::from(format!("{error:#}")))
             })
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     if let Some(env) = env {
-        let Ok(Env { cluster, argo, .. }) = Arc::try_unwrap(env) else {
+        let Ok(Env {
+            cluster,
+            argo,
+            argo_v3,
+            ..
+        }) = Arc::try_unwrap(env)
+        else {
             eprintln!("error: a test kept the environment alive");
             return ExitCode::FAILURE;
         };
-        if let Err(error) = runtime.block_on(argo.stop()) {
-            eprintln!("error: Argo's workflow-controller: {error}");
-            return ExitCode::FAILURE;
+        for controller in [argo, argo_v3] {
+            if let Err(error) = runtime.block_on(controller.stop()) {
+                eprintln!("error: Argo's workflow-controller: {error}");
+                return ExitCode::FAILURE;
+            }
         }
         if let Err(error) = runtime.block_on(cluster.stop()) {
             eprintln!("error: stopping the local control plane: {error}");

@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rewind::controller::{Controller, Options};
+use rewind::plan::ArgoVersion;
 use rewind::request::annotations;
 use rewind::testenv::argo::Outcomes;
 use rewind::testenv::localcluster::{LocalCluster, Role};
@@ -40,6 +41,10 @@ pub struct Scenario {
     pub retry: Retry,
     /// How long each of: the first run, a retry to Succeeded.
     pub timeout: Duration,
+    /// Which Argo line runs it (rewind's rules, the peer's version) ...
+    pub argo_version: ArgoVersion,
+    /// ... and which of the cluster's Argo controllers (Argo's `instanceID`).
+    pub instance_id: Option<String>,
 }
 
 /// The budgets each side retries with.
@@ -143,6 +148,13 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     let mut workflow = scenario.workflow.clone();
     workflow.metadata.name = Some(scenario.name.clone());
     workflow.metadata.namespace = Some(namespace.clone());
+    if let Some(id) = &scenario.instance_id {
+        workflow
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(labels::CONTROLLER_INSTANCE_ID.into(), id.clone());
+    }
     workflows
         .create(&PostParams::default(), &workflow)
         .await
@@ -160,7 +172,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
 
     let (reset_took, retry_took) = match via {
         Via::Rewind(budgets) => {
-            let controller = start_rewind(cluster, &namespace, budgets).await?;
+            let controller = start_rewind(cluster, &namespace, scenario, budgets).await?;
             let started = Instant::now();
             request_rewind(&workflows, &scenario.name, &scenario.retry).await?;
             let took = until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await;
@@ -171,7 +183,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
             let started = Instant::now();
             let name = &scenario.name;
             let (retried, took) = tokio::join!(
-                retry_argo(cluster, peer, &namespace, name, &scenario.retry, budgets),
+                retry_argo(cluster, peer, &namespace, scenario, budgets),
                 until_succeeded(&workflows, name, started, scenario.timeout)
             );
             retried?;
@@ -222,14 +234,16 @@ impl Running {
 async fn start_rewind(
     cluster: &LocalCluster,
     namespace: &str,
+    scenario: &Scenario,
     budgets: Budgets,
 ) -> anyhow::Result<Running> {
     let mut options = Options::default();
     options.budget.writes = rewind::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
         .context("a non-zero rewind budget")?;
+    options.retry.argo_version = scenario.argo_version;
     options.scope = Scope {
         namespaces: vec![namespace.to_owned()],
-        instance_id: None,
+        instance_id: scenario.instance_id.clone(),
     };
     let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
     let state = controller.state();
@@ -278,16 +292,16 @@ async fn retry_argo(
     cluster: &LocalCluster,
     peer: &Path,
     namespace: &str,
-    name: &str,
-    retry: &Retry,
+    scenario: &Scenario,
     budgets: Budgets,
 ) -> anyhow::Result<()> {
+    let (name, retry) = (&scenario.name, &scenario.retry);
     let mut command = tokio::process::Command::new(peer);
     command
         .arg("retry")
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path(Role::Admin))
-        .args(["--namespace", namespace, "--name", name])
+        .args(["--namespace", namespace, "--name", name.as_str()])
         .args(["--qps", &budgets.argo_qps.to_string()])
         .args(["--burst", &budgets.argo_burst.to_string()])
         .kill_on_drop(true);
@@ -299,6 +313,10 @@ async fn retry_argo(
     }
     for parameter in &retry.parameters {
         command.args(["--parameter", parameter]);
+    }
+    // Only tools/peer/v3 takes it (v4's serves unlabelled workflows only).
+    if let Some(id) = &scenario.instance_id {
+        command.args(["--instance-id", id]);
     }
     let output = command
         .output()

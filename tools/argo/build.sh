@@ -2,7 +2,7 @@
 # Builds Argo's workflow-controller (for the end-to-end tests) and the "peer"
 # (Argo's own retry code, tools/peer) from Go modules, once per pin.
 #
-# Usage: build.sh [v4|v3|peer]...   (default: v4 v3 peer)
+# Usage: build.sh [v4|v3|peer|peer-v3]...   (default: all four)
 # Prints one binary path per requested name, in the order asked. A controller's
 # directory also holds its version's CRDs (crds/, from manifests/base/crds/minimal).
 #
@@ -50,12 +50,13 @@ build() {
   echo "$dir/$bin"
 }
 
-[ $# -gt 0 ] || set -- v4 v3 peer
+[ $# -gt 0 ] || set -- v4 v3 peer peer-v3
 for what in "$@"; do
   case $what in
     v4) build workflow-controller "$here/v4" workflow-controller github.com/argoproj/argo-workflows/v4/cmd/workflow-controller ;;
     v3) build workflow-controller "$here/v3" workflow-controller github.com/argoproj/argo-workflows/v3/cmd/workflow-controller ;;
     peer) build peer "$here/../peer" peer . ;;
-    *) log "unknown target '$what' (want v4, v3 or peer)"; exit 2 ;;
+    peer-v3) build peer "$here/../peer/v3" peer . ;;
+    *) log "unknown target '$what' (want v4, v3, peer or peer-v3)"; exit 2 ;;
   esac
 done
