@@ -15,5 +15,5 @@ demo:
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked -- demo $(DEMO_ARGS)
 
 test:
-	tools/argo/build.sh v4 peer >/dev/null
+	tools/argo/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets
