@@ -23,4 +23,5 @@ test:
 	tools/argodb/build.sh >/dev/null
 	tools/helm/build.sh >/dev/null
 	tools/lint/build.sh >/dev/null
+	tools/argo/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets

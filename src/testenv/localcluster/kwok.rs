@@ -70,6 +70,8 @@ mod tests {
             "pod-ready",
             "pod-complete",
             "pod-delete",
+            "pod-outcome-succeeded",
+            "pod-outcome-failed",
         ] {
             assert!(
                 STAGES.contains(&format!("name: {stage}\n")),

@@ -1,0 +1,178 @@
+//! The large end-to-end run, a benchmark rather than a test: a DAG fanning out to `--pods`
+//! pods (every other one failing on the first run) under Argo's own workflow-controller,
+//! retried once by rewind and once by Argo's retry code (tools/peer, the Argo Server's
+//! RetryWorkflow), one after the other on the same control plane. Prints, per side, the time
+//! from the retry request to the reset workflow written and to the workflow Succeeded.
+//!
+//!     cargo bench --bench e2e_retry -- --pods 2000
+//!
+//! Options: --pods N (2000), --rewind-qps/--rewind-burst (20/30, rewind's default write
+//! budget), --argo-qps/--argo-burst (20/30 as the Argo Server; 5/10 as `argo retry` in kube
+//! mode), --controller-qps/--controller-burst (Argo's workflow-controller, 20/30 as Argo
+//! ships it; it recreates the reset pods on both sides alike).
+
+#[path = "../tests/e2e/run.rs"]
+mod run;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::localcluster::{LocalCluster, Options};
+use rewind::workflow::Workflow;
+
+use run::{Budgets, Retry, Scenario};
+
+struct Args {
+    pods: usize,
+    budgets: Budgets,
+    controller_qps: u32,
+    controller_burst: u32,
+}
+
+fn parse() -> anyhow::Result<Option<Args>> {
+    let mut args = Args {
+        pods: 2000,
+        budgets: Budgets::default(),
+        controller_qps: 20,
+        controller_burst: 30,
+    };
+    let mut benching = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || -> anyhow::Result<u32> {
+            it.next()
+                .with_context(|| format!("{flag} needs a value"))?
+                .parse()
+                .with_context(|| format!("{flag} takes a number"))
+        };
+        match flag.as_str() {
+            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
+            "--bench" => benching = true,
+            "--pods" => args.pods = value()? as usize,
+            "--rewind-qps" => args.budgets.rewind_qps = value()?,
+            "--rewind-burst" => args.budgets.rewind_burst = value()?,
+            "--argo-qps" => args.budgets.argo_qps = value()?,
+            "--argo-burst" => args.budgets.argo_burst = value()?,
+            "--controller-qps" => args.controller_qps = value()?,
+            "--controller-burst" => args.controller_burst = value()?,
+            other => anyhow::bail!("unknown option {other}"),
+        }
+    }
+    Ok(benching.then_some(args))
+}
+
+fn scenario(pods: usize) -> Scenario {
+    let yaml = format!(
+        r#"apiVersion: argoproj.io/v1alpha1
+kind: Workflow
+metadata:
+  name: placeholder
+spec:
+  entrypoint: main
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - name: fan
+        template: work
+        withSequence: {{count: "{pods}"}}
+  - name: work
+    container:
+      image: busybox
+      command: ["true"]
+"#
+    );
+    let workflow: Workflow = serde_yaml_ng::from_str(&yaml).expect("a valid workflow");
+    Scenario {
+        name: "large".into(),
+        workflow,
+        fails: (0..pods)
+            .step_by(2)
+            .map(|i| format!(".fan({i}:{i})"))
+            .collect(),
+        retry: Retry::default(),
+        timeout: Duration::from_secs(3600),
+        argo_version: rewind::plan::ArgoVersion::V4,
+        instance_id: None,
+    }
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let peer = tokio::task::spawn_blocking(|| argo::binary("peer")).await??;
+    let cluster = LocalCluster::start(Options {
+        scheduling: true,
+        ..Options::default()
+    })
+    .await?;
+    let controller = ArgoController::start(
+        &cluster,
+        &argo::Options {
+            qps: args.controller_qps,
+            burst: args.controller_burst,
+            ..argo::Options::default()
+        },
+    )
+    .await?;
+    let scenario = scenario(args.pods);
+    let outcome = run::run(&cluster, &peer, &scenario, args.budgets, true).await;
+    controller.stop().await?;
+    cluster.stop().await?;
+    let outcome = outcome?;
+    let b = args.budgets;
+    println!(
+        "{} pods ({} failed); Argo workflow-controller {}/{}",
+        outcome.rewind.before.len(),
+        outcome.rewind.before_in("Failed").len(),
+        args.controller_qps,
+        args.controller_burst
+    );
+    println!(
+        "| retried by | budget (qps/burst) | pods replaced | request → reset written | request → Succeeded |"
+    );
+    println!("|---|---|---|---|---|");
+    for (who, qps, burst, side) in [
+        ("rewind", b.rewind_qps, b.rewind_burst, &outcome.rewind),
+        (
+            "Argo RetryWorkflow",
+            b.argo_qps,
+            b.argo_burst,
+            &outcome.argo,
+        ),
+    ] {
+        println!(
+            "| {who} (namespace {}) | {qps}/{burst} | {} | {:.1} s | {:.1} s |",
+            side.namespace,
+            side.fates().replaced.len(),
+            side.reset_took.as_secs_f64(),
+            side.retry_took.as_secs_f64()
+        );
+    }
+    let (rewind, argo) = (outcome.rewind.fates(), outcome.argo.fates());
+    ensure!(
+        rewind == argo,
+        "rewind and Argo's retry replaced different pods"
+    );
+    let differences = run::differences(&outcome.rewind.workflow, &outcome.argo.workflow)?;
+    ensure!(
+        differences.is_empty(),
+        "the final workflows differ:\n{}",
+        differences.join("\n")
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(args) = parse()? else {
+        println!("e2e_retry is a benchmark: cargo bench --bench e2e_retry -- --pods 2000");
+        return Ok(());
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Runtime::new()?.block_on(bench(args))
+}

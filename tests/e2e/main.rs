@@ -1,0 +1,363 @@
+//! End to end with Argo's own workflow-controller (v4.1.4, built from its Go module) on the
+//! local control plane with kube-scheduler, kube-controller-manager and kwok.
+//!
+//! Each scenario runs a workflow in which some pods fail, then retries it twice, in two
+//! namespaces under the same name: once with rewind (its controller in process), once with
+//! Argo's own retry code (tools/peer, the Argo Server's RetryWorkflow). Both must end
+//! Succeeded, keep the first run's succeeded pods, give new pods exactly to the nodes the
+//! retry reset, and agree node by node. One control plane and one Argo controller serve the
+//! whole binary; if they cannot start, every test fails (never skipped).
+
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::ensure;
+use libtest_mimic::{Arguments, Failed, Trial};
+use rewind::plan::ArgoVersion;
+use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::localcluster::{LocalCluster, Options};
+use rewind::workflow::Workflow;
+use tracing_subscriber::EnvFilter;
+
+use run::{Budgets, Retry, Scenario};
+
+const WORK: &str = r#"
+  - name: work
+    inputs:
+      parameters:
+      - name: msg
+        value: "{{workflow.parameters.msg}}"
+    container:
+      image: busybox
+      command: [echo]
+      args: ["{{inputs.parameters.msg}}"]
+"#;
+
+fn workflow(body: &str) -> Workflow {
+    let yaml = format!(
+        "apiVersion: argoproj.io/v1alpha1\nkind: Workflow\nmetadata:\n  name: placeholder\n{body}{WORK}"
+    );
+    serde_yaml_ng::from_str(&yaml).expect("a valid workflow")
+}
+
+/// The v4 scenarios, then the DAG with retryStrategy again under Argo v3.7.6 (its own
+/// controller, instance ID `v3`; rewind with v3.7 rules; v3.7.6's RetryWorkflow).
+fn scenarios() -> Vec<Scenario> {
+    let mut all = v4_scenarios();
+    let mut v3 = all
+        .iter()
+        .find(|s| s.name == "dag-retry-strategy")
+        .expect("the DAG scenario")
+        .clone();
+    v3.name = "dag-retry-strategy-v3".into();
+    v3.argo_version = ArgoVersion::V3_7;
+    v3.instance_id = Some(V3_INSTANCE.into());
+    all.push(v3);
+    all
+}
+
+const V3_INSTANCE: &str = "v3";
+
+fn v4_scenarios() -> Vec<Scenario> {
+    let timeout = Duration::from_secs(120);
+    vec![
+        Scenario {
+            name: "steps".into(),
+            workflow: workflow(
+                r#"spec:
+  entrypoint: main
+  arguments: {parameters: [{name: msg, value: hello}]}
+  templates:
+  - name: main
+    steps:
+    - - {name: a, template: work}
+      - {name: b, template: work}
+      - {name: c, template: work}
+    - - {name: d, template: work}
+      - {name: e, template: work}
+"#,
+            ),
+            fails: vec!["[0].b".into()],
+            retry: Retry::default(),
+            timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
+        },
+        Scenario {
+            name: "dag-retry-strategy".into(),
+            workflow: workflow(
+                r#"spec:
+  entrypoint: main
+  arguments: {parameters: [{name: msg, value: hello}]}
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - {name: a, template: work}
+      - {name: b, template: flaky, dependencies: [a]}
+      - {name: c, template: work, dependencies: [a]}
+      - {name: d, template: work, dependencies: [b, c]}
+  - name: flaky
+    retryStrategy: {limit: "1"}
+    container:
+      image: busybox
+      command: [echo]
+      args: ["{{workflow.parameters.msg}}"]
+"#,
+            ),
+            fails: vec![".b(0)".into(), ".b(1)".into(), ".c".into()],
+            retry: Retry::default(),
+            timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
+        },
+        Scenario {
+            name: "dag-on-exit".into(),
+            workflow: workflow(
+                r#"spec:
+  entrypoint: main
+  onExit: exit
+  arguments: {parameters: [{name: msg, value: hello}]}
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - {name: a, template: work}
+      - {name: b, template: work, dependencies: [a]}
+      - {name: c, template: work, dependencies: [a]}
+      - {name: d, template: work, dependencies: [b]}
+  - name: exit
+    steps:
+    - - {name: notify, template: work}
+"#,
+            ),
+            fails: vec![".b".into()],
+            retry: Retry::default(),
+            timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
+        },
+        Scenario {
+            name: "selector-parameters".into(),
+            workflow: workflow(
+                r#"spec:
+  entrypoint: main
+  arguments: {parameters: [{name: msg, value: hello}]}
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - {name: a, template: work}
+      - {name: b, template: work, dependencies: [a]}
+      - {name: c, template: work, dependencies: [a]}
+      - {name: d, template: work, dependencies: [b]}
+      - {name: e, template: work}
+"#,
+            ),
+            fails: vec![".b".into()],
+            retry: Retry {
+                restart_successful: true,
+                node_field_selector: Some("displayName=c"),
+                parameters: vec!["msg=bye".into()],
+            },
+            timeout,
+            argo_version: ArgoVersion::V4,
+            instance_id: None,
+        },
+    ]
+}
+
+/// Runs one scenario and checks both sides; the differences between the two final
+/// workflows fail the test, each listed.
+async fn check(
+    cluster: &LocalCluster,
+    peer: &std::path::Path,
+    scenario: Scenario,
+) -> anyhow::Result<()> {
+    let outcome = run::run(cluster, peer, &scenario, Budgets::default(), false).await?;
+    for side in [&outcome.rewind, &outcome.argo] {
+        let ns = &side.namespace;
+        let fates = side.fates();
+        tracing::info!(namespace = %ns, ?fates, "pods after the retry");
+        let failed = side.before_in("Failed");
+        ensure!(!failed.is_empty(), "{ns}: no pod failed on the first run");
+        ensure!(
+            !fates.replaced.is_empty() || !fates.new.is_empty(),
+            "{ns}: the retry ran no new pod"
+        );
+        for name in fates.replaced.iter().chain(&fates.new) {
+            let phase = &side.after[name].phase;
+            ensure!(phase == "Succeeded", "{ns}: new pod {name} ended {phase}");
+        }
+        if !scenario.retry.restart_successful {
+            // Argo's retry also runs the exit handler again.
+            let reran: Vec<String> = side
+                .before_in("Succeeded")
+                .into_iter()
+                .filter(|name| !fates.kept.contains(name))
+                .filter(|name| !side.before[name].node.contains(".onExit"))
+                .collect();
+            ensure!(
+                reran.is_empty(),
+                "{ns}: succeeded pods of the first run did not keep their UIDs: {reran:?}"
+            );
+        }
+    }
+    for parameter in &scenario.retry.parameters {
+        let (name, value) = parameter.split_once('=').expect("name=value");
+        let arguments = serde_json::to_value(&outcome.rewind.workflow.spec)?["arguments"].clone();
+        let set = arguments["parameters"]
+            .as_array()
+            .is_some_and(|ps| ps.iter().any(|p| p["name"] == name && p["value"] == value));
+        ensure!(
+            set,
+            "rewind's retry did not set parameter {parameter}: {arguments}"
+        );
+    }
+    let (rewind, argo) = (outcome.rewind.fates(), outcome.argo.fates());
+    ensure!(
+        rewind == argo,
+        "rewind and Argo's retry treat the pods differently:\nrewind {rewind:?}\nargo   {argo:?}"
+    );
+    let differences = run::differences(&outcome.rewind.workflow, &outcome.argo.workflow)?;
+    ensure!(
+        differences.is_empty(),
+        "the final workflows differ beyond timestamps and identities:\n{}",
+        differences.join("\n")
+    );
+    tracing::info!(
+        scenario = %scenario.name,
+        rewind_reset = ?outcome.rewind.reset_took,
+        rewind_succeeded = ?outcome.rewind.retry_took,
+        argo_reset = ?outcome.argo.reset_took,
+        argo_succeeded = ?outcome.argo.retry_took,
+        "from the retry request to the reset and to Succeeded"
+    );
+    Ok(())
+}
+
+struct Env {
+    cluster: LocalCluster,
+    argo: ArgoController,
+    argo_v3: ArgoController,
+    peer: PathBuf,
+    peer_v3: PathBuf,
+}
+
+impl Env {
+    fn peer(&self, version: ArgoVersion) -> &std::path::Path {
+        match version {
+            ArgoVersion::V4 => &self.peer,
+            ArgoVersion::V3_7 => &self.peer_v3,
+        }
+    }
+}
+
+async fn start() -> anyhow::Result<Env> {
+    let (peer, peer_v3) = tokio::task::spawn_blocking(|| {
+        anyhow::Ok((argo::binary("peer")?, argo::binary("peer-v3")?))
+    })
+    .await??;
+    let cluster = LocalCluster::start(Options {
+        scheduling: true,
+        ..Options::default()
+    })
+    .await?;
+    let argo = ArgoController::start(&cluster, &argo::Options::default()).await?;
+    let argo_v3 = ArgoController::start(
+        &cluster,
+        &argo::Options {
+            version: argo::Version::V3,
+            instance_id: Some(V3_INSTANCE.into()),
+            ..argo::Options::default()
+        },
+    )
+    .await?;
+    Ok(Env {
+        cluster,
+        argo,
+        argo_v3,
+        peer,
+        peer_v3,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("e2e=info,rewind=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    let scenarios = scenarios();
+    let listed: Vec<Trial> = scenarios
+        .iter()
+        .map(|s| Trial::test(s.name.clone(), || Ok(())))
+        .collect();
+    let anything_to_run = !args.list
+        && listed
+            .iter()
+            .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    let env = if anything_to_run {
+        match runtime.block_on(start()) {
+            Ok(env) => Some(Arc::new(env)),
+            Err(error) => {
+                eprintln!(
+                    "error: the control plane or Argo's controller did not start, so every test fails:\n{error:#}"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let trials = scenarios
+        .into_iter()
+        .map(|scenario| {
+            let env = env.clone();
+            let handle = runtime.handle().clone();
+            Trial::test(scenario.name.clone(), move || {
+                let env =
+                    env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
+                handle
+                    .block_on(check(
+                        &env.cluster,
+                        env.peer(scenario.argo_version),
+                        scenario,
+                    ))
+                    .map_err(|error| Failed::from(format!("{error:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    if let Some(env) = env {
+        let Ok(Env {
+            cluster,
+            argo,
+            argo_v3,
+            ..
+        }) = Arc::try_unwrap(env)
+        else {
+            eprintln!("error: a test kept the environment alive");
+            return ExitCode::FAILURE;
+        };
+        for controller in [argo, argo_v3] {
+            if let Err(error) = runtime.block_on(controller.stop()) {
+                eprintln!("error: Argo's workflow-controller: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+        if let Err(error) = runtime.block_on(cluster.stop()) {
+            eprintln!("error: stopping the local control plane: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
+    conclusion.exit_code()
+}

@@ -1,0 +1,541 @@
+//! One scenario run twice on the same cluster, with Argo's workflow-controller running the
+//! workflows: once retried by rewind (its controller in process), once by Argo's own retry
+//! code (tools/peer: the Argo Server's `RetryWorkflow`, in process). Each copy lives in its
+//! own namespace under the same name, so node IDs and pod names are the same on both sides
+//! and the final workflows compare node by node.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use rewind::controller::{Controller, Options};
+use rewind::plan::ArgoVersion;
+use rewind::request::annotations;
+use rewind::testenv::argo::Outcomes;
+use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::watch::Scope;
+use rewind::workflow::{Workflow, labels};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// How the failed workflow is retried (the same on both sides).
+#[derive(Clone, Debug, Default)]
+pub struct Retry {
+    pub restart_successful: bool,
+    pub node_field_selector: Option<&'static str>,
+    pub parameters: Vec<String>,
+}
+
+/// A workflow, which of its nodes fail on the first run, and how it is retried.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// The workflow's name, and the prefix of its two namespaces.
+    pub name: String,
+    pub workflow: Workflow,
+    /// Node names without the workflow's name (e.g. `.b` or `[0].b`) whose first pod fails.
+    pub fails: Vec<String>,
+    pub retry: Retry,
+    /// How long each of: the first run, a retry to Succeeded.
+    pub timeout: Duration,
+    /// Which Argo line runs it (rewind's rules, the peer's version) ...
+    pub argo_version: ArgoVersion,
+    /// ... and which of the cluster's Argo controllers (Argo's `instanceID`).
+    pub instance_id: Option<String>,
+}
+
+/// The budgets each side retries with.
+#[derive(Clone, Copy, Debug)]
+pub struct Budgets {
+    /// rewind's write budget.
+    pub rewind_qps: u32,
+    pub rewind_burst: u32,
+    /// Argo's client (20/30 as the Argo Server, 5/10 as `argo retry` in kube mode).
+    pub argo_qps: u32,
+    pub argo_burst: u32,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Self {
+            rewind_qps: 20,
+            rewind_burst: 30,
+            argo_qps: 20,
+            argo_burst: 30,
+        }
+    }
+}
+
+/// One side's run: its final workflow, its pods before and after the retry, and how long the
+/// retry took from the request to the workflow Succeeded.
+pub struct Side {
+    pub namespace: String,
+    pub before: BTreeMap<String, PodSeen>,
+    pub after: BTreeMap<String, PodSeen>,
+    pub workflow: Workflow,
+    /// From the request to the reset workflow written (its phase no longer Failed).
+    pub reset_took: Duration,
+    /// From the request to the workflow Succeeded.
+    pub retry_took: Duration,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodSeen {
+    pub uid: String,
+    pub phase: String,
+    /// The Argo node it runs.
+    pub node: String,
+}
+
+/// Both sides of a scenario.
+pub struct Outcome {
+    pub rewind: Side,
+    pub argo: Side,
+}
+
+/// Runs both sides, together, or one after the other when `sequential` (so that one
+/// side's load does not skew the other's timing).
+pub async fn run(
+    cluster: &LocalCluster,
+    peer: &Path,
+    scenario: &Scenario,
+    budgets: Budgets,
+    sequential: bool,
+) -> anyhow::Result<Outcome> {
+    let (rewind, argo) = if sequential {
+        // Argo's side first, so rewind's is not the one that runs on a fresh cluster.
+        let argo = side(cluster, scenario, Via::Argo(peer, budgets)).await;
+        (side(cluster, scenario, Via::Rewind(budgets)).await, argo)
+    } else {
+        tokio::join!(
+            side(cluster, scenario, Via::Rewind(budgets)),
+            side(cluster, scenario, Via::Argo(peer, budgets)),
+        )
+    };
+    let rewind = rewind.context("retried by rewind")?;
+    let argo = argo.context("retried by Argo's RetryWorkflow")?;
+    Ok(Outcome { rewind, argo })
+}
+
+enum Via<'a> {
+    Rewind(Budgets),
+    Argo(&'a Path, Budgets),
+}
+
+async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyhow::Result<Side> {
+    let suffix = match via {
+        Via::Rewind(_) => "rewind",
+        Via::Argo(..) => "argo",
+    };
+    let namespace = format!("{}-{suffix}", scenario.name);
+    cluster.create_namespace(&namespace).await?;
+    let name = scenario.name.clone();
+    let fails: BTreeSet<String> = scenario.fails.iter().cloned().collect();
+    let _outcomes = Outcomes::start(
+        cluster.admin_client(),
+        &namespace,
+        Arc::new(move |workflow, node| {
+            workflow == name
+                && node
+                    .strip_prefix(workflow)
+                    .is_some_and(|rest| fails.contains(rest))
+        }),
+    );
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    let mut workflow = scenario.workflow.clone();
+    workflow.metadata.name = Some(scenario.name.clone());
+    workflow.metadata.namespace = Some(namespace.clone());
+    if let Some(id) = &scenario.instance_id {
+        workflow
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(labels::CONTROLLER_INSTANCE_ID.into(), id.clone());
+    }
+    workflows
+        .create(&PostParams::default(), &workflow)
+        .await
+        .with_context(|| format!("creating workflow {namespace}/{}", scenario.name))?;
+    wait_phase(
+        &workflows,
+        &scenario.name,
+        |p| p == "Failed",
+        scenario.timeout,
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), &namespace);
+    wait_settled(&pods, &scenario.name, scenario.timeout).await?;
+    let before = pods_of(&pods, &scenario.name).await?;
+
+    let (reset_took, retry_took) = match via {
+        Via::Rewind(budgets) => {
+            let controller = start_rewind(cluster, &namespace, scenario, budgets).await?;
+            let started = Instant::now();
+            request_rewind(&workflows, &scenario.name, &scenario.retry).await?;
+            let took = until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await;
+            controller.stop().await?;
+            took?
+        }
+        Via::Argo(peer, budgets) => {
+            let started = Instant::now();
+            let name = &scenario.name;
+            let (retried, took) = tokio::join!(
+                retry_argo(cluster, peer, &namespace, scenario, budgets),
+                until_succeeded(&workflows, name, started, scenario.timeout)
+            );
+            retried?;
+            took?
+        }
+    };
+    let workflow = workflows.get(&scenario.name).await?;
+    let after = pods_of(&pods, &scenario.name).await?;
+    Ok(Side {
+        namespace,
+        before,
+        after,
+        workflow,
+        reset_took,
+        retry_took,
+    })
+}
+
+/// How long after `started` the workflow was reset (no longer Failed), then Succeeded.
+async fn until_succeeded(
+    api: &Api<Workflow>,
+    name: &str,
+    started: Instant,
+    timeout: Duration,
+) -> anyhow::Result<(Duration, Duration)> {
+    wait_phase(api, name, |p| p != "Failed", timeout).await?;
+    let reset = started.elapsed();
+    wait_phase(api, name, |p| p == "Succeeded", timeout).await?;
+    Ok((reset, started.elapsed()))
+}
+
+/// rewind's controller, in process, serving `namespace` with the controller's credentials.
+struct Running {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), rewind::controller::RunError>>,
+}
+
+impl Running {
+    async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.task
+            .await
+            .context("rewind's controller panicked")?
+            .context("rewind's controller failed")
+    }
+}
+
+async fn start_rewind(
+    cluster: &LocalCluster,
+    namespace: &str,
+    scenario: &Scenario,
+    budgets: Budgets,
+) -> anyhow::Result<Running> {
+    let mut options = Options::default();
+    options.budget.writes = rewind::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
+        .context("a non-zero rewind budget")?;
+    options.retry.argo_version = scenario.argo_version;
+    options.scope = Scope {
+        namespaces: vec![namespace.to_owned()],
+        instance_id: scenario.instance_id.clone(),
+    };
+    let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+    let state = controller.state();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(controller.run(shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !state.is_ready() {
+        ensure!(
+            Instant::now() < deadline,
+            "rewind's workflow cache did not sync within 30s"
+        );
+        ensure!(
+            !task.is_finished(),
+            "rewind's controller stopped at startup"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Running { shutdown, task })
+}
+
+/// Asks rewind for a retry as a user does: annotations on the workflow.
+async fn request_rewind(api: &Api<Workflow>, name: &str, retry: &Retry) -> anyhow::Result<()> {
+    let mut wanted = serde_json::Map::new();
+    wanted.insert(annotations::RETRY.into(), "e2e-1".into());
+    if retry.restart_successful {
+        wanted.insert(annotations::RESTART_SUCCESSFUL.into(), "true".into());
+    }
+    if let Some(selector) = retry.node_field_selector {
+        wanted.insert(annotations::NODE_FIELD_SELECTOR.into(), selector.into());
+    }
+    if !retry.parameters.is_empty() {
+        wanted.insert(
+            annotations::PARAMETERS.into(),
+            serde_json::to_string(&retry.parameters)?.into(),
+        );
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": wanted}});
+    api.patch_metadata(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("annotating workflow {name} for a retry"))?;
+    Ok(())
+}
+
+/// Argo's own retry: tools/peer runs the Argo Server's RetryWorkflow in process.
+async fn retry_argo(
+    cluster: &LocalCluster,
+    peer: &Path,
+    namespace: &str,
+    scenario: &Scenario,
+    budgets: Budgets,
+) -> anyhow::Result<()> {
+    let (name, retry) = (&scenario.name, &scenario.retry);
+    let mut command = tokio::process::Command::new(peer);
+    command
+        .arg("retry")
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path(Role::Admin))
+        .args(["--namespace", namespace, "--name", name.as_str()])
+        .args(["--qps", &budgets.argo_qps.to_string()])
+        .args(["--burst", &budgets.argo_burst.to_string()])
+        .kill_on_drop(true);
+    if retry.restart_successful {
+        command.arg("--restart-successful");
+    }
+    if let Some(selector) = retry.node_field_selector {
+        command.args(["--node-field-selector", selector]);
+    }
+    for parameter in &retry.parameters {
+        command.args(["--parameter", parameter]);
+    }
+    // Only tools/peer/v3 takes it (v4's serves unlabelled workflows only).
+    if let Some(id) = &scenario.instance_id {
+        command.args(["--instance-id", id]);
+    }
+    let output = command
+        .output()
+        .await
+        .with_context(|| format!("running {}", peer.display()))?;
+    ensure!(
+        output.status.success(),
+        "{} retry {namespace}/{name} failed ({}): {}",
+        peer.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// Polls (every 100 ms) until the workflow's phase is one `wanted` accepts.
+async fn wait_phase(
+    api: &Api<Workflow>,
+    name: &str,
+    wanted: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let wf = api.get(name).await?;
+        let now = wf.status.phase.as_deref().unwrap_or_default();
+        if wanted(now) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "workflow {name} is still {now:?} after {timeout:?}; message {:?}",
+                wf.status.message
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until Argo's controller has labelled every pod of the workflow completed.
+///
+/// Its pod-cleanup queue is keyed by pod name and rate limited (10/s after a burst of 100),
+/// so a label queued for a failed pod can land seconds later on the new pod of the same
+/// name that a fast retry made Argo create: that pod then drops out of Argo's pod informer
+/// and its node stays Pending forever (seen here with 100 pods). A retry of a settled
+/// workflow does not race with that queue.
+async fn wait_settled(pods: &Api<Pod>, workflow: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let selector = format!(
+        "{}={workflow},{}!=true",
+        labels::WORKFLOW,
+        labels::COMPLETED
+    );
+    loop {
+        let left = pods.list(&ListParams::default().labels(&selector)).await?;
+        if left.items.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} pods of workflow {workflow} are still not labelled {}=true after {timeout:?}",
+                left.items.len(),
+                labels::COMPLETED
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn pods_of(pods: &Api<Pod>, workflow: &str) -> anyhow::Result<BTreeMap<String, PodSeen>> {
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW)))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|pod| {
+            let seen = PodSeen {
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                phase: pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default(),
+                node: pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(labels::NODE_NAME))
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            (pod.metadata.name.unwrap_or_default(), seen)
+        })
+        .collect())
+}
+
+/// What a retry did to the pods: kept (same UID), replaced (same name, new UID), new (no pod
+/// of that name before), gone (not there after).
+#[derive(Debug, PartialEq, Eq)]
+pub struct PodFates {
+    pub kept: BTreeSet<String>,
+    pub replaced: BTreeSet<String>,
+    pub new: BTreeSet<String>,
+    pub gone: BTreeSet<String>,
+}
+
+impl Side {
+    pub fn fates(&self) -> PodFates {
+        let mut fates = PodFates {
+            kept: BTreeSet::new(),
+            replaced: BTreeSet::new(),
+            new: BTreeSet::new(),
+            gone: BTreeSet::new(),
+        };
+        for (name, after) in &self.after {
+            match self.before.get(name) {
+                Some(before) if before.uid == after.uid => fates.kept.insert(name.clone()),
+                Some(_) => fates.replaced.insert(name.clone()),
+                None => fates.new.insert(name.clone()),
+            };
+        }
+        for name in self.before.keys() {
+            if !self.after.contains_key(name) {
+                fates.gone.insert(name.clone());
+            }
+        }
+        fates
+    }
+
+    /// First-run pods in `phase`.
+    pub fn before_in(&self, phase: &str) -> BTreeSet<String> {
+        self.before
+            .iter()
+            .filter(|(_, p)| p.phase == phase)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// The differences between the two final workflows beyond timestamps and identities, as
+/// "path: rewind value != argo value" lines.
+pub fn differences(rewind: &Workflow, argo: &Workflow) -> anyhow::Result<Vec<String>> {
+    let rewind = normalized(rewind)?;
+    let argo = normalized(argo)?;
+    let mut out = Vec::new();
+    diff(&rewind, &argo, "", &mut out);
+    Ok(out)
+}
+
+/// Fields that differ by nature between two runs: times, identities, where pods ran, and
+/// rewind's own request annotations.
+fn normalized(wf: &Workflow) -> anyhow::Result<Value> {
+    let mut v = serde_json::to_value(wf)?;
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for key in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+            "namespace",
+        ] {
+            meta.remove(key);
+        }
+        if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            // Argo's controller gives every workflow its own trace ID.
+            annotations.retain(|k, _| {
+                !k.starts_with("rewind.dev/") && k != "workflows.argoproj.io/trace-id"
+            });
+            if annotations.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+    }
+    if let Some(status) = v.get_mut("status").and_then(Value::as_object_mut) {
+        for key in [
+            "startedAt",
+            "finishedAt",
+            "estimatedDuration",
+            "resourcesDuration",
+        ] {
+            status.remove(key);
+        }
+        if let Some(nodes) = status.get_mut("nodes").and_then(Value::as_object_mut) {
+            for node in nodes.values_mut().filter_map(Value::as_object_mut) {
+                for key in [
+                    "startedAt",
+                    "finishedAt",
+                    "estimatedDuration",
+                    "resourcesDuration",
+                    "hostNodeName",
+                ] {
+                    node.remove(key);
+                }
+            }
+        }
+    }
+    Ok(v)
+}
+
+fn diff(rewind: &Value, argo: &Value, path: &str, out: &mut Vec<String>) {
+    match (rewind, argo) {
+        (Value::Object(r), Value::Object(a)) => {
+            let keys: BTreeSet<&String> = r.keys().chain(a.keys()).collect();
+            for key in keys {
+                let sub = format!("{path}.{key}");
+                match (r.get(key), a.get(key)) {
+                    (Some(x), Some(y)) => diff(x, y, &sub, out),
+                    (x, y) => out.push(format!("{sub}: rewind {x:?} != argo {y:?}")),
+                }
+            }
+        }
+        (Value::Array(r), Value::Array(a)) if r.len() == a.len() => {
+            for (i, (x, y)) in r.iter().zip(a).enumerate() {
+                diff(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        (x, y) if x != y => out.push(format!("{path}: rewind {x} != argo {y}")),
+        _ => {}
+    }
+}
