@@ -306,13 +306,26 @@ fn rules(role: &Value) -> BTreeSet<String> {
 fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
     let text = std::fs::read_to_string(root().join("deploy/rbac/controller.yaml")).unwrap();
     let reference = rules(&documents(&text)[0]);
-    let cluster = documents(&template(&[]));
+    // deploy/rbac grants Argo's ConfigMap and Secrets cluster-wide (the test
+    // fixture's controller reads them in any namespace); the chart grants the
+    // same verbs by name, in Argo's namespace only, when the archive is on.
+    let cluster = documents(&template(&[
+        "--set",
+        "archive.enabled=true",
+        "--set",
+        "archive.secretNames={argo-postgres}",
+    ]));
     let mut granted = rules(find(&cluster, "ClusterRole", "rewind"));
     granted.extend(rules(find(&cluster, "Role", "rewind-leader-election")));
+    granted.extend(rules(find(&cluster, "Role", "rewind-archive")));
     assert_eq!(granted, reference, "cluster-wide install");
     let scoped = documents(&template(&[
         "--set",
         "controller.namespaces={team-a,team-b}",
+        "--set",
+        "archive.enabled=true",
+        "--set",
+        "archive.secretNames={argo-postgres}",
     ]));
     assert!(
         !scoped
@@ -331,6 +344,7 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
             .unwrap_or_else(|| panic!("no Role rewind in {ns}"));
         let mut granted = rules(role);
         granted.extend(rules(find(&scoped, "Role", "rewind-leader-election")));
+        granted.extend(rules(find(&scoped, "Role", "rewind-archive")));
         assert_eq!(granted, reference, "Role in {ns}");
     }
 }

@@ -81,6 +81,7 @@ struct ControllerArgs {
     http_addr: SocketAddr,
     /// Argo's workflow-controller ConfigMap (NAMESPACE/NAME): its `persistence` block and the
     /// Secrets it names give Argo's database (archived workflows, offloaded nodes).
+    /// Empty: no database.
     #[arg(
         long,
         default_value = "argo/workflow-controller-configmap",
@@ -346,6 +347,10 @@ async fn argo_database(
     config: kube::Config,
     configmap: &str,
 ) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>> {
+    if configmap.is_empty() {
+        tracing::info!("--argo-configmap is empty: archived retries and offloaded nodes are not served");
+        return Ok(None);
+    }
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
     let persistence = match rewind::archive::load_persistence(&client, configmap).await {
         Ok(Some(p)) => p,
