@@ -3,6 +3,7 @@
 //! on the shared control plane; in a pseudo-terminal where the test is about
 //! what a person sees.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -10,17 +11,22 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, ensure};
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use rewind::request::annotations;
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use rewind::archived::ArgoDatabase;
+use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{LocalCluster, Role as ClusterRole, USER_NAME};
 use rewind::testenv::workload::FailedDag;
 use rewind::workflow::{Workflow, labels};
+use rewind::workflowretry::{CREATED_BY, WorkflowRetry};
 use serde_json::Value;
 
 use crate::support::controller as ctl;
+use crate::workflowretry::{Rows, create_held_pods};
 
 /// What one run of the CLI wrote and how it ended.
 struct Run {
@@ -137,8 +143,9 @@ fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// Lets the test user ask for retries in `namespace` (and read pods, for
-/// the dry run's bulk assessment).
+/// Lets the test user ask for retries in `namespace` (annotations and
+/// WorkflowRetry objects, as the chart's `rewind-retry` role does), and read
+/// pods, for the dry run's bulk assessment.
 async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
     let meta = ObjectMeta {
@@ -154,6 +161,11 @@ async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<(
                 &["get", "list", "watch", "patch"],
             ),
             rule("", "pods", &["get", "list"]),
+            rule(
+                "rewind.dev",
+                "workflowretries",
+                &["create", "get", "list", "watch"],
+            ),
         ]),
     };
     Api::<Role>::namespaced(admin.clone(), namespace)
@@ -607,6 +619,322 @@ pub async fn ctrl_c_stops_following_and_leaves_the_request(
             .annotation(annotations::RETRY)
             .is_some(),
         "the request should stay on the workflow"
+    );
+    Ok(())
+}
+
+/// A failed workflow `name` archived and deleted, its pods left behind (held
+/// by Argo's finalizer): returns the archive holding its row (by UID), its
+/// UID and the number of pods the retry must delete.
+async fn archived_workflow(
+    cluster: &LocalCluster,
+    namespace: &str,
+    name: &str,
+    failed: usize,
+) -> anyhow::Result<(Arc<dyn ArgoDatabase>, String, usize)> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), namespace);
+    let dag = FailedDag {
+        name: name.into(),
+        failed,
+        succeeded: 2,
+    };
+    let created = workflows
+        .create(&PostParams::default(), &dag.workflow(namespace))
+        .await?;
+    create_held_pods(
+        &Api::<Pod>::namespaced(admin, namespace),
+        dag.pods(&created),
+    )
+    .await?;
+    let row = workflows.get(name).await?;
+    let uid = row.uid().context("a created workflow has a UID")?;
+    workflows.delete(name, &DeleteParams::background()).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while workflows.get_opt(name).await?.is_some() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "workflow {name} was not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let planned = ctl::expected_plan(&row)?.pods_to_delete.len();
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(uid.clone(), row)])));
+    Ok((archive, uid, planned))
+}
+
+/// The WorkflowRetry objects in `namespace`.
+async fn workflowretries(
+    cluster: &LocalCluster,
+    namespace: &str,
+) -> anyhow::Result<Vec<WorkflowRetry>> {
+    Ok(
+        Api::<WorkflowRetry>::namespaced(cluster.admin_client(), namespace)
+            .list(&ListParams::default())
+            .await?
+            .items,
+    )
+}
+
+/// `rewind retry --archived UID`, piped: it creates a WorkflowRetry, follows
+/// it with timestamped lines to Succeeded, prints the summary and exits 0;
+/// the workflow exists again, and `rewind status` lists the request.
+pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    let (archive, uid, planned) = archived_workflow(&cluster, &namespace, "wf", 30).await?;
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(archive),
+    )
+    .await?;
+    let run = run_piped(rewind(&cluster, &namespace, &["retry", "--archived", &uid])).await?;
+    let table = run_piped(rewind(&cluster, &namespace, &["status"])).await?;
+    controller.stop().await?;
+
+    ensure!(
+        run.status.success(),
+        "exit {:?}:\n{}{}",
+        run.status,
+        run.stdout,
+        run.stderr
+    );
+    let retries = workflowretries(&cluster, &namespace).await?;
+    let [retry] = retries.as_slice() else {
+        bail!("expected one WorkflowRetry, found {}", retries.len());
+    };
+    let name = retry.name_any();
+    let status = retry.status.clone().unwrap_or_default();
+    ensure!(
+        name.starts_with("retry-")
+            && retry.spec.archived_workflow_uid.as_deref() == Some(uid.as_str())
+            && status.phase == Some(RetryPhase::Succeeded)
+            && status.workflow_name.as_deref() == Some("wf"),
+        "the CLI's WorkflowRetry {name}: {:?} {status:?}",
+        retry.spec
+    );
+    ensure!(
+        !run.stderr.contains('\x1b'),
+        "escape codes without a terminal: {:?}",
+        run.stderr
+    );
+    let last = run
+        .stderr
+        .lines()
+        .find(|l| {
+            l.contains(&format!(
+                " {namespace}/wf Succeeded {planned}/{planned} pods deleted"
+            ))
+        })
+        .with_context(|| format!("no final progress line in:\n{}", run.stderr))?;
+    last.split(' ')
+        .next()
+        .unwrap_or_default()
+        .parse::<Timestamp>()
+        .with_context(|| format!("the line should start with a timestamp: {last}"))?;
+    let summary = format!("{namespace}/wf: retried; {planned} pods deleted in ");
+    ensure!(
+        run.stdout.contains(&summary) && run.stdout.contains(&format!("(workflowretry/{name})")),
+        "no summary {summary:?} naming workflowretry/{name} in:\n{}",
+        run.stdout
+    );
+    let workflow = Api::<Workflow>::namespaced(cluster.admin_client(), &namespace)
+        .get("wf")
+        .await
+        .context("the retry should have created workflow wf")?;
+    ensure!(
+        workflow.uid().as_deref() != Some(uid.as_str())
+            && workflow.annotation(CREATED_BY) == retry.uid().as_deref(),
+        "wf should be a new workflow created by {name}: uid {:?}, {CREATED_BY} {:?}",
+        workflow.uid(),
+        workflow.annotation(CREATED_BY)
+    );
+
+    ensure!(table.status.success(), "{}", table.stderr);
+    let row = table
+        .stdout
+        .lines()
+        .find(|l| l.contains(&format!("workflowretry/{name}")))
+        .with_context(|| format!("no row for {name} in:\n{}", table.stdout))?;
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    let pods = format!("{planned}/{planned}");
+    ensure!(
+        cells.first() == Some(&"wf")
+            && cells.get(2) == Some(&"Succeeded")
+            && cells.get(3) == Some(&pods.as_str())
+            && row.contains("created workflow wf"),
+        "rewind status:\n{}",
+        table.stdout
+    );
+    Ok(())
+}
+
+/// `--archived --dry-run`: the API server admits the WorkflowRetry in a dry
+/// run and nothing is stored; the only mutating requests from the CLI's
+/// user in the audit log are those dry runs. `--archived` with workflow
+/// names is a usage error.
+pub async fn archived_dry_run_is_a_server_side_dry_run_that_creates_nothing(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    let uid = "3f1c9a2e-0000-4000-8000-000000000001";
+    let json = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "--archived", uid, "--dry-run", "-o", "json"],
+    ))
+    .await?;
+    let human = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &[
+            "retry",
+            "--archived",
+            uid,
+            "--dry-run",
+            "--node-field-selector",
+            "templateName=train",
+        ],
+    ))
+    .await?;
+    let misuse = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "wf", "--archived", uid],
+    ))
+    .await?;
+
+    ensure!(
+        json.status.success(),
+        "exit {:?}: {}",
+        json.status,
+        json.stderr
+    );
+    let printed: Value = serde_json::from_str(&json.stdout)
+        .with_context(|| format!("parsing the dry run's JSON:\n{}", json.stdout))?;
+    ensure!(
+        printed["kind"] == "WorkflowRetry"
+            && printed["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("retry-"))
+            && printed["spec"]["archivedWorkflowUID"] == uid,
+        "the dry run should print the WorkflowRetry as the API server admitted it: {printed}"
+    );
+    ensure!(
+        human.status.success()
+            && human.stdout.contains(&format!(
+                "for archived workflow {uid} (dry run: the API server accepted it; nothing was created)"
+            ))
+            && human.stdout.contains("needs the archived workflow"),
+        "exit {:?}:\n{}{}",
+        human.status,
+        human.stdout,
+        human.stderr
+    );
+    ensure!(
+        misuse.status.code() == Some(2)
+            && misuse.stderr.contains("--archived <UID>")
+            && misuse.stderr.contains("cannot be used with"),
+        "--archived with a workflow name should be a usage error: exit {:?}\n{}",
+        misuse.status,
+        misuse.stderr
+    );
+
+    let stored = workflowretries(&cluster, &namespace).await?;
+    ensure!(
+        stored.is_empty(),
+        "the dry run created WorkflowRetry objects: {:?}",
+        stored.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+    // The audit log is written asynchronously: give it a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let log = ctl::audit_log(&cluster, &namespace)?;
+    let mutating: Vec<_> = log
+        .iter()
+        .filter(|a| a.user == USER_NAME && a.is_mutating())
+        .collect();
+    ensure!(
+        mutating.len() == 2
+            && mutating.iter().all(|a| a.verb == "create"
+                && a.resource == "workflowretries"
+                && a.dry_run
+                && a.code == 201),
+        "expected the two dry-run creates and no other mutating request: {mutating:?}"
+    );
+    Ok(())
+}
+
+/// With no controller serving the namespace, `rewind retry --archived`
+/// stops waiting, says what to check, exits non-zero, and the WorkflowRetry
+/// stays (waiting, in `rewind status`).
+pub async fn archived_retry_without_a_controller_says_so_and_how_to_check(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    grant_user(&cluster, &namespace).await?;
+    let uid = "3f1c9a2e-0000-4000-8000-000000000002";
+    let started = std::time::Instant::now();
+    let run = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "--archived", uid, "--controller-timeout", "2s"],
+    ))
+    .await?;
+    ensure!(
+        run.status.code() == Some(1),
+        "should fail with 1, got {:?}:\n{}{}",
+        run.status,
+        run.stdout,
+        run.stderr
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    let retries = workflowretries(&cluster, &namespace).await?;
+    let [retry] = retries.as_slice() else {
+        bail!(
+            "expected the WorkflowRetry to stay, found {}",
+            retries.len()
+        );
+    };
+    let name = retry.name_any();
+    ensure!(
+        retry.status.as_ref().and_then(|s| s.phase).is_none(),
+        "no controller should have served {name}: {:?}",
+        retry.status
+    );
+    let all = format!("{}{}", run.stdout, run.stderr);
+    for needle in [
+        format!(
+            "no rewind controller answered WorkflowRetry {namespace}/{name} (archived workflow {uid}) within 2s"
+        ),
+        "kubectl get deployments -A -l app.kubernetes.io/name=rewind".into(),
+        "kubectl get lease rewind".into(),
+        "--instance-id".into(),
+        "--argo-configmap".into(),
+        format!("rewind status {name} -n {namespace} -w"),
+    ] {
+        ensure!(all.contains(&needle), "{needle:?} missing from:\n{all}");
+    }
+
+    let status = run_piped(rewind(&cluster, &namespace, &["status", &name])).await?;
+    ensure!(status.status.success(), "{}", status.stderr);
+    let row = status
+        .stdout
+        .lines()
+        .find(|l| l.contains(&format!("workflowretry/{name}")))
+        .with_context(|| format!("no row for {name} in:\n{}", status.stdout))?;
+    ensure!(
+        row.starts_with(&format!("{uid} ")) && row.contains("Waiting"),
+        "the pending WorkflowRetry shows the archived UID, Waiting:\n{}",
+        status.stdout
     );
     Ok(())
 }

@@ -410,6 +410,8 @@ pub mod controller {
         pub resource: String,
         pub name: String,
         pub code: u16,
+        /// A dry run (`?dryRun=All`): admitted and validated, never stored.
+        pub dry_run: bool,
         /// When the API server received the request.
         pub received: Timestamp,
     }
@@ -452,6 +454,7 @@ pub mod controller {
                 resource: s(&object["resource"]),
                 name: s(&object["name"]),
                 code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                dry_run: s(&event["requestURI"]).contains("dryRun=All"),
                 received: received
                     .parse()
                     .with_context(|| format!("audit timestamp {received:?}"))?,

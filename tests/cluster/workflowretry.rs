@@ -32,7 +32,7 @@ const CONCURRENCY: usize = 16;
 const FINISH: Duration = Duration::from_secs(60);
 
 /// Archived rows by UID.
-struct Rows(BTreeMap<String, Workflow>);
+pub struct Rows(pub BTreeMap<String, Workflow>);
 
 impl ArgoDatabase for Rows {
     fn archives(&self) -> bool {

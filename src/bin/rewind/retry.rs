@@ -1,6 +1,7 @@
-//! `rewind retry`: asks for retries as `argo retry` takes them and follows
-//! them to the end, with a progress bar per workflow on a terminal and plain
-//! timestamped lines otherwise.
+//! `rewind retry`: asks for retries as `argo retry` takes them (and, with
+//! `--archived UID`, as `argo archive retry` does) and follows them to the
+//! end, with a progress bar per workflow on a terminal and plain timestamped
+//! lines otherwise.
 
 use std::collections::BTreeSet;
 use std::io::IsTerminal;
@@ -10,13 +11,14 @@ use anyhow::{Context as _, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kube::api::{Api, ListParams};
 
-use rewind::follow::{self, Asked, Follower, Observed, Preview};
+use rewind::follow::{self, Asked, Follower, Observed, Preview, Source};
 use rewind::hint;
 use rewind::plan::selector::Selector;
 use rewind::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
 use rewind::request::{RequestOptions, RetryPhase, RetryStatus};
 use rewind::retry::RetryError;
 use rewind::workflow::Workflow;
+use rewind::workflowretry::WorkflowRetry;
 
 use crate::connect::KubeArgs;
 use crate::parse_duration;
@@ -43,6 +45,11 @@ pub struct RetryArgs {
     /// Selector (field query) to filter on, supports '=', '==', and '!=' (e.g. --field-selector metadata.name=wf).
     #[arg(long)]
     field_selector: Option<String>,
+    /// Retry the archived workflow with this UID (as `argo archive retry UID`): creates a
+    /// WorkflowRetry the controller serves from Argo's archive. Takes no WORKFLOW, -l or
+    /// --field-selector.
+    #[arg(long, value_name = "UID", conflicts_with_all = ["names", "selector", "field_selector"])]
+    archived: Option<String>,
     /// Return once the request is set on the workflow, without following it.
     #[arg(long)]
     no_wait: bool,
@@ -83,6 +90,9 @@ pub struct Outcome {
     namespace: String,
     workflow: String,
     request: String,
+    /// The WorkflowRetry of an archived retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workflow_retry: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<RetryStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -110,15 +120,18 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
     }
     let (client, namespace) = args.kube.connect().await?;
     let workflows: Api<Workflow> = Api::namespaced(client.clone(), &namespace);
-    let names = resolve(&workflows, &args).await?;
-    if args.dry_run {
-        return dry_run(&client, &namespace, &names, &args).await;
-    }
     let options = RequestOptions {
         restart_successful: args.restart_successful,
         node_field_selector: args.node_field_selector.clone(),
         parameters: (!args.parameters.is_empty()).then(|| args.parameters.clone()),
     };
+    if let Some(uid) = &args.archived {
+        return archived(&workflows, &namespace, uid, &options, &args).await;
+    }
+    let names = resolve(&workflows, &args).await?;
+    if args.dry_run {
+        return dry_run(&client, &namespace, &names, &args).await;
+    }
     let mut asked = Vec::new();
     for name in &names {
         asked.push(follow::ask(&workflows, &namespace, name, &options).await?);
@@ -135,13 +148,65 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let Some(outcomes) = follow_asked(&workflows, asked, args.controller_timeout).await? else {
+    follow_to_the_end(&workflows, &namespace, asked, &args).await
+}
+
+/// Follows `asked` and finishes as [`finish`] does; on Ctrl-C, says the
+/// requests keep running and exits 130.
+async fn follow_to_the_end(
+    workflows: &Api<Workflow>,
+    namespace: &str,
+    asked: Vec<Asked>,
+    args: &RetryArgs,
+) -> anyhow::Result<()> {
+    let Some(outcomes) = follow_asked(workflows, asked, args.controller_timeout).await? else {
         eprintln!(
             "\nStopped following. The retry requests keep running on the controller; see them with `rewind status -n {namespace}`."
         );
         std::process::exit(130);
     };
     finish(&outcomes, args.output)
+}
+
+/// `--archived UID`: creates a WorkflowRetry for the archived workflow and
+/// follows it as a live request.
+async fn archived(
+    workflows: &Api<Workflow>,
+    namespace: &str,
+    uid: &str,
+    options: &RequestOptions,
+    args: &RetryArgs,
+) -> anyhow::Result<()> {
+    let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
+    let (asked, created) =
+        follow::ask_archived(&retries, namespace, uid, options, args.dry_run).await?;
+    let name = &asked.token;
+    if args.dry_run {
+        match args.output {
+            Some(Output::Json) => println!("{}", serde_json::to_string_pretty(&created)?),
+            Some(Output::Yaml) => print!("{}", serde_yaml_ng::to_string(&created)?),
+            Some(Output::Name) => println!("workflowretry.rewind.dev/{name}"),
+            None => {
+                println!(
+                    "WorkflowRetry {namespace}/{name} for archived workflow {uid} (dry run: the API server accepted it; nothing was created)"
+                );
+                println!(
+                    "  the plan (nodes to reset, pods to delete) needs the archived workflow, which only the controller reads from Argo's archive: run without --dry-run to retry it"
+                );
+            }
+        }
+        return Ok(());
+    }
+    if args.no_wait {
+        match args.output {
+            Some(Output::Name) => println!("workflowretry.rewind.dev/{name}"),
+            _ => println!(
+                "workflowretry.rewind.dev/{name} created to retry archived workflow {uid}; follow it with `rewind status {name} -n {namespace} -w`"
+            ),
+        }
+        return Ok(());
+    }
+    follow_to_the_end(workflows, namespace, vec![asked], args).await
 }
 
 /// Follows asked requests to their end with progress on stderr; `None`
@@ -151,9 +216,10 @@ pub async fn follow_asked(
     asked: Vec<Asked>,
     controller_timeout: Duration,
 ) -> anyhow::Result<Option<Vec<Outcome>>> {
+    let client = workflows.clone().into_client();
     let followers = asked
         .into_iter()
-        .map(|a| Follower::new(workflows.clone(), a))
+        .map(|a| Follower::new(client.clone(), a))
         .collect();
     tokio::select! {
         outcomes = follow_all(followers, controller_timeout) => outcomes.map(Some),
@@ -385,6 +451,10 @@ async fn follow_all(
                 namespace: asked.namespace.clone(),
                 workflow: asked.workflow.clone(),
                 request: asked.token.clone(),
+                workflow_retry: match asked.source {
+                    Source::Annotation => None,
+                    Source::WorkflowRetry { .. } => Some(asked.token.clone()),
+                },
                 status,
                 error,
                 elapsed: started.elapsed(),
@@ -428,6 +498,8 @@ fn show(display: &mut Display, i: usize, asked: &Asked, observed: &Observed, ela
     match display {
         Display::Bars(bars) => {
             let bar = &bars[i];
+            // An archived retry's workflow is named once the controller read the archive.
+            bar.set_prefix(asked.workflow.clone());
             if bar.length() == Some(0) && bar.position() == 0 && status.pods_total > 0 {
                 bar.disable_steady_tick();
                 bar.set_style(
@@ -483,12 +555,15 @@ fn report(outcomes: &[Outcome], output: Option<Output>) -> anyhow::Result<()> {
             for o in outcomes {
                 if o.succeeded() {
                     let pods = o.status.as_ref().map_or(0, |s| s.pods_deleted);
+                    let request = match &o.workflow_retry {
+                        Some(name) => format!("workflowretry/{name}"),
+                        None => format!("request {}", o.request),
+                    };
                     println!(
-                        "{}/{}: retried; {pods} pods deleted in {:.1}s (request {})",
+                        "{}/{}: retried; {pods} pods deleted in {:.1}s ({request})",
                         o.namespace,
                         o.workflow,
                         o.elapsed.as_secs_f64(),
-                        o.request
                     );
                 } else {
                     println!("{}/{}: failed: {}", o.namespace, o.workflow, failure(o));

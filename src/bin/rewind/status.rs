@@ -1,4 +1,5 @@
-//! `rewind status`: a kubectl-style table of retry requests on workflows.
+//! `rewind status`: a kubectl-style table of retry requests: annotations on
+//! live workflows and WorkflowRetry objects.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,15 +9,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 
-use rewind::follow::{self, Observed};
+use rewind::follow::{self, Row};
 use rewind::workflow::Workflow;
+use rewind::workflowretry::WorkflowRetry;
 
 use crate::connect::KubeArgs;
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    /// Only this workflow.
-    #[arg(value_name = "WORKFLOW")]
+    /// Only this workflow, or this WorkflowRetry.
+    #[arg(value_name = "NAME")]
     name: Option<String>,
     #[command(flatten)]
     kube: KubeArgs,
@@ -28,27 +30,29 @@ pub struct StatusArgs {
     watch: bool,
 }
 
-/// One row of the table.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Row {
-    namespace: String,
-    workflow: String,
-    request: String,
-    phase: String,
-    pods: String,
-    age: String,
-    message: String,
+/// Where the requests are read from.
+struct Sources {
+    workflows: Api<Workflow>,
+    /// `None` once listing them was forbidden: the table shows the
+    /// annotation requests alone rather than nothing.
+    retries: Option<Api<WorkflowRetry>>,
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let (client, namespace) = args.kube.connect().await?;
-    let workflows: Api<Workflow> = if args.all_namespaces {
-        Api::all(client)
+    let mut sources = if args.all_namespaces {
+        Sources {
+            workflows: Api::all(client.clone()),
+            retries: Some(Api::all(client)),
+        }
     } else {
-        Api::namespaced(client, &namespace)
+        Sources {
+            workflows: Api::namespaced(client.clone(), &namespace),
+            retries: Some(Api::namespaced(client, &namespace)),
+        }
     };
     let mut shown: BTreeMap<(String, String), Row> = BTreeMap::new();
-    let rows = rows(&workflows, args.name.as_deref()).await?;
+    let rows = rows(&mut sources, args.name.as_deref()).await?;
     if rows.is_empty() && !args.watch {
         let scope = if args.all_namespaces {
             "any namespace".to_owned()
@@ -61,15 +65,15 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     print_header(args.all_namespaces);
     for row in rows {
         print_row(&row, args.all_namespaces);
-        shown.insert((row.namespace.clone(), row.workflow.clone()), row);
+        shown.insert((row.namespace.clone(), row.request.clone()), row);
     }
     if !args.watch {
         return Ok(());
     }
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        for row in self::rows(&workflows, args.name.as_deref()).await? {
-            let key = (row.namespace.clone(), row.workflow.clone());
+        for row in self::rows(&mut sources, args.name.as_deref()).await? {
+            let key = (row.namespace.clone(), row.request.clone());
             if shown.get(&key) != Some(&row) {
                 print_row(&row, args.all_namespaces);
                 shown.insert(key, row);
@@ -78,68 +82,46 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn rows(workflows: &Api<Workflow>, name: Option<&str>) -> anyhow::Result<Vec<Row>> {
-    let metas: Vec<PartialObjectMeta<Workflow>> = match name {
-        Some(name) => workflows
+async fn rows(sources: &mut Sources, name: Option<&str>) -> anyhow::Result<Vec<Row>> {
+    let workflows: Vec<PartialObjectMeta<Workflow>> = match name {
+        Some(name) => sources
+            .workflows
             .get_metadata_opt(name)
             .await
             .with_context(|| format!("reading workflow {name}"))?
             .into_iter()
             .collect(),
         None => {
-            workflows
+            sources
+                .workflows
                 .list_metadata(&ListParams::default())
                 .await
                 .context("listing workflows")?
                 .items
         }
     };
-    let now = Timestamp::now();
-    Ok(metas.iter().filter_map(|m| row(m, now)).collect())
-}
-
-fn row(meta: &PartialObjectMeta<Workflow>, now: Timestamp) -> Option<Row> {
-    let annotations = meta.metadata.annotations.as_ref()?;
-    let (request, observed) = follow::latest(annotations)?;
-    let mut row = Row {
-        namespace: meta.metadata.namespace.clone().unwrap_or_default(),
-        workflow: meta.metadata.name.clone().unwrap_or_default(),
-        request,
-        phase: "Waiting".into(),
-        pods: "-".into(),
-        age: "-".into(),
-        message: String::new(),
+    let listed = match &sources.retries {
+        Some(api) => api.list(&ListParams::default()).await.map(|l| l.items),
+        None => Ok(Vec::new()),
     };
-    match observed {
-        Ok(Observed::Status(s)) => {
-            row.phase = format!("{:?}", s.phase);
-            row.pods = format!("{}/{}", s.pods_deleted, s.pods_total);
-            row.age = s
-                .started_at
-                .and_then(|t| t.parse::<Timestamp>().ok())
-                .map_or_else(|| "-".into(), |t| age(now.duration_since(t)));
-            row.message = s.message;
+    let retries = match listed {
+        Ok(items) => items,
+        // Without the CRD there are no WorkflowRetry objects to show.
+        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            eprintln!(
+                "You may not list WorkflowRetry objects here: showing annotation requests only."
+            );
+            sources.retries = None;
+            Vec::new()
         }
-        Ok(Observed::NotYet | Observed::Replaced { .. }) => {
-            row.message = "not picked up by a controller yet".into();
-        }
-        Err(e) => row.message = format!("unreadable status: {e}"),
-    }
-    Some(row)
+        Err(e) => return Err(e).context("listing WorkflowRetry objects"),
+    };
+    Ok(follow::rows(&workflows, &retries, name, Timestamp::now()))
 }
 
-/// kubectl's short ages: 42s, 5m, 3h, 2d.
-fn age(d: k8s_openapi::jiff::SignedDuration) -> String {
-    let s = d.as_secs().max(0);
-    match s {
-        0..60 => format!("{s}s"),
-        60..3600 => format!("{}m", s / 60),
-        3600..86400 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86400),
-    }
-}
-
-const WIDTHS: [usize; 6] = [16, 32, 16, 14, 13, 5];
+// WORKFLOW fits an archived UID (36 characters) while the controller has not named the workflow yet.
+const WIDTHS: [usize; 6] = [16, 36, 26, 14, 13, 5];
 
 fn print_header(all: bool) {
     print_cells(
