@@ -624,14 +624,14 @@ pub async fn ctrl_c_stops_following_and_leaves_the_request(
 }
 
 /// A failed workflow `name` archived and deleted, its pods left behind (held
-/// by Argo's finalizer): returns the archive holding its row (by UID), its
-/// UID and the number of pods the retry must delete.
+/// by Argo's finalizer): returns its UID, its archived row and the number of
+/// pods the retry must delete.
 async fn archived_workflow(
     cluster: &LocalCluster,
     namespace: &str,
     name: &str,
     failed: usize,
-) -> anyhow::Result<(Arc<dyn ArgoDatabase>, String, usize)> {
+) -> anyhow::Result<(String, Workflow, usize)> {
     let admin = cluster.admin_client();
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), namespace);
     let dag = FailedDag {
@@ -659,8 +659,7 @@ async fn archived_workflow(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let planned = ctl::expected_plan(&row)?.pods_to_delete.len();
-    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(uid.clone(), row)])));
-    Ok((archive, uid, planned))
+    Ok((uid, row, planned))
 }
 
 /// The WorkflowRetry objects in `namespace`.
@@ -678,13 +677,20 @@ async fn workflowretries(
 
 /// `rewind retry --archived UID`, piped: it creates a WorkflowRetry, follows
 /// it with timestamped lines to Succeeded, prints the summary and exits 0;
-/// the workflow exists again, and `rewind status` lists the request.
+/// the workflow exists again, and `rewind status` lists the request. In a
+/// terminal, the bar and the summary name the created workflow.
 pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     grant_user(&cluster, &namespace).await?;
-    let (archive, uid, planned) = archived_workflow(&cluster, &namespace, "wf", 30).await?;
+    let (uid, row, planned) = archived_workflow(&cluster, &namespace, "wf", 30).await?;
+    let (tty_uid, tty_row, tty_planned) =
+        archived_workflow(&cluster, &namespace, "tty", 10).await?;
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([
+        (uid.clone(), row),
+        (tty_uid.clone(), tty_row),
+    ])));
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
@@ -693,7 +699,13 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
     )
     .await?;
     let run = run_piped(rewind(&cluster, &namespace, &["retry", "--archived", &uid])).await?;
-    let table = run_piped(rewind(&cluster, &namespace, &["status"])).await?;
+    let table = run_piped(rewind(&cluster, &namespace, &["status", "wf"])).await?;
+    let tty = run_in_pty(rewind(
+        &cluster,
+        &namespace,
+        &["retry", "--archived", &tty_uid],
+    ))
+    .await?;
     controller.stop().await?;
 
     ensure!(
@@ -704,8 +716,12 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
         run.stderr
     );
     let retries = workflowretries(&cluster, &namespace).await?;
-    let [retry] = retries.as_slice() else {
-        bail!("expected one WorkflowRetry, found {}", retries.len());
+    let [retry] = retries
+        .iter()
+        .filter(|r| r.spec.archived_workflow_uid.as_deref() == Some(uid.as_str()))
+        .collect::<Vec<_>>()[..]
+    else {
+        bail!("expected one WorkflowRetry for {uid}, found {retries:?}");
     };
     let name = retry.name_any();
     let status = retry.status.clone().unwrap_or_default();
@@ -769,6 +785,21 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
             && row.contains("created workflow wf"),
         "rewind status:\n{}",
         table.stdout
+    );
+
+    let shown = &tty.stdout;
+    ensure!(
+        tty.status.success(),
+        "exit {:?}; the terminal showed:\n{shown}",
+        tty.status
+    );
+    ensure!(
+        shown.contains('\x1b')
+            && shown.contains(&format!("{tty_planned}/{tty_planned} pods"))
+            && shown.contains(&format!(
+                "{namespace}/tty: retried; {tty_planned} pods deleted in "
+            )),
+        "no drawn bar or summary for tty in:\n{shown}"
     );
     Ok(())
 }
