@@ -53,17 +53,6 @@ pub enum Source {
     WorkflowRetry { archived_uid: String },
 }
 
-impl Asked {
-    /// The request as `rewind status` names it: `annotation/TOKEN` or
-    /// `workflowretry/NAME`.
-    pub fn reference(&self) -> String {
-        match self.source {
-            Source::Annotation => format!("annotation/{}", self.token),
-            Source::WorkflowRetry { .. } => format!("workflowretry/{}", self.token),
-        }
-    }
-}
-
 /// Why asking for or following a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
@@ -551,7 +540,7 @@ fn workflowretry_row(object: &WorkflowRetry, now: Timestamp) -> Row {
 }
 
 /// kubectl's short ages: 42s, 5m, 3h, 2d.
-pub fn age(d: SignedDuration) -> String {
+fn age(d: SignedDuration) -> String {
     let s = d.as_secs().max(0);
     match s {
         0..60 => format!("{s}s"),
@@ -824,8 +813,6 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle}: {text}");
         }
-        assert_eq!(archived.reference(), "workflowretry/retry-x7k2p");
-        assert_eq!(asked.reference(), "annotation/1");
     }
 
     #[test]
