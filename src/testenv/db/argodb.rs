@@ -136,6 +136,15 @@ impl ArgoDb {
 }
 
 impl DbServer {
+    /// The request that archives `workflow` with Argo's `ArchiveWorkflow`,
+    /// as Argo's controller does (cluster name and instance ID unset).
+    pub fn archive_request(&self, workflow: &crate::workflow::Workflow) -> Value {
+        self.argodb_request(
+            "archive",
+            json!({"workflow": workflow, "clusterName": "", "instanceID": ""}),
+        )
+    }
+
     /// A request for the Argo DB helper on this server's `argo` database, as
     /// the `argo` user, with `fields` (uid, workflow, nodes...) added.
     pub fn argodb_request(&self, op: &str, fields: Value) -> Value {
