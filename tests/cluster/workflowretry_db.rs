@@ -172,6 +172,22 @@ async fn archived_retry_on(
         phase == Some(RetryPhase::Succeeded),
         "the archived retry should succeed: {message}"
     );
+    let timings = finished
+        .status
+        .as_ref()
+        .and_then(|s| s.timings)
+        .unwrap_or_default();
+    ensure!(
+        [
+            timings.read_seconds,
+            timings.plan_seconds,
+            timings.delete_seconds,
+            timings.create_seconds
+        ]
+        .iter()
+        .all(|t| t.is_some_and(|t| t >= 0.0)),
+        "every step's time should be in the status: {timings:?}"
+    );
     let corrupt = a_corrupt_row_fails_clearly(&db, &workflows, &pods, &retries, &namespace).await;
     controller.stop().await?;
     corrupt?;
@@ -251,22 +267,22 @@ async fn a_corrupt_row_fails_clearly(
             && message.contains("not a valid workflow"),
         "expected Failed naming the corrupt row of {uid}, got {phase:?} {message:?}"
     );
+    // The garbage collector marks the orphans deleted; Argo's finalizer holds them until a
+    // retry releases it, which this one must not.
     let after = pods
         .list(&ListParams::default().labels(&selector))
         .await?
         .items;
+    let held = |p: &Pod| {
+        p.finalizers()
+            .contains(&labels::POD_STATUS_FINALIZER.to_string())
+    };
     ensure!(
-        after.len() == before.len()
-            && after
-                .iter()
-                .all(|p| p.metadata.deletion_timestamp.is_none()),
-        "pods were deleted for a corrupt row: {} before, {} after ({} terminating)",
+        after.len() == before.len() && after.iter().all(held),
+        "pods were released or deleted for a corrupt row: {} before, {} after, {} still held",
         before.len(),
         after.len(),
-        after
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_some())
-            .count()
+        after.iter().filter(|p| held(p)).count()
     );
     ensure!(
         workflows.get_opt(&dag.name).await?.is_none(),
