@@ -234,7 +234,7 @@ mod archived {
     use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
     use rewind::watch::Scope;
     use rewind::workflow::{Workflow, labels};
-    use rewind::workflowretry::{CREATED_BY, StepTimings, WorkflowRetry, WorkflowRetrySpec};
+    use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
     use super::{DemoArgs, NAMESPACE, progress};
 
@@ -247,10 +247,7 @@ mod archived {
         args: &DemoArgs,
         live: Duration,
     ) -> anyhow::Result<()> {
-        println!(
-            "
-Starting PostgreSQL; Argo's own migration creates its tables..."
-        );
+        println!("\nStarting PostgreSQL; Argo's own migration creates its tables...");
         let started = Instant::now();
         let db = DbServer::postgres()
             .await
@@ -335,8 +332,7 @@ Starting PostgreSQL; Argo's own migration creates its tables..."
         let before = metrics.api_requests();
 
         println!(
-            "
-kubectl create: WorkflowRetry {REQUEST} -n {NAMESPACE}, archivedWorkflowUID: {uid}"
+            "\nkubectl apply -f - <<EOF\napiVersion: rewind.dev/v1alpha1\nkind: WorkflowRetry\nmetadata: {{name: {REQUEST}, namespace: {NAMESPACE}}}\nspec: {{archivedWorkflowUID: {uid}}}\nEOF"
         );
         let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), NAMESPACE);
         let request = WorkflowRetry::new(
@@ -401,27 +397,20 @@ kubectl create: WorkflowRetry {REQUEST} -n {NAMESPACE}, archivedWorkflowUID: {ui
             "expected workflow {WORKFLOW} created anew by {REQUEST}"
         );
 
-        let t = finished.timings.unwrap_or_default();
         let step = |s: Option<f64>| s.map_or_else(|| "?".to_owned(), |s| format!("{s:.2}s"));
         println!(
-            "
-Retried archived workflow {WORKFLOW} in {:.2}s: {} leftover pods deleted, {kept} succeeded pods kept, created as UID {}.",
+            "\nRetried archived workflow {WORKFLOW} in {:.2}s: {} leftover pods deleted, {kept} succeeded pods kept, created as UID {}.",
             elapsed.as_secs_f64(),
             finished.pods_deleted,
             created.uid().unwrap_or_default()
         );
-        let StepTimings {
-            read_seconds,
-            plan_seconds,
-            delete_seconds,
-            create_seconds,
-        } = t;
+        let t = finished.timings.unwrap_or_default();
         println!(
             "  read {} (Argo's row from PostgreSQL), plan {}, delete {}, create {} (status.timings)",
-            step(read_seconds),
-            step(plan_seconds),
-            step(delete_seconds),
-            step(create_seconds)
+            step(t.read_seconds),
+            step(t.plan_seconds),
+            step(t.delete_seconds),
+            step(t.create_seconds)
         );
         println!(
             "  the live retry of {} failed pods took {:.2}s in this run",
