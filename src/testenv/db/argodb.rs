@@ -81,6 +81,9 @@ impl ArgoDb {
         let failed =
             |problem: String| DbError::ArgoDb(format!("{}: {problem}", self.binary.display()));
         let mut child = Command::new(&self.binary)
+            // upper/db (under Argo's persist/sqldb) logs a query slower than its threshold
+            // with every argument at WARNING: with a large workflow, megabytes of JSON.
+            .env("UPPER_DB_LOG", "ERROR")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
