@@ -11,7 +11,12 @@ SHELL := bash
 controlplane:
 	@tools/controlplane/build.sh
 
+# The archived part of the demo runs PostgreSQL (Debian package, installed when
+# missing) and Argo's own DB code (tools/argodb, built once) to write the archive;
+# `make demo DEMO_ARGS=--no-archived` needs neither, but they are cheap once there.
 demo:
+	tools/db/install.sh
+	tools/argodb/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked -- demo $(DEMO_ARGS)
 
 # Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds

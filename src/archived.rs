@@ -202,6 +202,46 @@ pub struct Timings {
     pub create: Duration,
 }
 
+/// The steps of an archived retry, as the status and the metric name them.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Read,
+    Plan,
+    Delete,
+    Create,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Read => "read",
+            Step::Plan => "plan",
+            Step::Delete => "delete",
+            Step::Create => "create",
+        }
+    }
+}
+
+impl Timings {
+    /// Records that `step` took `elapsed`: here, in the request's status
+    /// (visible at its next write) and in the step histogram.
+    fn record(&mut self, reporter: &mut Reporter<'_>, step: Step, elapsed: Duration) {
+        // Milliseconds are plenty, and keep the status readable.
+        let seconds = Some(elapsed.as_millis() as f64 / 1000.0);
+        let shown = reporter.status.timings.get_or_insert_default();
+        match step {
+            Step::Read => (self.read, shown.read_seconds) = (elapsed, seconds),
+            Step::Plan => (self.plan, shown.plan_seconds) = (elapsed, seconds),
+            Step::Delete => (self.delete, shown.delete_seconds) = (elapsed, seconds),
+            Step::Create => (self.create, shown.create_seconds) = (elapsed, seconds),
+        }
+        reporter
+            .ctx()
+            .metrics
+            .observe_archived_step(step.as_str(), elapsed);
+    }
+}
+
 /// Retries archived workflow `uid` for the WorkflowRetry `reporter` reports on.
 pub(crate) async fn run(
     reporter: &mut Reporter<'_>,
@@ -226,7 +266,7 @@ pub(crate) async fn run(
         .ok_or_else(|| ArchivedError::UnknownUid {
             uid: uid.to_owned(),
         })?;
-    timings.read = step.elapsed();
+    timings.record(reporter, Step::Read, step.elapsed());
     let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
     if archived_namespace != namespace {
         return Err(ArchivedError::OtherNamespace {
@@ -265,11 +305,11 @@ pub(crate) async fn run(
         compression: ctx.config.compression.clone(),
     };
     let planned = plan::plan_retry(&archived, &options)?;
-    timings.plan = step.elapsed();
+    timings.record(reporter, Step::Plan, step.elapsed());
 
     let step = Instant::now();
     delete_leftovers(reporter, &name, uid, &planned.pods_to_delete).await?;
-    timings.delete = step.elapsed();
+    timings.record(reporter, Step::Delete, step.elapsed());
 
     let step = Instant::now();
     let mut workflow = planned.workflow;
@@ -306,7 +346,7 @@ pub(crate) async fn run(
     if let Some(version) = crate::offload::offloaded_version(&workflow) {
         copy_offloaded(database, uid, &created, &namespace, version).await?;
     }
-    timings.create = step.elapsed();
+    timings.record(reporter, Step::Create, step.elapsed());
     info!(
         workflowretry = reporter.name(),
         workflow = name,

@@ -39,6 +39,12 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    /// read, plan, delete or create.
+    step: &'static str,
+}
+
 /// Every metric rewind exports.
 pub struct Metrics {
     registry: Registry,
@@ -49,6 +55,7 @@ pub struct Metrics {
     in_flight: Gauge,
     pods_deleted: Counter,
     retry_duration: Family<ResultLabels, Histogram>,
+    archived_step: Family<StepLabels, Histogram>,
     leader: Gauge,
     /// Plain totals beside the families, which are costly to sum.
     requests_total: AtomicU64,
@@ -122,6 +129,16 @@ impl Default for Metrics {
             "Seconds from picking up a retry request to its end, by result",
             retry_duration.clone(),
         );
+        let archived_step = Family::<StepLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+            ])
+        });
+        registry.register(
+            "archived_retry_step_seconds",
+            "Seconds each step of an archived retry took, by step (read, plan, delete, create)",
+            archived_step.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -138,6 +155,7 @@ impl Default for Metrics {
             in_flight,
             pods_deleted,
             retry_duration,
+            archived_step,
             requests_total: AtomicU64::new(0),
             mutating_total: AtomicU64::new(0),
         }
@@ -170,6 +188,13 @@ impl Metrics {
     pub fn observe_retry(&self, result: &'static str, elapsed: Duration) {
         self.retry_duration
             .get_or_create(&ResultLabels { result })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// One step of an archived retry ended: `step` is read, plan, delete or create.
+    pub fn observe_archived_step(&self, step: &'static str, elapsed: Duration) {
+        self.archived_step
+            .get_or_create(&StepLabels { step })
             .observe(elapsed.as_secs_f64());
     }
 
@@ -238,6 +263,7 @@ mod tests {
         m.token_wait(Bucket::Write, Duration::from_millis(250));
         m.paused(Bucket::Write, Duration::from_secs(1));
         m.observe_retry("succeeded", Duration::from_secs(3));
+        m.observe_archived_step("delete", Duration::from_millis(1500));
         m.pods_deleted(5);
         m.set_leader(true);
         assert_eq!(
@@ -264,6 +290,10 @@ mod tests {
             r#"rewind_queue_depth{class="background",state="waiting"} 0"#,
             "rewind_pods_deleted_total 5",
             r#"rewind_retry_duration_seconds_count{result="succeeded"} 1"#,
+            "# TYPE rewind_archived_retry_step_seconds histogram",
+            r#"rewind_archived_retry_step_seconds_sum{step="delete"} 1.5"#,
+            r#"rewind_archived_retry_step_seconds_bucket{le="2.0",step="delete"} 1"#,
+            r#"rewind_archived_retry_step_seconds_bucket{le="1.0",step="delete"} 0"#,
             "rewind_api_requests_in_flight 0",
             "rewind_leader 1",
         ] {

@@ -104,6 +104,25 @@ pub struct WorkflowRetryStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Seconds each step of an archived retry took, as each step ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<StepTimings>,
+}
+
+/// Seconds spent in each step of an archived retry (read the archived row,
+/// plan, delete the leftover pods, create the workflow); a step's field is
+/// absent until the step has ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepTimings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_seconds: Option<f64>,
 }
 
 /// A Kubernetes-style condition (`type` "Complete" or "Failed", as a Job's).
@@ -208,5 +227,35 @@ mod tests {
             serde_json::to_string(&spec).unwrap(),
             r#"{"archivedWorkflowUID":"u","restartSuccessful":false,"ttlSecondsAfterFinished":60}"#
         );
+    }
+
+    #[test]
+    fn timings_are_omitted_until_known_and_seconds_as_numbers() {
+        let mut status = WorkflowRetryStatus::default();
+        let json = serde_json::to_value(&status).unwrap();
+        assert!(json.get("timings").is_none(), "{json}");
+        status.timings = Some(StepTimings {
+            read_seconds: Some(0.25),
+            plan_seconds: Some(1.5),
+            ..Default::default()
+        });
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            json["timings"],
+            serde_json::json!({"readSeconds": 0.25, "planSeconds": 1.5})
+        );
+        status.timings = Some(StepTimings {
+            read_seconds: Some(0.25),
+            plan_seconds: Some(1.5),
+            delete_seconds: Some(12.0),
+            create_seconds: Some(0.125),
+        });
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(
+            json["timings"],
+            serde_json::json!({"readSeconds": 0.25, "planSeconds": 1.5, "deleteSeconds": 12.0, "createSeconds": 0.125})
+        );
+        let back: WorkflowRetryStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, status);
     }
 }

@@ -8,15 +8,18 @@
 //! subresource, which is what a retry looks at.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt, future, stream};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
 use crate::plan::ArgoVersion;
-use crate::plan::compress::{DEFAULT_MAX_WORKFLOW_SIZE, dehydrate};
+use crate::plan::compress::{
+    CompressError, DEFAULT_MAX_WORKFLOW_SIZE, blob_to_hydrate, decode_nodes, dehydrate,
+};
 use crate::plan::pod_name::{PodNameFormat, node_id, pod_name};
 use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
 
@@ -256,10 +259,54 @@ impl FailedDag {
     }
 }
 
+/// `workflow` as Argo's controller archives it: hydrated (nodes decoded
+/// from `compressedNodes`) first.
+pub fn hydrated(mut workflow: Workflow) -> Result<Workflow, CompressError> {
+    if let Some(blob) = blob_to_hydrate(&workflow.status) {
+        workflow.status.nodes = Some(decode_nodes(blob, ArgoVersion::V4)?);
+        workflow.status.compressed_nodes = None;
+    }
+    Ok(workflow)
+}
+
+/// Deletes workflow `name` (its pods stay: they are orphaned, or held by a
+/// finalizer where a garbage collector runs) and waits until it is gone;
+/// `false` if it is still there after `within`.
+pub async fn delete_workflow(
+    workflows: &Api<Workflow>,
+    name: &str,
+    within: Duration,
+) -> Result<bool, kube::Error> {
+    workflows.delete(name, &DeleteParams::background()).await?;
+    let deadline = tokio::time::Instant::now() + within;
+    while workflows.get_opt(name).await?.is_some() {
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::plan::{RetryOptions, plan_retry};
+
+    #[test]
+    fn a_large_workflow_is_archived_with_its_nodes_decoded() {
+        let dag = FailedDag {
+            name: "wf".into(),
+            failed: 5000,
+            succeeded: 10,
+        };
+        let compressed = dag.workflow("ns");
+        assert!(compressed.status.compressed_nodes.is_some());
+        let row = hydrated(compressed).unwrap();
+        assert_eq!(row.status.compressed_nodes, None);
+        let nodes = row.status.nodes.as_ref().map_or(0, BTreeMap::len);
+        assert!(nodes > 5010, "{nodes} nodes");
+    }
 
     #[test]
     fn the_plan_deletes_exactly_the_failed_pods() {

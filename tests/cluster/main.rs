@@ -27,6 +27,7 @@ mod support;
 mod workflow_roundtrip;
 mod workflowretry;
 mod workflowretry_db;
+mod workflowretry_kill;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -85,6 +86,7 @@ fn main() -> ExitCode {
         workflowretry_db::an_archived_retry_on_mariadb,
         workflowretry_db::an_offloaded_live_retry_on_postgresql,
         workflowretry_db::an_offloaded_live_retry_on_mariadb,
+        workflowretry_kill::an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once,
         cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
         cli::dry_run_prints_the_planners_plan_and_changes_nothing,
         cli::piped_output_json_selector_and_no_wait,

@@ -1,7 +1,8 @@
 //! Retries against Argo's real database (PostgreSQL and MariaDB from the system's packages,
 //! schema and rows written by Argo's own persist/sqldb code through tools/argodb): an
 //! archived retry reads the row Argo archived, a database that is down keeps the request
-//! pending with a clear message and nothing deleted, and a live workflow whose nodes Argo
+//! pending with a clear message and nothing deleted, a corrupt archived row fails the request
+//! clearly with nothing deleted, and a live workflow whose nodes Argo
 //! offloaded is hydrated, reset and offloaded again so that Argo reads back its own result.
 
 use std::net::{Ipv4Addr, TcpListener};
@@ -12,12 +13,12 @@ use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use rewind::archived::{ArgoDatabase, ArgoDb};
 use rewind::request::RetryPhase;
 use rewind::testenv::db::{DbServer, Kind};
 use rewind::testenv::localcluster::LocalCluster;
-use rewind::testenv::workload::FailedDag;
+use rewind::testenv::workload::{FailedDag, delete_workflow};
 use rewind::workflow::{Workflow, labels};
 use rewind::workflowretry::WorkflowRetry;
 use serde_json::json;
@@ -31,14 +32,15 @@ use crate::workflowretry::{
 const FINISH: Duration = Duration::from_secs(60);
 
 /// A database server with Argo's schema, made by Argo's own migration.
-async fn argo_db(kind: Kind) -> anyhow::Result<DbServer> {
+pub async fn argo_db(kind: Kind) -> anyhow::Result<DbServer> {
     let db = DbServer::start(kind).await?;
     let migrate = argodb::request(&db, "migrate", json!({}));
     tokio::task::spawn_blocking(move || argodb::one(Line::V4, migrate)).await??;
     Ok(db)
 }
 
-async fn argo(request: serde_json::Value) -> anyhow::Result<argodb::Answer> {
+/// One request to Argo's database code (v4.1.4).
+pub async fn argo(request: serde_json::Value) -> anyhow::Result<argodb::Answer> {
     tokio::task::spawn_blocking(move || argodb::one(Line::V4, request)).await?
 }
 
@@ -73,7 +75,9 @@ pub async fn an_offloaded_live_retry_on_mariadb(
 /// Argo archives a failed workflow, which is then deleted while its pods (held by Argo's
 /// finalizer) remain. With the database down the request waits, says why, and deletes
 /// nothing; with the database up it deletes the plan's leftovers and creates what Argo's own
-/// archived retry creates from the row Argo reads back.
+/// archived retry creates from the row Argo reads back. A row that is valid JSON (the
+/// column's type insists) but no workflow fails its request, naming the row, and deletes
+/// nothing.
 async fn archived_retry_on(
     kind: Kind,
     cluster: Arc<LocalCluster>,
@@ -95,29 +99,14 @@ async fn archived_retry_on(
     create_held_pods(&pods, dag.pods(&created)).await?;
     let live = workflows.get(&dag.name).await?;
     let uid = live.uid().context("a created workflow has a UID")?;
-    argo(argodb::request(
-        &db,
-        "archive",
-        json!({"workflow": live, "clusterName": "", "instanceID": ""}),
-    ))
-    .await?;
+    argo(db.archive_request(&live)).await?;
     let row: Workflow = serde_json::from_str(
         &argo(argodb::request(&db, "getArchived", json!({"uid": uid})))
             .await?
             .json,
     )
     .context("Argo's read of its archived row")?;
-    workflows
-        .delete(&dag.name, &DeleteParams::background())
-        .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while workflows.get_opt(&dag.name).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "workflow wf was not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    delete_and_wait(&workflows, &dag.name).await?;
     let plan = ctl::expected_plan(&row)?;
 
     // The database is down: a port nobody listens on.
@@ -178,12 +167,30 @@ async fn archived_retry_on(
     )
     .await?;
     let finished = wait_finished(&retries, "retry-archived").await?;
-    controller.stop().await?;
     let (phase, message) = phase_and_message(&finished);
     ensure!(
         phase == Some(RetryPhase::Succeeded),
         "the archived retry should succeed: {message}"
     );
+    let timings = finished
+        .status
+        .as_ref()
+        .and_then(|s| s.timings)
+        .unwrap_or_default();
+    ensure!(
+        [
+            timings.read_seconds,
+            timings.plan_seconds,
+            timings.delete_seconds,
+            timings.create_seconds
+        ]
+        .iter()
+        .all(|t| t.is_some_and(|t| t >= 0.0)),
+        "every step's time should be in the status: {timings:?}"
+    );
+    let corrupt = a_corrupt_row_fails_clearly(&db, &workflows, &pods, &retries, &namespace).await;
+    controller.stop().await?;
+    corrupt?;
     for pod in &plan.pods_to_delete {
         ensure!(
             pods.get_opt(pod).await?.is_none(),
@@ -197,6 +204,90 @@ async fn archived_retry_on(
     );
     ensure_what_argo_creates(&after, &row, from).await?;
     db.stop();
+    Ok(())
+}
+
+/// Deletes workflow `name` and waits until it is gone; its pods stay.
+async fn delete_and_wait(workflows: &Api<Workflow>, name: &str) -> anyhow::Result<()> {
+    ensure!(
+        delete_workflow(workflows, name, Duration::from_secs(20)).await?,
+        "workflow {name} was not deleted"
+    );
+    Ok(())
+}
+
+/// With a controller running on `db`: a workflow Argo archived, whose row then holds valid
+/// JSON that is no workflow, is deleted live; its retry fails saying the row is not a valid
+/// workflow, and its leftover pods are untouched.
+async fn a_corrupt_row_fails_clearly(
+    db: &DbServer,
+    workflows: &Api<Workflow>,
+    pods: &Api<Pod>,
+    retries: &Api<WorkflowRetry>,
+    namespace: &str,
+) -> anyhow::Result<()> {
+    let dag = FailedDag {
+        name: "wf-corrupt".into(),
+        failed: 4,
+        succeeded: 1,
+    };
+    let created = workflows
+        .create(&PostParams::default(), &dag.workflow(namespace))
+        .await?;
+    create_held_pods(pods, dag.pods(&created)).await?;
+    let live = workflows.get(&dag.name).await?;
+    let uid = live.uid().context("a created workflow has a UID")?;
+    argo(db.archive_request(&live)).await?;
+    delete_and_wait(workflows, &dag.name).await?;
+    // A name must be a string: valid JSON, no workflow.
+    let corrupted = db
+        .execute(&format!(
+            r#"UPDATE argo_archived_workflows SET workflow = '{{"metadata": {{"name": 7}}}}' WHERE uid = '{uid}'"#
+        ))
+        .await?;
+    ensure!(
+        corrupted == 1,
+        "expected to corrupt one row, changed {corrupted}"
+    );
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let before = pods
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+
+    retries
+        .create(&PostParams::default(), &archived("retry-corrupt", &uid))
+        .await?;
+    let finished = wait_finished(retries, "retry-corrupt").await?;
+    let (phase, message) = phase_and_message(&finished);
+    ensure!(
+        phase == Some(RetryPhase::Failed)
+            && message.contains(&uid)
+            && message.contains("argo_archived_workflows")
+            && message.contains("not a valid workflow"),
+        "expected Failed naming the corrupt row of {uid}, got {phase:?} {message:?}"
+    );
+    // The garbage collector marks the orphans deleted; Argo's finalizer holds them until a
+    // retry releases it, which this one must not.
+    let after = pods
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items;
+    let held = |p: &Pod| {
+        p.finalizers()
+            .contains(&labels::POD_STATUS_FINALIZER.to_string())
+    };
+    ensure!(
+        after.len() == before.len() && after.iter().all(held),
+        "pods were released or deleted for a corrupt row: {} before, {} after, {} still held",
+        before.len(),
+        after.len(),
+        after.iter().filter(|p| held(p)).count()
+    );
+    ensure!(
+        workflows.get_opt(&dag.name).await?.is_none(),
+        "a workflow was created from a corrupt row"
+    );
     Ok(())
 }
 

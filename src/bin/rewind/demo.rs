@@ -3,7 +3,10 @@
 //! Starts etcd and kube-apiserver, creates a failed workflow with N failed
 //! pods (and some succeeded ones that must survive), starts the controller,
 //! retries it as `rewind retry` does (the same code, in-process), then checks
-//! and reports the result.
+//! and reports the result. Then the same for an archived workflow (unless
+//! `--no-archived`): Argo's own code archives it in a local PostgreSQL, the
+//! workflow is deleted while its pods stay, and a WorkflowRetry brings it
+//! back; the time of each step is printed beside the live retry's.
 //!
 //! `--compare-raw` measures instead: rewind's retry beside one raw
 //! DeleteCollection of the same pods, each on a fresh control plane, timed by
@@ -40,6 +43,9 @@ pub struct DemoArgs {
     /// Keep the control plane running afterwards, until Ctrl-C.
     #[arg(long)]
     keep: bool,
+    /// Skip the archived retry (the PostgreSQL part) after the live one.
+    #[arg(long)]
+    no_archived: bool,
     /// Benchmark: time rewind's retry (with its breakdown) and one raw
     /// DeleteCollection of the same pods, each on a fresh control plane,
     /// alternating which goes first, and print the medians.
@@ -78,7 +84,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64(),
         cluster.server_url()
     );
-    let result = scenario(&cluster, &args).await;
+    let result = match scenario(&cluster, &args).await {
+        Ok(live) if !args.no_archived => archived::run(&cluster, &args, live).await,
+        other => other.map(drop),
+    };
     if args.keep && result.is_ok() {
         println!(
             "\nexport KUBECONFIG={}",
@@ -94,7 +103,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
+/// The live retry; returns how long it took as the user saw it.
+async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<Duration> {
     let admin = cluster.admin_client();
     let dag = FailedDag {
         name: "big-retry".into(),
@@ -187,7 +197,7 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()>
         args.pods as f64 / qps,
         args.pods
     );
-    Ok(())
+    Ok(elapsed)
 }
 
 fn progress(len: u64, message: &'static str) -> ProgressBar {
@@ -198,6 +208,221 @@ fn progress(len: u64, message: &'static str) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+mod archived {
+    //! The archived retry: Argo's own code archives a failed workflow in a
+    //! local PostgreSQL, the workflow is deleted while its pods stay (owned by
+    //! its old UID), and a WorkflowRetry naming that UID brings it back.
+
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use anyhow::{Context as _, ensure};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt as _;
+    use kube::api::{Api, ListParams, PostParams};
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use rewind::archived::{ArgoDatabase, ArgoDb};
+    use rewind::controller::Controller;
+    use rewind::request::RetryPhase;
+    use rewind::testenv::db::DbServer;
+    use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
+    use rewind::testenv::localcluster::{LocalCluster, Role};
+    use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
+    use rewind::watch::Scope;
+    use rewind::workflow::{Workflow, labels};
+    use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+
+    use super::{DemoArgs, NAMESPACE, progress};
+
+    const WORKFLOW: &str = "big-archived";
+    const REQUEST: &str = "big-archived-retry";
+    const FINISH: Duration = Duration::from_secs(900);
+
+    pub async fn run(
+        cluster: &LocalCluster,
+        args: &DemoArgs,
+        live: Duration,
+    ) -> anyhow::Result<()> {
+        println!("\nStarting PostgreSQL; Argo's own migration creates its tables...");
+        let started = Instant::now();
+        let db = DbServer::postgres()
+            .await
+            .context("starting PostgreSQL (`bash tools/db/install.sh` installs it)")?;
+        let argos_code = tokio::task::spawn_blocking(|| ArgosCode::locate(ArgoLine::V4)).await??;
+        let migrate = db.argodb_request("migrate", json!({}));
+        let code = argos_code.clone();
+        tokio::task::spawn_blocking(move || code.one(migrate)).await??;
+        println!(
+            "  ready in {:.1}s on 127.0.0.1:{}",
+            started.elapsed().as_secs_f64(),
+            db.port()
+        );
+        let result = scenario(cluster, args, live, &db, argos_code).await;
+        db.stop();
+        result
+    }
+
+    async fn scenario(
+        cluster: &LocalCluster,
+        args: &DemoArgs,
+        live: Duration,
+        db: &DbServer,
+        argos_code: ArgosCode,
+    ) -> anyhow::Result<()> {
+        let admin = cluster.admin_client();
+        let dag = FailedDag {
+            name: WORKFLOW.into(),
+            failed: args.pods,
+            succeeded: args.succeeded,
+        };
+        let total = (args.pods + args.succeeded) as u64;
+        let bar = progress(total, "creating pods");
+        let setup = Instant::now();
+        dag.create(&admin, NAMESPACE, 64, || bar.inc(1))
+            .await
+            .context("creating the workflow to archive and its pods")?;
+        bar.finish_with_message(format!(
+            "created {total} pods in {:.1}s",
+            setup.elapsed().as_secs_f64()
+        ));
+
+        // What Argo's controller does when a workflow is archived: hydrate, then ArchiveWorkflow.
+        let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+        let row = hydrated(workflows.get(WORKFLOW).await?)?;
+        let uid = row.uid().context("a created workflow has a UID")?;
+        let archive = db.archive_request(&row);
+        tokio::task::spawn_blocking(move || argos_code.one(archive)).await??;
+        println!("  Argo's ArchiveWorkflow stored {WORKFLOW} (UID {uid}) in PostgreSQL");
+        ensure!(
+            delete_workflow(&workflows, WORKFLOW, Duration::from_secs(60)).await?,
+            "workflow {WORKFLOW} was not deleted within a minute"
+        );
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+        let selector = ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW));
+        let left_behind = pods.list_metadata(&selector).await?.items.len();
+        ensure!(
+            left_behind as u64 == total,
+            "expected the {total} pods of the deleted workflow to stay, found {left_behind}"
+        );
+        println!(
+            "  deleted the live workflow; its {left_behind} pods stay behind, owned by UID {uid}"
+        );
+
+        // Argo's database as the workflowretry_db tests give it to the controller.
+        let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+        let scope = Scope {
+            namespaces: vec![NAMESPACE.into()],
+            instance_id: None,
+        };
+        let controller = Controller::new(
+            cluster.config(Role::Controller).await?,
+            args.tuning.options(scope, None),
+        )?
+        .with_database(database);
+        let (metrics, state) = (controller.metrics(), controller.state());
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(controller.run(shutdown.clone()));
+        while !state.is_ready() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let before = metrics.api_requests();
+
+        println!(
+            "\nkubectl apply -f - <<EOF\napiVersion: rewind.dev/v1alpha1\nkind: WorkflowRetry\nmetadata: {{name: {REQUEST}, namespace: {NAMESPACE}}}\nspec: {{archivedWorkflowUID: {uid}}}\nEOF"
+        );
+        let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), NAMESPACE);
+        let request = WorkflowRetry::new(
+            REQUEST,
+            WorkflowRetrySpec {
+                archived_workflow_uid: Some(uid.clone()),
+                ..Default::default()
+            },
+        );
+        let asked = Instant::now();
+        let request_uid = retries
+            .create(&PostParams::default(), &request)
+            .await?
+            .uid()
+            .unwrap_or_default();
+        let bar = progress(0, "deleting leftovers");
+        let finished = loop {
+            let object = retries.get(REQUEST).await?;
+            let status = object.status.clone().unwrap_or_default();
+            if status.pods_total > 0 {
+                bar.set_length(status.pods_total);
+                bar.set_position(status.pods_deleted);
+            }
+            if object.is_finished() {
+                break status;
+            }
+            if asked.elapsed() > FINISH {
+                bar.abandon();
+                anyhow::bail!(
+                    "the archived retry did not finish within {FINISH:?}; its status: {status:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let elapsed = asked.elapsed();
+        let used = metrics.api_requests() - before;
+        shutdown.cancel();
+        running.await??;
+        ensure!(
+            finished.phase == Some(RetryPhase::Succeeded),
+            "the archived retry failed: {}",
+            finished.message
+        );
+        bar.finish_with_message(format!("deleted {}", finished.pods_deleted));
+
+        // Check as a user would: failed pods gone, succeeded kept, the workflow back under a new UID.
+        let left = pods.list(&selector).await?.items;
+        let kept = left
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+            .count();
+        ensure!(
+            left.len() == args.succeeded && kept == args.succeeded,
+            "expected exactly the {} succeeded pods to remain, found {} pods ({kept} succeeded)",
+            args.succeeded,
+            left.len()
+        );
+        let created = workflows.get(WORKFLOW).await?;
+        ensure!(
+            created.annotation(CREATED_BY) == Some(request_uid.as_str())
+                && created.uid().as_deref() != Some(uid.as_str()),
+            "expected workflow {WORKFLOW} created anew by {REQUEST}"
+        );
+
+        let step = |s: Option<f64>| s.map_or_else(|| "?".to_owned(), |s| format!("{s:.2}s"));
+        println!(
+            "\nRetried archived workflow {WORKFLOW} in {:.2}s: {} leftover pods deleted, {kept} succeeded pods kept, created as UID {}.",
+            elapsed.as_secs_f64(),
+            finished.pods_deleted,
+            created.uid().unwrap_or_default()
+        );
+        let t = finished.timings.unwrap_or_default();
+        println!(
+            "  read {} (Argo's row from PostgreSQL), plan {}, delete {}, create {} (status.timings)",
+            step(t.read_seconds),
+            step(t.plan_seconds),
+            step(t.delete_seconds),
+            step(t.create_seconds)
+        );
+        println!(
+            "  the live retry of {} failed pods took {:.2}s in this run",
+            args.pods,
+            live.as_secs_f64()
+        );
+        println!(
+            "API requests by rewind during the archived retry: {} ({} mutating)",
+            used.total, used.mutating
+        );
+        Ok(())
+    }
 }
 
 mod bench {

@@ -81,6 +81,9 @@ impl ArgoDb {
         let failed =
             |problem: String| DbError::ArgoDb(format!("{}: {problem}", self.binary.display()));
         let mut child = Command::new(&self.binary)
+            // upper/db (under Argo's persist/sqldb) logs a query slower than its threshold
+            // with every argument at WARNING: with a large workflow, megabytes of JSON.
+            .env("UPPER_DB_LOG", "ERROR")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -136,6 +139,15 @@ impl ArgoDb {
 }
 
 impl DbServer {
+    /// The request that archives `workflow` with Argo's `ArchiveWorkflow`,
+    /// as Argo's controller does (cluster name and instance ID unset).
+    pub fn archive_request(&self, workflow: &crate::workflow::Workflow) -> Value {
+        self.argodb_request(
+            "archive",
+            json!({"workflow": workflow, "clusterName": "", "instanceID": ""}),
+        )
+    }
+
     /// A request for the Argo DB helper on this server's `argo` database, as
     /// the `argo` user, with `fields` (uid, workflow, nodes...) added.
     pub fn argodb_request(&self, op: &str, fields: Value) -> Value {

@@ -377,6 +377,50 @@ impl DbServer {
         }
     }
 
+    /// Runs one SQL statement on the `argo` database as the `argo` user (over
+    /// TLS, as Argo connects); returns the rows it affected. For tests that
+    /// must put into Argo's tables what Argo's code would not write.
+    pub async fn execute(&self, statement: &str) -> Result<u64, DbError> {
+        let what = || format!("{:?}: {statement}", self.kind);
+        let affected = match self.kind {
+            Kind::Postgres => {
+                let mut conn = PgConnectOptions::new_without_pgpass()
+                    .host("127.0.0.1")
+                    .port(self.port)
+                    .username(USER)
+                    .password(PASSWORD)
+                    .database(DATABASE)
+                    .connect()
+                    .await
+                    .map_err(DbError::sql(what()))?;
+                let done = conn
+                    .execute(statement)
+                    .await
+                    .map_err(DbError::sql(what()))?;
+                let _ = conn.close().await;
+                done.rows_affected()
+            }
+            Kind::MariaDb => {
+                let mut conn = MySqlConnectOptions::new()
+                    .host("127.0.0.1")
+                    .port(self.port)
+                    .username(USER)
+                    .password(PASSWORD)
+                    .database(DATABASE)
+                    .connect()
+                    .await
+                    .map_err(DbError::sql(what()))?;
+                let done = conn
+                    .execute(statement)
+                    .await
+                    .map_err(DbError::sql(what()))?;
+                let _ = conn.close().await;
+                done.rows_affected()
+            }
+        };
+        Ok(affected)
+    }
+
     /// Creates Argo's tables with Argo's own migration (v4.1.4, which v3.7.6
     /// reads and writes too).
     pub fn create_argo_schema(&self) -> Result<(), DbError> {

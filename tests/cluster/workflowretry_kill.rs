@@ -1,0 +1,443 @@
+//! Rule 4 with a real crash, for an archived retry: the `rewind controller` binary, which reads
+//! Argo's database from Argo's ConfigMap (PostgreSQL, the row written by Argo's own code), is
+//! SIGKILLed (a) while it deletes the leftover pods, before the create, and (b) after the
+//! create, before the status says so. A ValidatingAdmissionPolicy that refuses any status
+//! naming the created workflow's UID holds the binary at point (b) until it is killed; the
+//! test then removes the policy. Restarted each time, the binary creates the workflow exactly
+//! once and the request ends Succeeded.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use rewind::request::RetryPhase;
+use rewind::testenv::db::{DbServer, Kind, PASSWORD, USER};
+use rewind::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
+use rewind::testenv::workload::{FailedDag, delete_workflow};
+use rewind::workflow::Workflow;
+use rewind::workflowretry::{CREATED_BY, WorkflowRetry};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::support::controller as ctl;
+use crate::workflowretry::{archived, create_held_pods, phase_and_message};
+use crate::workflowretry_db::{argo, argo_db};
+
+const CONFIGMAP: &str = "workflow-controller-configmap";
+const SECRET: &str = "argo-db";
+const REQUEST: &str = "retry-archived";
+const WAIT: Duration = Duration::from_secs(60);
+
+pub async fn an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let db = argo_db(Kind::Postgres).await?;
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    install_argo_config(&cluster, &namespace, &db).await?;
+
+    // Argo archives a failed workflow, which is deleted; its pods stay, held by Argo's finalizer.
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 40,
+        succeeded: 3,
+    };
+    let created = workflows
+        .create(&PostParams::default(), &dag.workflow(&namespace))
+        .await?;
+    create_held_pods(&pods, dag.pods(&created)).await?;
+    let live = workflows.get(&dag.name).await?;
+    let old_uid = live.uid().context("a created workflow has a UID")?;
+    argo(db.archive_request(&live)).await?;
+    ensure!(
+        delete_workflow(&workflows, &dag.name, Duration::from_secs(20)).await?,
+        "workflow {} was not deleted",
+        dag.name
+    );
+    let plan = ctl::expected_plan(&live)?;
+    let kept: Vec<String> = dag
+        .pods(&created)
+        .into_iter()
+        .filter_map(|(p, _)| p.metadata.name)
+        .filter(|p| !plan.pods_to_delete.contains(p))
+        .collect();
+
+    let request = retries
+        .create(&PostParams::default(), &archived(REQUEST, &old_uid))
+        .await?;
+    let request_uid = request.uid().unwrap_or_default();
+    let policy = StatusRefusal::install(&cluster, &namespace, &retries).await?;
+    let logs = tempfile::tempdir()?;
+
+    // (a) Killed while it deletes the leftovers: five writes a second, one pod at a time.
+    let log = logs.path().join("run-a.log");
+    let mut child = spawn_controller(&cluster, &namespace, &log, 5)?;
+    let total = plan.pods_to_delete.len();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(exit) = child.try_wait()? {
+            bail!("the controller exited by itself ({exit}):\n{}", read(&log));
+        }
+        if present(&pods, &plan.pods_to_delete).await? + 3 <= total {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller deleted no leftovers within {WAIT:?}:\n{}",
+            read(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    let left = present(&pods, &plan.pods_to_delete).await?;
+    ensure!(
+        0 < left && left < total,
+        "kill (a) should fall while leftovers are deleted; {left} of {total} remain"
+    );
+    ensure!(
+        workflows.get_opt(&dag.name).await?.is_none(),
+        "the workflow was created before every leftover was gone"
+    );
+
+    // (b) Killed after the create: the policy refuses the status that would say so.
+    let log = logs.path().join("run-b.log");
+    let mut child = spawn_controller(&cluster, &namespace, &log, 50)?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(exit) = child.try_wait()? {
+            bail!("the controller exited by itself ({exit}):\n{}", read(&log));
+        }
+        let created_by_us = workflows
+            .get_metadata_opt(&dag.name)
+            .await?
+            .is_some_and(|w| w.annotations().get(CREATED_BY) == Some(&request_uid));
+        if created_by_us && refused_status_writes(&cluster, &namespace)? > 0 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no create followed by a refused status write within {WAIT:?}:\n{}",
+            read(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    let (phase, message) = phase_and_message(&retries.get(REQUEST).await?);
+    ensure!(
+        phase != Some(RetryPhase::Succeeded),
+        "the status should not say Succeeded before the restart: {message}"
+    );
+    let first = workflows.get(&dag.name).await?;
+    policy.remove(&retries).await?;
+
+    // Restarted: it finds the workflow it created and finishes the request.
+    let log = logs.path().join("run-last.log");
+    let mut child = spawn_controller(&cluster, &namespace, &log, 50)?;
+    let finished = wait_finished(&retries, &mut child, &log).await;
+    child.start_kill()?;
+    child.wait().await?;
+    let finished = finished?;
+    let status = finished.status.clone().unwrap_or_default();
+    ensure!(
+        status.phase == Some(RetryPhase::Succeeded),
+        "expected the request to succeed: {status:?}"
+    );
+    let after = workflows.get(&dag.name).await?;
+    ensure!(
+        after.uid() == first.uid()
+            && after.uid() != Some(old_uid.clone())
+            && status.workflow_uid == after.uid()
+            && after.annotation(CREATED_BY) == Some(request_uid.as_str()),
+        "expected the workflow created in run (b) (UID {:?}, {CREATED_BY}={request_uid}) named in the status, found UID {:?}, annotation {:?}, status {:?}",
+        first.uid(),
+        after.uid(),
+        after.annotation(CREATED_BY),
+        status.workflow_uid
+    );
+    let creates: Vec<u16> = ctl::audit_log(&cluster, &namespace)?
+        .iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "create"
+                && a.resource == "workflows"
+                && a.name == dag.name
+        })
+        .map(|a| a.code)
+        .collect();
+    ensure!(
+        creates == [201],
+        "expected exactly one create of workflow {} by the controller, the audit log has codes {creates:?}",
+        dag.name
+    );
+    ensure!(
+        present(&pods, &plan.pods_to_delete).await? == 0,
+        "plan pods were left behind"
+    );
+    ensure!(
+        present(&pods, &kept).await? == kept.len(),
+        "pods outside the plan were deleted"
+    );
+    db.stop();
+    Ok(())
+}
+
+/// Argo's ConfigMap with its `persistence` block and the Secret it names, in `namespace`, and a
+/// Role letting the controller read them (the chart's archive Role); waits until it may.
+async fn install_argo_config(
+    cluster: &LocalCluster,
+    namespace: &str,
+    db: &DbServer,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let mut persistence = db.argo_db_config();
+    persistence["archive"] = json!(true);
+    let configmap = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(CONFIGMAP.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(
+            "persistence".to_owned(),
+            serde_yaml_ng::to_string(&persistence)?,
+        )])),
+        ..Default::default()
+    };
+    Api::<ConfigMap>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &configmap)
+        .await?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(SECRET.into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("username".to_owned(), ByteString(USER.into())),
+            ("password".to_owned(), ByteString(PASSWORD.into())),
+        ])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "rewind-archive"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIGMAP], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get"]},
+        ],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "rewind-archive"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rewind-archive"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_NAME}],
+    }))?;
+    Api::<RoleBinding>::namespaced(admin, namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    // The binary reads them once at start and runs without a database if it may not.
+    let controller = kube::Client::try_from(cluster.config(localcluster::Role::Controller).await?)?;
+    let as_controller = Api::<Secret>::namespaced(controller, namespace);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = as_controller.get(SECRET).await {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller may not read Secret {SECRET}: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A ValidatingAdmissionPolicy (and its binding) refusing, in one namespace, any
+/// WorkflowRetry status that names a workflow UID: what an archived retry writes right after
+/// its create.
+struct StatusRefusal {
+    name: String,
+    admin: kube::Client,
+}
+
+impl StatusRefusal {
+    async fn install(
+        cluster: &LocalCluster,
+        namespace: &str,
+        retries: &Api<WorkflowRetry>,
+    ) -> anyhow::Result<StatusRefusal> {
+        let admin = cluster.admin_client();
+        let name = format!("{namespace}-refuse-created-status");
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                    "resourceRules": [{
+                        "apiGroups": ["rewind.dev"], "apiVersions": ["v1alpha1"],
+                        "operations": ["UPDATE"], "resources": ["workflowretries/status"],
+                    }],
+                },
+                "validations": [{
+                    "expression": "!has(object.status) || !has(object.status.workflowUID)",
+                    "message": "the test refuses a status naming the created workflow",
+                }],
+            },
+        }))?;
+        Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+            .create(&PostParams::default(), &policy)
+            .await?;
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }))?;
+        Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await?;
+        let this = StatusRefusal { name, admin };
+        this.wait_until(retries, true).await?;
+        Ok(this)
+    }
+
+    async fn remove(self, retries: &Api<WorkflowRetry>) -> anyhow::Result<()> {
+        Api::<ValidatingAdmissionPolicyBinding>::all(self.admin.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
+        Api::<ValidatingAdmissionPolicy>::all(self.admin.clone())
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
+        self.wait_until(retries, false).await
+    }
+
+    /// Waits until the API server enforces the policy (`refused`) or no longer does, probing
+    /// with a dry-run status write on the request (the policy applies to dry runs too).
+    async fn wait_until(&self, retries: &Api<WorkflowRetry>, refused: bool) -> anyhow::Result<()> {
+        let probe = json!({"status": {"workflowUID": "probe"}});
+        let params = PatchParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let result = retries
+                .patch_status(REQUEST, &params, &Patch::Merge(&probe))
+                .await;
+            match (&result, refused) {
+                (Err(kube::Error::Api(s)), true) if s.message.contains("the test refuses") => {
+                    return Ok(());
+                }
+                (Ok(_), false) => return Ok(()),
+                _ => {}
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the policy is not {} after 30s: {result:?}",
+                if refused { "enforced" } else { "gone" }
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Status writes of the controller on the request that the API server refused.
+fn refused_status_writes(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<usize> {
+    Ok(ctl::audit_log(cluster, namespace)?
+        .iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "patch"
+                && a.resource == "workflowretries"
+                && a.name == REQUEST
+                && a.code >= 400
+        })
+        .count())
+}
+
+/// How many of `names` still exist.
+async fn present(pods: &Api<Pod>, names: &[String]) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for name in names {
+        n += usize::from(pods.get_metadata_opt(name).await?.is_some());
+    }
+    Ok(n)
+}
+
+async fn wait_finished(
+    retries: &Api<WorkflowRetry>,
+    child: &mut Child,
+    log: &Path,
+) -> anyhow::Result<WorkflowRetry> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let object = retries.get(REQUEST).await?;
+        if object.is_finished() {
+            return Ok(object);
+        }
+        if let Some(exit) = child.try_wait()? {
+            bail!("the controller exited by itself ({exit}):\n{}", read(log));
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the request did not finish within {WAIT:?}; its status: {:?}\n{}",
+            object.status,
+            read(log)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The real binary, serving `namespace` with Argo's database from the ConfigMap there, at
+/// `qps` single deletes a second.
+fn spawn_controller(
+    cluster: &LocalCluster,
+    namespace: &str,
+    log: &Path,
+    qps: u32,
+) -> anyhow::Result<Child> {
+    let out = std::fs::File::create(log)?;
+    Command::new(env!("CARGO_BIN_EXE_rewind"))
+        .args([
+            "--log-format",
+            "json",
+            "controller",
+            "--namespace",
+            namespace,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--argo-configmap",
+            &format!("{namespace}/{CONFIGMAP}"),
+            "--no-bulk",
+        ])
+        .args(["--qps", &qps.to_string(), "--burst", "1"])
+        .env(
+            "KUBECONFIG",
+            cluster.kubeconfig_path(localcluster::Role::Controller),
+        )
+        .env("RUST_LOG", "info,kube=warn")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the rewind binary")
+}
+
+fn read(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_else(|e| format!("(cannot read {}: {e})", log.display()))
+}
