@@ -95,6 +95,8 @@ spec:
         timeout: Duration::from_secs(3600),
         argo_version: rewind::plan::ArgoVersion::V4,
         instance_id: None,
+        mode: run::Mode::Live,
+        argo_configmap: None,
     }
 }
 

@@ -348,7 +348,9 @@ async fn argo_database(
     configmap: &str,
 ) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>> {
     if configmap.is_empty() {
-        tracing::info!("--argo-configmap is empty: archived retries and offloaded nodes are not served");
+        tracing::info!(
+            "--argo-configmap is empty: archived retries and offloaded nodes are not served"
+        );
         return Ok(None);
     }
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
