@@ -91,6 +91,11 @@ fn database_scenarios() -> Vec<Scenario> {
     );
     [
         ("archived", ARCHIVE_INSTANCE, Mode::Archived),
+        (
+            "archived-orphaned",
+            ARCHIVE_INSTANCE,
+            Mode::ArchivedOrphaned,
+        ),
         ("offloaded", OFFLOAD_INSTANCE, Mode::Offloaded),
     ]
     .into_iter()
@@ -234,7 +239,7 @@ async fn check(
     scenario: Scenario,
 ) -> anyhow::Result<()> {
     let outcome = run::run(cluster, peer, &scenario, Budgets::default(), false).await?;
-    for side in [&outcome.rewind, &outcome.argo] {
+    for (side, by_rewind) in [(&outcome.rewind, true), (&outcome.argo, false)] {
         let ns = &side.namespace;
         let fates = side.fates();
         tracing::info!(namespace = %ns, ?fates, "pods after the retry");
@@ -265,6 +270,19 @@ async fn check(
                 ensure!(
                     failed.is_subset(&fates.replaced),
                     "{ns}: failed pods {failed:?} were not run again: {fates:?}"
+                );
+            }
+            Mode::ArchivedOrphaned => {
+                // Argo's retry deletes the orphans by name; rewind refuses, naming one.
+                let refused = side.refused.as_deref().unwrap_or_default();
+                ensure!(
+                    side.refused.is_some() == by_rewind
+                        && (!by_rewind
+                            || (refused.contains("belongs to another workflow")
+                                && failed.iter().any(|pod| refused.contains(pod.as_str())))),
+                    "{ns}: rewind should refuse the orphaned failed pods {failed:?}, naming \
+                     one; refused: {:?}",
+                    side.refused
                 );
             }
             Mode::Offloaded => ensure!(
@@ -345,7 +363,7 @@ impl Env {
     fn configmap(&self, mode: Mode) -> Option<String> {
         match mode {
             Mode::Live => None,
-            Mode::Archived => Some(self.argo_archive.configmap()),
+            Mode::Archived | Mode::ArchivedOrphaned => Some(self.argo_archive.configmap()),
             Mode::Offloaded => Some(self.argo_offload.configmap()),
         }
     }

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rewind::archived::{ArgoDatabase, ArgoDb};
 use rewind::controller::{Controller, Options};
 use rewind::plan::ArgoVersion;
-use rewind::request::annotations;
+use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::argo::Outcomes;
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::watch::Scope;
@@ -67,6 +67,12 @@ pub enum Mode {
     /// Archived by Argo (`archive: true`), the live workflow deleted (its pods with it, as
     /// Argo's TTL deletes it).
     Archived,
+    /// Archived, the live workflow deleted with its pods orphaned (`--cascade=orphan`): they
+    /// stay, owned by nothing. Argo's retry deletes the plan's pods by name; rewind deletes
+    /// only pods the archived workflow owns, so it refuses (nothing deleted, nothing created)
+    /// and names the pod; once the user deletes the failed pods, as told, a new
+    /// WorkflowRetry ends where Argo's retry does.
+    ArchivedOrphaned,
     /// Live, its nodes offloaded by Argo (ALWAYS_OFFLOAD_NODE_STATUS=true); both retries run
     /// with the same setting, as Argo's Server would next to its controller.
     Offloaded,
@@ -108,6 +114,8 @@ pub struct Side {
     /// Whether the failed and the final workflow had their nodes offloaded
     /// (`workflow` is hydrated from Argo's database).
     pub offloaded: (bool, bool),
+    /// The message of a first WorkflowRetry rewind refused ([`Mode::ArchivedOrphaned`]).
+    pub refused: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,22 +211,43 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     };
     let failed = workflows.get(&scenario.name).await?;
     let first_offloaded = failed.status.offload_node_status_version.is_some();
-    let archived_uid = if scenario.mode == Mode::Archived {
-        Some(archive_and_delete(&workflows, &pods, &scenario.name, scenario.timeout).await?)
-    } else {
-        None
+    let archived_uid = match scenario.mode {
+        Mode::Archived | Mode::ArchivedOrphaned => Some(
+            archive_and_delete(
+                &workflows,
+                &pods,
+                &scenario.name,
+                scenario.mode == Mode::ArchivedOrphaned,
+                scenario.timeout,
+            )
+            .await?,
+        ),
+        Mode::Live | Mode::Offloaded => None,
     };
+    let mut refused = None;
 
     let (reset_took, retry_took) = match via {
         Via::Rewind(budgets) => {
             let controller =
                 start_rewind(cluster, &namespace, scenario, budgets, database.clone()).await?;
             let started = Instant::now();
-            match &archived_uid {
-                Some(uid) => request_archived(cluster, &namespace, uid, &scenario.retry).await?,
-                None => request_rewind(&workflows, &scenario.name, &scenario.retry).await?,
+            let took = async {
+                match &archived_uid {
+                    Some(uid) => {
+                        if scenario.mode == Mode::ArchivedOrphaned {
+                            refused = Some(
+                                refused_then_cleared(cluster, &namespace, uid, scenario, &before)
+                                    .await?,
+                            );
+                        }
+                        request_archived(cluster, &namespace, "e2e-archived", uid, &scenario.retry)
+                            .await?
+                    }
+                    None => request_rewind(&workflows, &scenario.name, &scenario.retry).await?,
+                }
+                until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await
             }
-            let took = until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await;
+            .await;
             controller.stop().await?;
             took?
         }
@@ -240,7 +269,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
             took?
         }
     };
-    if scenario.mode == Mode::Archived {
+    if archived_uid.is_some() {
         // Argo archives the retried workflow too; its label says when, so both sides are
         // compared after it.
         wait_archived(&workflows, &scenario.name, scenario.timeout).await?;
@@ -256,6 +285,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
         reset_took,
         retry_took,
         offloaded: (first_offloaded, final_offloaded),
+        refused,
     })
 }
 
@@ -287,29 +317,46 @@ async fn hydrate(
     Ok(true)
 }
 
-/// Waits until Argo has archived the workflow, then deletes it as Argo's TTL does
-/// (background propagation) and waits until it and its pods are gone. Returns its UID.
+/// Waits until Argo has archived the workflow, then deletes it: as Argo's TTL does
+/// (background propagation), waiting until it and its pods are gone, or orphaning its pods,
+/// waiting until it is gone and they are owned by nothing. Returns its UID.
 async fn archive_and_delete(
     workflows: &Api<Workflow>,
     pods: &Api<Pod>,
     name: &str,
+    orphan: bool,
     timeout: Duration,
 ) -> anyhow::Result<String> {
     let archived = wait_archived(workflows, name, timeout).await?;
     let uid = archived.metadata.uid.clone().unwrap_or_default();
-    workflows
-        .delete(name, &kube::api::DeleteParams::background())
-        .await?;
+    let params = if orphan {
+        DeleteParams::orphan()
+    } else {
+        DeleteParams::background()
+    };
+    workflows.delete(name, &params).await?;
     let deadline = Instant::now() + timeout;
     let selector = format!("{}={name}", labels::WORKFLOW);
     loop {
         let left = pods.list(&ListParams::default().labels(&selector)).await?;
-        if workflows.get_opt(name).await?.is_none() && left.items.is_empty() {
+        let done = if orphan {
+            !left.items.is_empty()
+                && left.items.iter().all(|p| {
+                    p.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_none_or(Vec::is_empty)
+                })
+        } else {
+            left.items.is_empty()
+        };
+        if workflows.get_opt(name).await?.is_none() && done {
             return Ok(uid);
         }
         ensure!(
             Instant::now() < deadline,
-            "workflow {name} or its {} pods are still there {timeout:?} after its deletion",
+            "workflow {name} is still there {timeout:?} after its deletion, or its {} pods \
+             are not as the deletion leaves them (orphaned: {orphan})",
             left.items.len()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -342,16 +389,17 @@ async fn wait_archived(
     }
 }
 
-/// Asks rewind to retry an archived workflow: a WorkflowRetry naming its UID.
+/// Asks rewind to retry an archived workflow: WorkflowRetry `name` naming its UID.
 async fn request_archived(
     cluster: &LocalCluster,
     namespace: &str,
+    name: &str,
     uid: &str,
     retry: &Retry,
 ) -> anyhow::Result<()> {
     let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), namespace);
     let request = WorkflowRetry::new(
-        "e2e-archived",
+        name,
         WorkflowRetrySpec {
             archived_workflow_uid: Some(uid.to_owned()),
             restart_successful: retry.restart_successful,
@@ -363,8 +411,71 @@ async fn request_archived(
     retries
         .create(&PostParams::default(), &request)
         .await
-        .with_context(|| format!("creating WorkflowRetry {namespace}/e2e-archived"))?;
+        .with_context(|| format!("creating WorkflowRetry {namespace}/{name}"))?;
     Ok(())
+}
+
+/// rewind's answer to an archived retry while pods of the plan's names are orphaned: the
+/// WorkflowRetry fails, naming one, with every pod as it was and no workflow created. Then
+/// does what the message says (deletes the first run's failed pods) and returns it.
+async fn refused_then_cleared(
+    cluster: &LocalCluster,
+    namespace: &str,
+    uid: &str,
+    scenario: &Scenario,
+    before: &BTreeMap<String, PodSeen>,
+) -> anyhow::Result<String> {
+    const NAME: &str = "e2e-refused";
+    request_archived(cluster, namespace, NAME, uid, &scenario.retry).await?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), namespace);
+    let deadline = Instant::now() + scenario.timeout;
+    let status = loop {
+        let request = retries.get(NAME).await?;
+        if request.is_finished() {
+            break request.status.unwrap_or_default();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "WorkflowRetry {NAME} did not finish within {:?}: {:?}",
+            scenario.timeout,
+            request.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        status.phase == Some(RetryPhase::Failed),
+        "rewind should refuse to delete pods the archived workflow does not own: {status:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
+    ensure!(
+        pods_of(&pods, &scenario.name).await? == *before,
+        "rewind touched pods while refusing"
+    );
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), namespace);
+    ensure!(
+        workflows.get_opt(&scenario.name).await?.is_none(),
+        "rewind created the workflow while refusing"
+    );
+    let failed: Vec<&String> = before
+        .iter()
+        .filter(|(_, pod)| pod.phase == "Failed")
+        .map(|(name, _)| name)
+        .collect();
+    for name in &failed {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    while pods_of(&pods, &scenario.name)
+        .await?
+        .keys()
+        .any(|name| failed.contains(&name))
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the failed pods were not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(status.message)
 }
 
 /// How long after `started` the workflow was reset (no longer Failed), then Succeeded.
