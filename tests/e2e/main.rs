@@ -5,10 +5,11 @@
 //! namespaces under the same name: once with rewind (its controller in process), once with
 //! Argo's own retry code (tools/peer, the Argo Server's RetryWorkflow). Both must end
 //! Succeeded, keep the first run's succeeded pods, give new pods exactly to the nodes the
-//! retry reset, and agree node by node. Two scenarios keep the failed workflow in Argo's
+//! retry reset, and agree node by node. Three scenarios keep the failed workflow in Argo's
 //! database (PostgreSQL, Argo's own schema): `archived` (Argo archives it and it is deleted;
-//! a WorkflowRetry against Argo's `RetryArchivedWorkflow`) and `offloaded` (its nodes
-//! offloaded). One control plane, the database and Argo's controllers (v4, v3.7.6, v4 with
+//! a WorkflowRetry against Argo's `RetryArchivedWorkflow`), `archived-orphaned` (deleted
+//! with its pods orphaned, where rewind refuses until they are deleted: see [`Mode`]) and
+//! `offloaded` (its nodes offloaded). One control plane, the database and Argo's controllers (v4, v3.7.6, v4 with
 //! the archive, v4 offloading) serve the whole binary; if they cannot start, every test fails
 //! (never skipped).
 
