@@ -9,7 +9,9 @@
 //! Options: --pods N (2000), --rewind-qps/--rewind-burst (20/30, rewind's default write
 //! budget), --argo-qps/--argo-burst (20/30 as the Argo Server; 5/10 as `argo retry` in kube
 //! mode), --controller-qps/--controller-burst (Argo's workflow-controller, 20/30 as Argo
-//! ships it; it recreates the reset pods on both sides alike).
+//! ships it; it recreates the reset pods on both sides alike), --archived (Argo's controller
+//! archives to PostgreSQL; the failed workflow is deleted with its pods and retried from the
+//! archive: a WorkflowRetry against the Argo Server's RetryArchivedWorkflow).
 
 #[path = "../tests/e2e/run.rs"]
 mod run;
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::workflow::Workflow;
 
@@ -28,6 +31,7 @@ struct Args {
     budgets: Budgets,
     controller_qps: u32,
     controller_burst: u32,
+    archived: bool,
 }
 
 fn parse() -> anyhow::Result<Option<Args>> {
@@ -36,6 +40,7 @@ fn parse() -> anyhow::Result<Option<Args>> {
         budgets: Budgets::default(),
         controller_qps: 20,
         controller_burst: 30,
+        archived: false,
     };
     let mut benching = false;
     let mut it = std::env::args().skip(1);
@@ -56,13 +61,14 @@ fn parse() -> anyhow::Result<Option<Args>> {
             "--argo-burst" => args.budgets.argo_burst = value()?,
             "--controller-qps" => args.controller_qps = value()?,
             "--controller-burst" => args.controller_burst = value()?,
+            "--archived" => args.archived = true,
             other => anyhow::bail!("unknown option {other}"),
         }
     }
     Ok(benching.then_some(args))
 }
 
-fn scenario(pods: usize) -> Scenario {
+fn scenario(pods: usize, mode: run::Mode) -> Scenario {
     let yaml = format!(
         r#"apiVersion: argoproj.io/v1alpha1
 kind: Workflow
@@ -95,6 +101,9 @@ spec:
         timeout: Duration::from_secs(3600),
         argo_version: rewind::plan::ArgoVersion::V4,
         instance_id: None,
+        mode,
+        // Set from the running controller's ConfigMap.
+        argo_configmap: None,
     }
 }
 
@@ -105,47 +114,81 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         ..Options::default()
     })
     .await?;
+    let db = match args.archived {
+        true => Some(DbServer::postgres().await?),
+        false => None,
+    };
     let controller = ArgoController::start(
         &cluster,
         &argo::Options {
             qps: args.controller_qps,
             burst: args.controller_burst,
+            persistence: db.as_ref().map(|db| argo::Persistence {
+                database: db.argo_db_config(),
+                archive: true,
+                offload: false,
+            }),
             ..argo::Options::default()
         },
     )
     .await?;
-    let scenario = scenario(args.pods);
+    let mut scenario = scenario(
+        args.pods,
+        match args.archived {
+            true => run::Mode::Archived,
+            false => run::Mode::Live,
+        },
+    );
+    if args.archived {
+        scenario.argo_configmap = Some(controller.configmap());
+    }
     let outcome = run::run(&cluster, &peer, &scenario, args.budgets, true).await;
     controller.stop().await?;
+    if let Some(db) = db {
+        db.stop();
+    }
     cluster.stop().await?;
     let outcome = outcome?;
     let b = args.budgets;
     println!(
-        "{} pods ({} failed); Argo workflow-controller {}/{}",
+        "{} pods ({} failed){}; Argo workflow-controller {}/{}",
         outcome.rewind.before.len(),
         outcome.rewind.before_in("Failed").len(),
+        match args.archived {
+            true => ", archived and deleted with its pods",
+            false => "",
+        },
         args.controller_qps,
         args.controller_burst
     );
     println!(
-        "| retried by | budget (qps/burst) | pods replaced | request → reset written | request → Succeeded |"
+        "| retried by | budget (qps/burst) | pods replaced | request → reset written | request → Succeeded | nodes offloaded (failed, final) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for (who, qps, burst, side) in [
         ("rewind", b.rewind_qps, b.rewind_burst, &outcome.rewind),
         (
-            "Argo RetryWorkflow",
+            match args.archived {
+                true => "Argo RetryArchivedWorkflow",
+                false => "Argo RetryWorkflow",
+            },
             b.argo_qps,
             b.argo_burst,
             &outcome.argo,
         ),
     ] {
         println!(
-            "| {who} (namespace {}) | {qps}/{burst} | {} | {:.1} s | {:.1} s |",
+            "| {who} (namespace {}) | {qps}/{burst} | {} | {:.1} s | {:.1} s | {:?} |",
             side.namespace,
             side.fates().replaced.len(),
             side.reset_took.as_secs_f64(),
-            side.retry_took.as_secs_f64()
+            side.retry_took.as_secs_f64(),
+            side.offloaded
+        );
+        ensure!(
+            side.refused.is_none(),
+            "{who} refused a retry: {:?}",
+            side.refused
         );
     }
     let (rewind, argo) = (outcome.rewind.fates(), outcome.argo.fates());

@@ -7,6 +7,10 @@
 //! kwok runs them, and [`Outcomes`] annotates each new pod with [`OUTCOME_ANNOTATION`], which
 //! kwok's `pod-outcome-*` stages (localcluster/kwok-stages.yaml) turn into a finished pod,
 //! Succeeded or Failed, with every container terminated.
+//!
+//! With [`Persistence`] the controller gets a `persistence` block on a database fixture
+//! ([`crate::testenv::db::DbServer`]), its credentials in a Secret of its namespace; Argo
+//! creates its tables with its own migration when it starts.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -17,12 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event, watcher};
 use tokio::task::JoinHandle;
 
+use crate::testenv::db;
 use crate::testenv::localcluster::{self, LocalCluster, Role};
 use crate::workflow::labels;
 
@@ -98,6 +103,9 @@ pub enum Error {
     #[error("{0}")]
     Cluster(#[from] localcluster::Error),
 
+    #[error("writing Argo's configuration as YAML: {0}")]
+    Config(#[from] serde_yaml_ng::Error),
+
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout { what: String, waited: Duration },
 
@@ -169,6 +177,8 @@ pub struct Options {
     /// `workflows.argoproj.io/controller-instanceid` with it (`None`: only unlabelled ones),
     /// so controllers of two versions can share a cluster.
     pub instance_id: Option<String>,
+    /// Argo's `persistence` block; `None`: no database.
+    pub persistence: Option<Persistence>,
 }
 
 impl Default for Options {
@@ -179,14 +189,29 @@ impl Default for Options {
             qps: 20,
             burst: 30,
             instance_id: None,
+            persistence: None,
         }
     }
+}
+
+/// Argo's `persistence` block on a database fixture.
+#[derive(Clone, Debug)]
+pub struct Persistence {
+    /// The database part ([`db::DbServer::argo_db_config`]); its Secret
+    /// ([`db::CREDENTIALS_SECRET`]) is created in the controller's namespace.
+    pub database: serde_json::Value,
+    /// `archive: true`: Argo archives every completed workflow.
+    pub archive: bool,
+    /// `nodeStatusOffLoad: true`, and `ALWAYS_OFFLOAD_NODE_STATUS=true` in the controller's
+    /// environment so that a small workflow's nodes are offloaded too.
+    pub offload: bool,
 }
 
 /// A running workflow-controller. Stop it with [`ArgoController::stop`]; dropping it kills it.
 pub struct ArgoController {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    configmap: String,
 }
 
 impl ArgoController {
@@ -201,7 +226,12 @@ impl ArgoController {
         .expect("the build thread does not panic")?;
         let crd_dir = binary.with_file_name("crds");
         install_crds(&cluster.admin_client(), &crd_dir).await?;
-        let configmap = install_config(cluster, options.instance_id.as_deref()).await?;
+        let configmap = install_config(
+            cluster,
+            options.instance_id.as_deref(),
+            options.persistence.as_ref(),
+        )
+        .await?;
 
         let dir = tempfile::Builder::new()
             .prefix("rewind-argo-")
@@ -234,6 +264,9 @@ impl ArgoController {
         if let Some(namespace) = &options.managed_namespace {
             command.args(["--namespaced", "--managed-namespace", namespace]);
         }
+        if options.persistence.as_ref().is_some_and(|p| p.offload) {
+            command.env("ALWAYS_OFFLOAD_NODE_STATUS", "true");
+        }
         // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
         unsafe {
             command.pre_exec(|| {
@@ -249,9 +282,15 @@ impl ArgoController {
         let mut controller = ArgoController {
             child: Some(child),
             dir,
+            configmap,
         };
         controller.wait_started().await?;
         Ok(controller)
+    }
+
+    /// Its ConfigMap as `NAMESPACE/NAME` (what rewind's `--argo-configmap` takes).
+    pub fn configmap(&self) -> String {
+        format!("{CONTROLLER_NAMESPACE}/{}", self.configmap)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -396,10 +435,12 @@ async fn install_crds(client: &kube::Client, dir: &Path) -> Result<(), Error> {
 }
 
 /// The controller's namespace and ConfigMap (one per instance ID): metrics off (their port
-/// is fixed), the instance ID, nothing else. Returns the ConfigMap's name.
+/// is fixed), the instance ID, the persistence block (with the Secret it names), nothing
+/// else. Returns the ConfigMap's name.
 async fn install_config(
     cluster: &LocalCluster,
     instance_id: Option<&str>,
+    persistence: Option<&Persistence>,
 ) -> Result<String, Error> {
     let name = match instance_id {
         Some(id) => format!("{CONFIGMAP}-{id}"),
@@ -423,17 +464,26 @@ async fn install_config(
     {
         cluster.create_namespace(CONTROLLER_NAMESPACE).await?;
     }
-    let mut config =
-        "metricsConfig:\n  enabled: false\ntelemetryConfig:\n  enabled: false\n".to_owned();
+    let mut config = serde_json::json!({
+        "metricsConfig": {"enabled": false},
+        "telemetryConfig": {"enabled": false},
+    });
     if let Some(id) = instance_id {
-        config.push_str(&format!("instanceID: {id}\n"));
+        config["instanceID"] = id.into();
+    }
+    if let Some(persistence) = persistence {
+        let mut block = persistence.database.clone();
+        block["archive"] = persistence.archive.into();
+        block["nodeStatusOffLoad"] = persistence.offload.into();
+        config["persistence"] = block;
+        install_credentials(cluster).await?;
     }
     let configmap = ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.clone()),
             ..Default::default()
         },
-        data: Some([("config".to_owned(), config)].into()),
+        data: Some([("config".to_owned(), serde_yaml_ng::to_string(&config)?)].into()),
         ..Default::default()
     };
     configmaps
@@ -443,6 +493,38 @@ async fn install_config(
             "creating ConfigMap {CONTROLLER_NAMESPACE}/{name}"
         )))?;
     Ok(name)
+}
+
+/// The database fixture's user and password, in the Secret its persistence block names
+/// (once: controllers sharing the database share it).
+async fn install_credentials(cluster: &LocalCluster) -> Result<(), Error> {
+    let secrets: Api<Secret> = Api::namespaced(cluster.admin_client(), CONTROLLER_NAMESPACE);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(db::CREDENTIALS_SECRET.to_owned()),
+            ..Default::default()
+        },
+        string_data: Some(
+            [
+                ("username".to_owned(), db::USER.to_owned()),
+                ("password".to_owned(), db::PASSWORD.to_owned()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    secrets
+        .patch(
+            db::CREDENTIALS_SECRET,
+            &PatchParams::apply("rewind-testenv-argo").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(kube_err(format!(
+            "creating Secret {CONTROLLER_NAMESPACE}/{}",
+            db::CREDENTIALS_SECRET
+        )))?;
+    Ok(())
 }
 
 /// Decides how Argo's pods in a namespace end: the first pod of each node for which the

@@ -5,8 +5,13 @@
 //! namespaces under the same name: once with rewind (its controller in process), once with
 //! Argo's own retry code (tools/peer, the Argo Server's RetryWorkflow). Both must end
 //! Succeeded, keep the first run's succeeded pods, give new pods exactly to the nodes the
-//! retry reset, and agree node by node. One control plane and one Argo controller serve the
-//! whole binary; if they cannot start, every test fails (never skipped).
+//! retry reset, and agree node by node. Three scenarios keep the failed workflow in Argo's
+//! database (PostgreSQL, Argo's own schema): `archived` (Argo archives it and it is deleted;
+//! a WorkflowRetry against Argo's `RetryArchivedWorkflow`), `archived-orphaned` (deleted
+//! with its pods orphaned, where rewind refuses until they are deleted: see [`Mode`]) and
+//! `offloaded` (its nodes offloaded). One control plane, the database and Argo's controllers (v4, v3.7.6, v4 with
+//! the archive, v4 offloading) serve the whole binary; if they cannot start, every test fails
+//! (never skipped).
 
 mod run;
 
@@ -19,11 +24,12 @@ use anyhow::ensure;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rewind::plan::ArgoVersion;
 use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::workflow::Workflow;
 use tracing_subscriber::EnvFilter;
 
-use run::{Budgets, Retry, Scenario};
+use run::{Budgets, Mode, Retry, Scenario};
 
 const WORK: &str = r#"
   - name: work
@@ -57,10 +63,57 @@ fn scenarios() -> Vec<Scenario> {
     v3.argo_version = ArgoVersion::V3_7;
     v3.instance_id = Some(V3_INSTANCE.into());
     all.push(v3);
+    all.extend(database_scenarios());
     all
 }
 
 const V3_INSTANCE: &str = "v3";
+/// The Argo controllers with a database: one archives, one offloads every workflow.
+const ARCHIVE_INSTANCE: &str = "archive";
+const OFFLOAD_INSTANCE: &str = "offload";
+
+/// A DAG whose failed workflow is kept in Argo's database: archived (and deleted), or with
+/// its nodes offloaded.
+fn database_scenarios() -> Vec<Scenario> {
+    let dag = workflow(
+        r#"spec:
+  entrypoint: main
+  arguments: {parameters: [{name: msg, value: hello}]}
+  templates:
+  - name: main
+    dag:
+      tasks:
+      - {name: a, template: work}
+      - {name: b, template: work, dependencies: [a]}
+      - {name: c, template: work, dependencies: [a]}
+      - {name: d, template: work, dependencies: [b, c]}
+      - {name: e, template: work}
+"#,
+    );
+    [
+        ("archived", ARCHIVE_INSTANCE, Mode::Archived),
+        (
+            "archived-orphaned",
+            ARCHIVE_INSTANCE,
+            Mode::ArchivedOrphaned,
+        ),
+        ("offloaded", OFFLOAD_INSTANCE, Mode::Offloaded),
+    ]
+    .into_iter()
+    .map(|(name, instance, mode)| Scenario {
+        name: name.into(),
+        workflow: dag.clone(),
+        fails: vec![".b".into(), ".e".into()],
+        retry: Retry::default(),
+        timeout: Duration::from_secs(120),
+        argo_version: ArgoVersion::V4,
+        instance_id: Some(instance.into()),
+        mode,
+        // Set from the running controller's ConfigMap.
+        argo_configmap: None,
+    })
+    .collect()
+}
 
 fn v4_scenarios() -> Vec<Scenario> {
     let timeout = Duration::from_secs(120);
@@ -86,6 +139,8 @@ fn v4_scenarios() -> Vec<Scenario> {
             timeout,
             argo_version: ArgoVersion::V4,
             instance_id: None,
+            mode: Mode::Live,
+            argo_configmap: None,
         },
         Scenario {
             name: "dag-retry-strategy".into(),
@@ -114,6 +169,8 @@ fn v4_scenarios() -> Vec<Scenario> {
             timeout,
             argo_version: ArgoVersion::V4,
             instance_id: None,
+            mode: Mode::Live,
+            argo_configmap: None,
         },
         Scenario {
             name: "dag-on-exit".into(),
@@ -140,6 +197,8 @@ fn v4_scenarios() -> Vec<Scenario> {
             timeout,
             argo_version: ArgoVersion::V4,
             instance_id: None,
+            mode: Mode::Live,
+            argo_configmap: None,
         },
         Scenario {
             name: "selector-parameters".into(),
@@ -167,6 +226,8 @@ fn v4_scenarios() -> Vec<Scenario> {
             timeout,
             argo_version: ArgoVersion::V4,
             instance_id: None,
+            mode: Mode::Live,
+            argo_configmap: None,
         },
     ]
 }
@@ -179,7 +240,7 @@ async fn check(
     scenario: Scenario,
 ) -> anyhow::Result<()> {
     let outcome = run::run(cluster, peer, &scenario, Budgets::default(), false).await?;
-    for side in [&outcome.rewind, &outcome.argo] {
+    for (side, by_rewind) in [(&outcome.rewind, true), (&outcome.argo, false)] {
         let ns = &side.namespace;
         let fates = side.fates();
         tracing::info!(namespace = %ns, ?fates, "pods after the retry");
@@ -193,7 +254,46 @@ async fn check(
             let phase = &side.after[name].phase;
             ensure!(phase == "Succeeded", "{ns}: new pod {name} ended {phase}");
         }
-        if !scenario.retry.restart_successful {
+        match scenario.mode {
+            Mode::Live => {}
+            Mode::Archived => {
+                // The first run's pods went with the deleted workflow: exactly the failed
+                // ones are run again, under the same names.
+                let rerun: Vec<String> = side
+                    .before_in("Succeeded")
+                    .into_iter()
+                    .filter(|name| side.after.contains_key(name))
+                    .collect();
+                ensure!(
+                    rerun.is_empty(),
+                    "{ns}: succeeded nodes of the archived workflow ran again: {rerun:?}"
+                );
+                ensure!(
+                    failed.is_subset(&fates.replaced),
+                    "{ns}: failed pods {failed:?} were not run again: {fates:?}"
+                );
+            }
+            Mode::ArchivedOrphaned => {
+                // Argo's retry deletes the orphans by name; rewind refuses, naming one.
+                let refused = side.refused.as_deref().unwrap_or_default();
+                ensure!(
+                    side.refused.is_some() == by_rewind
+                        && (!by_rewind
+                            || (refused.contains("belongs to another workflow")
+                                && failed.iter().any(|pod| refused.contains(pod.as_str())))),
+                    "{ns}: rewind should refuse the orphaned failed pods {failed:?}, naming \
+                     one; refused: {:?}",
+                    side.refused
+                );
+            }
+            Mode::Offloaded => ensure!(
+                side.offloaded == (true, true),
+                "{ns}: Argo should have offloaded the nodes of the failed and of the final \
+                 workflow (ALWAYS_OFFLOAD_NODE_STATUS=true); offloaded: {:?}",
+                side.offloaded
+            ),
+        }
+        if !scenario.retry.restart_successful && scenario.mode != Mode::Archived {
             // Argo's retry also runs the exit handler again.
             let reran: Vec<String> = side
                 .before_in("Succeeded")
@@ -244,6 +344,10 @@ struct Env {
     cluster: LocalCluster,
     argo: ArgoController,
     argo_v3: ArgoController,
+    /// Argo's controllers with `persistence` on `db`: archive on, and node status offload.
+    argo_archive: ArgoController,
+    argo_offload: ArgoController,
+    db: DbServer,
     peer: PathBuf,
     peer_v3: PathBuf,
 }
@@ -253,6 +357,15 @@ impl Env {
         match version {
             ArgoVersion::V4 => &self.peer,
             ArgoVersion::V3_7 => &self.peer_v3,
+        }
+    }
+
+    /// The ConfigMap of the controller that keeps the scenario's workflow in its database.
+    fn configmap(&self, mode: Mode) -> Option<String> {
+        match mode {
+            Mode::Live => None,
+            Mode::Archived | Mode::ArchivedOrphaned => Some(self.argo_archive.configmap()),
+            Mode::Offloaded => Some(self.argo_offload.configmap()),
         }
     }
 }
@@ -277,10 +390,33 @@ async fn start() -> anyhow::Result<Env> {
         },
     )
     .await?;
+    let db = DbServer::postgres().await?;
+    // One after the other: each runs Argo's migration on the shared database at start.
+    let mut with_database = Vec::new();
+    for (instance, archive, offload) in [
+        (ARCHIVE_INSTANCE, true, false),
+        (OFFLOAD_INSTANCE, false, true),
+    ] {
+        let options = argo::Options {
+            instance_id: Some(instance.into()),
+            persistence: Some(argo::Persistence {
+                database: db.argo_db_config(),
+                archive,
+                offload,
+            }),
+            ..argo::Options::default()
+        };
+        with_database.push(ArgoController::start(&cluster, &options).await?);
+    }
+    let argo_offload = with_database.pop().expect("two controllers");
+    let argo_archive = with_database.pop().expect("two controllers");
     Ok(Env {
         cluster,
         argo,
         argo_v3,
+        argo_archive,
+        argo_offload,
+        db,
         peer,
         peer_v3,
     })
@@ -326,6 +462,8 @@ fn main() -> ExitCode {
             Trial::test(scenario.name.clone(), move || {
                 let env =
                     env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
+                let mut scenario = scenario;
+                scenario.argo_configmap = env.configmap(scenario.mode);
                 handle
                     .block_on(check(
                         &env.cluster,
@@ -342,18 +480,22 @@ fn main() -> ExitCode {
             cluster,
             argo,
             argo_v3,
+            argo_archive,
+            argo_offload,
+            db,
             ..
         }) = Arc::try_unwrap(env)
         else {
             eprintln!("error: a test kept the environment alive");
             return ExitCode::FAILURE;
         };
-        for controller in [argo, argo_v3] {
+        for controller in [argo, argo_v3, argo_archive, argo_offload] {
             if let Err(error) = runtime.block_on(controller.stop()) {
                 eprintln!("error: Argo's workflow-controller: {error}");
                 return ExitCode::FAILURE;
             }
         }
+        db.stop();
         if let Err(error) = runtime.block_on(cluster.stop()) {
             eprintln!("error: stopping the local control plane: {error}");
             return ExitCode::FAILURE;

@@ -3,6 +3,11 @@
 //! code (tools/peer: the Argo Server's `RetryWorkflow`, in process). Each copy lives in its
 //! own namespace under the same name, so node IDs and pod names are the same on both sides
 //! and the final workflows compare node by node.
+//!
+//! A scenario may keep the failed workflow in Argo's database ([`Mode`]): archived (Argo
+//! archives it, the live workflow is then deleted, and the retry comes from the archive: a
+//! WorkflowRetry for rewind, `RetryArchivedWorkflow` for Argo), or with its nodes offloaded.
+//! Both sides then read Argo's database from the ConfigMap Argo's controller uses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -11,14 +16,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rewind::archived::{ArgoDatabase, ArgoDb};
 use rewind::controller::{Controller, Options};
 use rewind::plan::ArgoVersion;
-use rewind::request::annotations;
+use rewind::request::{RetryPhase, annotations};
 use rewind::testenv::argo::Outcomes;
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::watch::Scope;
 use rewind::workflow::{Workflow, labels};
+use rewind::workflowretry::{WorkflowRetry, WorkflowRetrySpec};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +52,30 @@ pub struct Scenario {
     pub argo_version: ArgoVersion,
     /// ... and which of the cluster's Argo controllers (Argo's `instanceID`).
     pub instance_id: Option<String>,
+    pub mode: Mode,
+    /// That controller's ConfigMap (`NAMESPACE/NAME`), for a [`Mode`] that needs its
+    /// database: rewind's `--argo-configmap`, the peer's `--configmap`.
+    pub argo_configmap: Option<String>,
+}
+
+/// Where the failed workflow is when it is retried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Live, its nodes in its status.
+    #[default]
+    Live,
+    /// Archived by Argo (`archive: true`), the live workflow deleted (its pods with it, as
+    /// Argo's TTL deletes it).
+    Archived,
+    /// Archived, the live workflow deleted with its pods orphaned (`--cascade=orphan`): they
+    /// stay, owned by nothing. Argo's retry deletes the plan's pods by name; rewind deletes
+    /// only pods the archived workflow owns, so it refuses (nothing deleted, nothing created)
+    /// and names the pod; once the user deletes the failed pods, as told, a new
+    /// WorkflowRetry ends where Argo's retry does.
+    ArchivedOrphaned,
+    /// Live, its nodes offloaded by Argo (ALWAYS_OFFLOAD_NODE_STATUS=true); both retries run
+    /// with the same setting, as Argo's Server would next to its controller.
+    Offloaded,
 }
 
 /// The budgets each side retries with.
@@ -80,6 +111,11 @@ pub struct Side {
     pub reset_took: Duration,
     /// From the request to the workflow Succeeded.
     pub retry_took: Duration,
+    /// Whether the failed and the final workflow had their nodes offloaded
+    /// (`workflow` is hydrated from Argo's database).
+    pub offloaded: (bool, bool),
+    /// The message of a first WorkflowRetry rewind refused ([`Mode::ArchivedOrphaned`]).
+    pub refused: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,13 +205,49 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), &namespace);
     wait_settled(&pods, &scenario.name, scenario.timeout).await?;
     let before = pods_of(&pods, &scenario.name).await?;
+    let database = match &scenario.argo_configmap {
+        Some(configmap) => Some(argo_database(cluster, configmap).await?),
+        None => None,
+    };
+    let failed = workflows.get(&scenario.name).await?;
+    let first_offloaded = failed.status.offload_node_status_version.is_some();
+    let archived_uid = match scenario.mode {
+        Mode::Archived | Mode::ArchivedOrphaned => Some(
+            archive_and_delete(
+                &workflows,
+                &pods,
+                &scenario.name,
+                scenario.mode == Mode::ArchivedOrphaned,
+                scenario.timeout,
+            )
+            .await?,
+        ),
+        Mode::Live | Mode::Offloaded => None,
+    };
+    let mut refused = None;
 
     let (reset_took, retry_took) = match via {
         Via::Rewind(budgets) => {
-            let controller = start_rewind(cluster, &namespace, scenario, budgets).await?;
+            let controller =
+                start_rewind(cluster, &namespace, scenario, budgets, database.clone()).await?;
             let started = Instant::now();
-            request_rewind(&workflows, &scenario.name, &scenario.retry).await?;
-            let took = until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await;
+            let took = async {
+                match &archived_uid {
+                    Some(uid) => {
+                        if scenario.mode == Mode::ArchivedOrphaned {
+                            refused = Some(
+                                refused_then_cleared(cluster, &namespace, uid, scenario, &before)
+                                    .await?,
+                            );
+                        }
+                        request_archived(cluster, &namespace, "e2e-archived", uid, &scenario.retry)
+                            .await?
+                    }
+                    None => request_rewind(&workflows, &scenario.name, &scenario.retry).await?,
+                }
+                until_succeeded(&workflows, &scenario.name, started, scenario.timeout).await
+            }
+            .await;
             controller.stop().await?;
             took?
         }
@@ -183,14 +255,27 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
             let started = Instant::now();
             let name = &scenario.name;
             let (retried, took) = tokio::join!(
-                retry_argo(cluster, peer, &namespace, scenario, budgets),
+                retry_argo(
+                    cluster,
+                    peer,
+                    &namespace,
+                    scenario,
+                    budgets,
+                    archived_uid.as_deref()
+                ),
                 until_succeeded(&workflows, name, started, scenario.timeout)
             );
             retried?;
             took?
         }
     };
-    let workflow = workflows.get(&scenario.name).await?;
+    if archived_uid.is_some() {
+        // Argo archives the retried workflow too; its label says when, so both sides are
+        // compared after it.
+        wait_archived(&workflows, &scenario.name, scenario.timeout).await?;
+    }
+    let mut workflow = workflows.get(&scenario.name).await?;
+    let final_offloaded = hydrate(&mut workflow, database.as_deref()).await?;
     let after = pods_of(&pods, &scenario.name).await?;
     Ok(Side {
         namespace,
@@ -199,7 +284,198 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
         workflow,
         reset_took,
         retry_took,
+        offloaded: (first_offloaded, final_offloaded),
+        refused,
     })
+}
+
+/// Argo's database as the ConfigMap (`NAMESPACE/NAME`) configures it, as rewind's
+/// `--argo-configmap` reads it (here with the admin's credentials).
+async fn argo_database(
+    cluster: &LocalCluster,
+    configmap: &str,
+) -> anyhow::Result<Arc<dyn ArgoDatabase>> {
+    let persistence = rewind::archive::load_persistence(&cluster.admin_client(), configmap)
+        .await?
+        .with_context(|| format!("Argo's ConfigMap {configmap} has no persistence block"))?;
+    Ok(Arc::new(ArgoDb::connect(&persistence).await?))
+}
+
+/// Replaces offloaded nodes with the ones Argo saved; whether they were offloaded.
+async fn hydrate(
+    workflow: &mut Workflow,
+    database: Option<&dyn ArgoDatabase>,
+) -> anyhow::Result<bool> {
+    let Some(version) = workflow.status.offload_node_status_version.take() else {
+        return Ok(false);
+    };
+    let database =
+        database.context("the workflow's nodes are offloaded but no database is configured")?;
+    let uid = workflow.metadata.uid.clone().unwrap_or_default();
+    let nodes = database.offloaded_nodes(&uid, &version).await?;
+    workflow.status.nodes = Some(serde_json::from_value(nodes)?);
+    Ok(true)
+}
+
+/// Waits until Argo has archived the workflow, then deletes it: as Argo's TTL does
+/// (background propagation), waiting until it and its pods are gone, or orphaning its pods,
+/// waiting until it is gone and they are owned by nothing. Returns its UID.
+async fn archive_and_delete(
+    workflows: &Api<Workflow>,
+    pods: &Api<Pod>,
+    name: &str,
+    orphan: bool,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    let archived = wait_archived(workflows, name, timeout).await?;
+    let uid = archived.metadata.uid.clone().unwrap_or_default();
+    let params = if orphan {
+        DeleteParams::orphan()
+    } else {
+        DeleteParams::background()
+    };
+    workflows.delete(name, &params).await?;
+    let deadline = Instant::now() + timeout;
+    let selector = format!("{}={name}", labels::WORKFLOW);
+    loop {
+        let left = pods.list(&ListParams::default().labels(&selector)).await?;
+        let done = if orphan {
+            !left.items.is_empty()
+                && left.items.iter().all(|p| {
+                    p.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_none_or(Vec::is_empty)
+                })
+        } else {
+            left.items.is_empty()
+        };
+        if workflows.get_opt(name).await?.is_none() && done {
+            return Ok(uid);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "workflow {name} is still there {timeout:?} after its deletion, or its {} pods \
+             are not as the deletion leaves them (orphaned: {orphan})",
+            left.items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until Argo's controller labels the workflow archived.
+async fn wait_archived(
+    workflows: &Api<Workflow>,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<Workflow> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let wf = workflows.get(name).await?;
+        let status = wf
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::WORKFLOW_ARCHIVING_STATUS))
+            .cloned();
+        if status.as_deref() == Some("Archived") {
+            return Ok(wf);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "Argo did not archive workflow {name} within {timeout:?} (archiving status {status:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asks rewind to retry an archived workflow: WorkflowRetry `name` naming its UID.
+async fn request_archived(
+    cluster: &LocalCluster,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    retry: &Retry,
+) -> anyhow::Result<()> {
+    let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), namespace);
+    let request = WorkflowRetry::new(
+        name,
+        WorkflowRetrySpec {
+            archived_workflow_uid: Some(uid.to_owned()),
+            restart_successful: retry.restart_successful,
+            node_field_selector: retry.node_field_selector.map(str::to_owned),
+            parameters: (!retry.parameters.is_empty()).then(|| retry.parameters.clone()),
+            ..Default::default()
+        },
+    );
+    retries
+        .create(&PostParams::default(), &request)
+        .await
+        .with_context(|| format!("creating WorkflowRetry {namespace}/{name}"))?;
+    Ok(())
+}
+
+/// rewind's answer to an archived retry while pods of the plan's names are orphaned: the
+/// WorkflowRetry fails, naming one, with every pod as it was and no workflow created. Then
+/// does what the message says (deletes the first run's failed pods) and returns it.
+async fn refused_then_cleared(
+    cluster: &LocalCluster,
+    namespace: &str,
+    uid: &str,
+    scenario: &Scenario,
+    before: &BTreeMap<String, PodSeen>,
+) -> anyhow::Result<String> {
+    const NAME: &str = "e2e-refused";
+    request_archived(cluster, namespace, NAME, uid, &scenario.retry).await?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), namespace);
+    let deadline = Instant::now() + scenario.timeout;
+    let status = loop {
+        let request = retries.get(NAME).await?;
+        if request.is_finished() {
+            break request.status.unwrap_or_default();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "WorkflowRetry {NAME} did not finish within {:?}: {:?}",
+            scenario.timeout,
+            request.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure!(
+        status.phase == Some(RetryPhase::Failed),
+        "rewind should refuse to delete pods the archived workflow does not own: {status:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
+    ensure!(
+        pods_of(&pods, &scenario.name).await? == *before,
+        "rewind touched pods while refusing"
+    );
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), namespace);
+    ensure!(
+        workflows.get_opt(&scenario.name).await?.is_none(),
+        "rewind created the workflow while refusing"
+    );
+    let failed: Vec<&String> = before
+        .iter()
+        .filter(|(_, pod)| pod.phase == "Failed")
+        .map(|(name, _)| name)
+        .collect();
+    for name in &failed {
+        pods.delete(name, &DeleteParams::default()).await?;
+    }
+    while pods_of(&pods, &scenario.name)
+        .await?
+        .keys()
+        .any(|name| failed.contains(&name))
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the failed pods were not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(status.message)
 }
 
 /// How long after `started` the workflow was reset (no longer Failed), then Succeeded.
@@ -236,16 +512,21 @@ async fn start_rewind(
     namespace: &str,
     scenario: &Scenario,
     budgets: Budgets,
+    database: Option<Arc<dyn ArgoDatabase>>,
 ) -> anyhow::Result<Running> {
     let mut options = Options::default();
     options.budget.writes = rewind::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
         .context("a non-zero rewind budget")?;
     options.retry.argo_version = scenario.argo_version;
+    options.retry.always_offload_node_status = scenario.mode == Mode::Offloaded;
     options.scope = Scope {
         namespaces: vec![namespace.to_owned()],
         instance_id: scenario.instance_id.clone(),
     };
-    let controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+    let mut controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+    if let Some(database) = database {
+        controller = controller.with_database(database);
+    }
     let state = controller.state();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(controller.run(shutdown.clone()));
@@ -287,24 +568,35 @@ async fn request_rewind(api: &Api<Workflow>, name: &str, retry: &Retry) -> anyho
     Ok(())
 }
 
-/// Argo's own retry: tools/peer runs the Argo Server's RetryWorkflow in process.
+/// Argo's own retry: tools/peer runs the Argo Server's RetryWorkflow (or, given the UID of
+/// an archived workflow, RetryArchivedWorkflow) in process.
 async fn retry_argo(
     cluster: &LocalCluster,
     peer: &Path,
     namespace: &str,
     scenario: &Scenario,
     budgets: Budgets,
+    archived_uid: Option<&str>,
 ) -> anyhow::Result<()> {
     let (name, retry) = (&scenario.name, &scenario.retry);
     let mut command = tokio::process::Command::new(peer);
+    match archived_uid {
+        Some(uid) => command.args(["retry-archived", "--uid", uid]),
+        None => command.args(["retry", "--name", name.as_str()]),
+    };
     command
-        .arg("retry")
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig_path(Role::Admin))
-        .args(["--namespace", namespace, "--name", name.as_str()])
+        .args(["--namespace", namespace])
         .args(["--qps", &budgets.argo_qps.to_string()])
         .args(["--burst", &budgets.argo_burst.to_string()])
         .kill_on_drop(true);
+    if let Some(configmap) = &scenario.argo_configmap {
+        command.args(["--configmap", configmap]);
+    }
+    if scenario.mode == Mode::Offloaded {
+        command.env("ALWAYS_OFFLOAD_NODE_STATUS", "true");
+    }
     if retry.restart_successful {
         command.arg("--restart-successful");
     }
@@ -314,8 +606,9 @@ async fn retry_argo(
     for parameter in &retry.parameters {
         command.args(["--parameter", parameter]);
     }
-    // Only tools/peer/v3 takes it (v4's serves unlabelled workflows only).
-    if let Some(id) = &scenario.instance_id {
+    // Only tools/peer/v3 takes it (v4's serves unlabelled workflows only, or reads the
+    // instance ID from the ConfigMap).
+    if let (Some(id), None) = (&scenario.instance_id, &scenario.argo_configmap) {
         command.args(["--instance-id", id]);
     }
     let output = command
@@ -332,7 +625,8 @@ async fn retry_argo(
     Ok(())
 }
 
-/// Polls (every 100 ms) until the workflow's phase is one `wanted` accepts.
+/// Polls (every 100 ms) until the workflow exists (an archived retry creates it) with a
+/// phase `wanted` accepts.
 async fn wait_phase(
     api: &Api<Workflow>,
     name: &str,
@@ -341,15 +635,23 @@ async fn wait_phase(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let wf = api.get(name).await?;
-        let now = wf.status.phase.as_deref().unwrap_or_default();
-        if wanted(now) {
+        let wf = api.get_opt(name).await?;
+        let now = wf
+            .as_ref()
+            .map(|wf| wf.status.phase.as_deref().unwrap_or_default());
+        if let Some(now) = now
+            && wanted(now)
+        {
             return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "workflow {name} is still {now:?} after {timeout:?}; message {:?}",
-                wf.status.message
+                "workflow {name} is {} after {timeout:?}; message {:?}",
+                match &wf {
+                    Some(_) => format!("still {now:?}"),
+                    None => "not there".to_owned(),
+                },
+                wf.as_ref().and_then(|wf| wf.status.message.as_ref())
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

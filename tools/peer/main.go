@@ -1,15 +1,22 @@
 // Command peer runs Argo Workflows v4's own retry, in process, against a
 // cluster: the Argo Server's RetryWorkflow (server/workflow/workflow_server.go)
+// and RetryArchivedWorkflow (server/workflowarchive/archived_workflow_server.go)
 // called directly, with the caller's clients in the context as the server's
 // gatekeeper puts them there. It is the yardstick rewind is compared with, in
 // the end-to-end tests and the benchmarks.
 //
 //	peer retry --kubeconfig K --namespace N --name W [--qps 20 --burst 30]
-//	           [--node-field-selector S] [--parameter name=value]... [--restart-successful]
+//	           [--configmap NS/NAME] [--node-field-selector S]
+//	           [--parameter name=value]... [--restart-successful]
+//	peer retry-archived --kubeconfig K --namespace N --uid UID --configmap NS/NAME [...]
 //
 // --qps/--burst 20/30 is the Argo Server's default budget, 5/10 is `argo retry`
-// without a server (client-go's defaults). On success it prints one JSON line:
-// {"workflow": NAME, "seconds": ELAPSED}.
+// without a server (client-go's defaults). --configmap names Argo's
+// workflow-controller-configmap: its instanceID, and its persistence block
+// (Secrets read from its namespace) for the archive and offloaded nodes, as
+// the Argo Server builds them at start (server/apiserver/argoserver.go). The
+// hydrator reads ALWAYS_OFFLOAD_NODE_STATUS from the environment, as Argo's
+// does. On success it prints one JSON line: {"workflow": NAME, "seconds": ELAPSED}.
 package main
 
 import (
@@ -24,13 +31,17 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/argoproj/argo-workflows/v4/config"
 	"github.com/argoproj/argo-workflows/v4/persist/sqldb"
 	workflowpkg "github.com/argoproj/argo-workflows/v4/pkg/apiclient/workflow"
+	workflowarchivepkg "github.com/argoproj/argo-workflows/v4/pkg/apiclient/workflowarchive"
 	"github.com/argoproj/argo-workflows/v4/pkg/client/clientset/versioned"
 	"github.com/argoproj/argo-workflows/v4/server/auth"
 	"github.com/argoproj/argo-workflows/v4/server/workflow"
+	"github.com/argoproj/argo-workflows/v4/server/workflowarchive"
 	"github.com/argoproj/argo-workflows/v4/util/instanceid"
 	"github.com/argoproj/argo-workflows/v4/util/logging"
+	utilsqldb "github.com/argoproj/argo-workflows/v4/util/sqldb"
 )
 
 type parameters []string
@@ -38,15 +49,21 @@ type parameters []string
 func (p *parameters) String() string     { return strings.Join(*p, ",") }
 func (p *parameters) Set(v string) error { *p = append(*p, v); return nil }
 
+const usage = "usage: peer retry --kubeconfig K --namespace N --name W [flags]\n" +
+	"       peer retry-archived --kubeconfig K --namespace N --uid UID --configmap NS/NAME [flags]"
+
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "retry" {
-		fmt.Fprintln(os.Stderr, "usage: peer retry --kubeconfig K --namespace N --name W [flags]")
+	if len(os.Args) < 2 || (os.Args[1] != "retry" && os.Args[1] != "retry-archived") {
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
-	fs := flag.NewFlagSet("retry", flag.ExitOnError)
+	archived := os.Args[1] == "retry-archived"
+	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the caller")
 	namespace := fs.String("namespace", "", "the workflow's namespace")
-	name := fs.String("name", "", "the workflow's name")
+	name := fs.String("name", "", "the workflow's name (retry)")
+	uid := fs.String("uid", "", "the archived workflow's UID (retry-archived)")
+	configmap := fs.String("configmap", "", "Argo's ConfigMap NAMESPACE/NAME (instance ID, persistence)")
 	qps := fs.Float64("qps", 20, "client QPS (Argo Server 20, argo retry in kube mode 5)")
 	burst := fs.Int("burst", 30, "client burst (Argo Server 30, argo retry in kube mode 10)")
 	selector := fs.String("node-field-selector", "", "Argo's --node-field-selector")
@@ -54,33 +71,58 @@ func main() {
 	var params parameters
 	fs.Var(&params, "parameter", "a parameter override name=value (repeatable)")
 	_ = fs.Parse(os.Args[2:])
-	if *kubeconfig == "" || *namespace == "" || *name == "" {
-		fmt.Fprintln(os.Stderr, "peer retry: --kubeconfig, --namespace and --name are required")
+	if *kubeconfig == "" || *namespace == "" || (!archived && *name == "") || (archived && (*uid == "" || *configmap == "")) {
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
-	if err := retry(*kubeconfig, *namespace, *name, float32(*qps), *burst, &workflowpkg.WorkflowRetryRequest{
-		Name:              *name,
-		Namespace:         *namespace,
-		RestartSuccessful: *restartSuccessful,
-		NodeFieldSelector: *selector,
-		Parameters:        params,
+	target := *namespace + "/" + *name
+	if archived {
+		target = *namespace + " archived " + *uid
+	}
+	if err := run(*kubeconfig, *configmap, *namespace, float32(*qps), *burst, func(ctx context.Context, s servers) (string, error) {
+		if archived {
+			wf, err := s.archive.RetryArchivedWorkflow(ctx, &workflowarchivepkg.RetryArchivedWorkflowRequest{
+				Uid:               *uid,
+				Namespace:         *namespace,
+				RestartSuccessful: *restartSuccessful,
+				NodeFieldSelector: *selector,
+				Parameters:        params,
+			})
+			if err != nil {
+				return "", err
+			}
+			return wf.Name, nil
+		}
+		_, err := s.workflow.RetryWorkflow(ctx, &workflowpkg.WorkflowRetryRequest{
+			Name:              *name,
+			Namespace:         *namespace,
+			RestartSuccessful: *restartSuccessful,
+			NodeFieldSelector: *selector,
+			Parameters:        params,
+		})
+		return *name, err
 	}); err != nil {
-		fmt.Fprintf(os.Stderr, "peer retry %s/%s: %v\n", *namespace, *name, err)
+		fmt.Fprintf(os.Stderr, "peer %s %s: %v\n", os.Args[1], target, err)
 		os.Exit(1)
 	}
 }
 
-func retry(kubeconfig, namespace, name string, qps float32, burst int, req *workflowpkg.WorkflowRetryRequest) error {
-	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+type servers struct {
+	workflow workflow.Server
+	archive  workflowarchivepkg.ArchivedWorkflowServiceServer
+}
+
+func run(kubeconfig, configmap, namespace string, qps float32, burst int, call func(context.Context, servers) (string, error)) error {
+	restConfig, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
 	}
-	config.QPS, config.Burst = qps, burst
-	kube, err := kubernetes.NewForConfig(config)
+	restConfig.QPS, restConfig.Burst = qps, burst
+	kube, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return err
 	}
-	wf, err := versioned.NewForConfig(config)
+	wf, err := versioned.NewForConfig(restConfig)
 	if err != nil {
 		return err
 	}
@@ -89,13 +131,53 @@ func retry(kubeconfig, namespace, name string, qps float32, burst int, req *work
 		logging.NewSlogLoggerCustom(logging.Warn, logging.Text, os.Stderr))
 	ctx = context.WithValue(ctx, auth.WfKey, wf)
 	ctx = context.WithValue(ctx, auth.KubeKey, kube)
-	// As an Argo Server without persistence and without an instance ID: the
-	// explosive repo, no archive, no workflow store (RetryWorkflow reads the
-	// workflow from the API).
-	server := workflow.NewServer(ctx, instanceid.NewService(""), sqldb.ExplosiveOffloadNodeStatusRepo,
-		nil, wf, nil, nil, nil, nil, nil, &namespace, nil)
+
+	// Without a ConfigMap: an Argo Server without persistence and without an
+	// instance ID (the explosive repo, no archive).
+	instanceID := ""
+	offloadRepo := sqldb.ExplosiveOffloadNodeStatusRepo
+	wfArchive := sqldb.NullWorkflowArchive
+	if configmap != "" {
+		cmNamespace, cmName, ok := strings.Cut(configmap, "/")
+		if !ok {
+			return fmt.Errorf("--configmap %q: expected NAMESPACE/NAME", configmap)
+		}
+		cfg, err := config.NewController(cmNamespace, cmName, kube).Get(ctx)
+		if err != nil {
+			return fmt.Errorf("reading Argo's ConfigMap %s: %w", configmap, err)
+		}
+		instanceID = cfg.InstanceID
+		if p := cfg.Persistence; p != nil {
+			// As argoserver.go: the offload repo and the archive are always on
+			// when persistence is configured (the server only reads them).
+			session, err := utilsqldb.NewSessionProxy(ctx, utilsqldb.SessionProxyConfig{
+				KubectlConfig: kube,
+				Namespace:     cmNamespace,
+				DBConfig:      p.DBConfig,
+			})
+			if err != nil {
+				return fmt.Errorf("connecting to Argo's database: %w", err)
+			}
+			tableName, err := sqldb.GetTableName(p)
+			if err != nil {
+				return err
+			}
+			offloadRepo, err = sqldb.NewOffloadNodeStatusRepo(ctx, logging.RequireLoggerFromContext(ctx), session, p.GetClusterName(), tableName)
+			if err != nil {
+				return err
+			}
+			wfArchive = sqldb.NewWorkflowArchive(session, p.GetClusterName(), "", instanceid.NewService(instanceID))
+		}
+	}
+	instanceIDService := instanceid.NewService(instanceID)
+	// No workflow store: RetryWorkflow reads the workflow from the API.
+	s := servers{
+		workflow: workflow.NewServer(ctx, instanceIDService, offloadRepo, wfArchive, wf, nil, nil, nil, nil, nil, &namespace, nil),
+		archive:  workflowarchive.NewWorkflowArchiveServer(wfArchive, offloadRepo, nil),
+	}
 	start := time.Now()
-	if _, err := server.RetryWorkflow(ctx, req); err != nil {
+	name, err := call(ctx, s)
+	if err != nil {
 		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{"workflow": name, "seconds": time.Since(start).Seconds()})

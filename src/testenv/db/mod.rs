@@ -29,6 +29,8 @@ use process::{RunAs, Server};
 pub const DATABASE: &str = "argo";
 pub const USER: &str = "argo";
 pub const PASSWORD: &str = "argo-pw";
+/// The Secret (keys `username`, `password`) [`DbServer::argo_db_config`] names.
+pub const CREDENTIALS_SECRET: &str = "argo-db";
 /// The offload table the fixtures' persistence names.
 pub const TABLE_NAME: &str = "argo_workflows";
 /// How long a server gets to accept connections.
@@ -360,8 +362,8 @@ impl DbServer {
     pub fn argo_db_config(&self) -> Value {
         let common = json!({
             "host": "127.0.0.1", "port": self.port, "database": DATABASE, "tableName": TABLE_NAME,
-            "userNameSecret": {"name": "argo-db", "key": "username"},
-            "passwordSecret": {"name": "argo-db", "key": "password"},
+            "userNameSecret": {"name": CREDENTIALS_SECRET, "key": "username"},
+            "passwordSecret": {"name": CREDENTIALS_SECRET, "key": "password"},
         });
         let mut common = common;
         let tls = match self.kind {
