@@ -12,6 +12,7 @@
 //!   [`CREATED_BY`](crate::workflowretry::CREATED_BY) naming the
 //!   WorkflowRetry's UID; a restarted controller that finds it is done.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -164,11 +165,15 @@ pub enum ArchivedError {
     #[error(transparent)]
     Offload(#[from] crate::offload::OffloadError),
     #[error(
-        "pod {pod} has the name of a pod the retry recreates but belongs to another workflow (owner UIDs {owners:?}, not {uid}); rewind deletes only the archived workflow's pods and Argo would adopt this one: delete it, then create a new WorkflowRetry"
+        "{}; rewind deletes only the archived workflow's pods and Argo would adopt these: delete them (kubectl delete pod -n {namespace} {}), then create a new WorkflowRetry",
+        strangers(pods, owners, uid), pods.join(" ")
     )]
-    ForeignPlanPod {
-        pod: String,
+    ForeignPlanPods {
+        /// Every such pod, sorted, so one message says all there is to delete.
+        pods: Vec<String>,
+        namespace: String,
         uid: String,
+        /// Their owners' UIDs, sorted and deduplicated; empty when orphaned.
         owners: Vec<String>,
     },
     #[error(transparent)]
@@ -451,21 +456,28 @@ async fn delete_leftovers(
             // one exists, a bulk delete by label could select it: delete pod
             // by pod, each with its UID as a precondition.
             let foreign = listed.iter().any(|p| !owned_by(p, owner));
-            if let Some(pod) = listed.iter().find(|p| {
-                !owned_by(p, owner)
-                    && p.metadata
-                        .name
-                        .as_ref()
-                        .is_some_and(|n| tracker.plan().contains(n))
-            }) {
-                return Err(ArchivedError::ForeignPlanPod {
-                    pod: pod.name_any(),
+            let strangers: Vec<&Pod> = listed
+                .iter()
+                .filter(|p| {
+                    !owned_by(p, owner)
+                        && p.metadata
+                            .name
+                            .as_ref()
+                            .is_some_and(|n| tracker.plan().contains(n))
+                })
+                .collect();
+            if !strangers.is_empty() {
+                let mut pods: Vec<String> = strangers.iter().map(|p| p.name_any()).collect();
+                pods.sort();
+                let owners: BTreeSet<String> = strangers
+                    .iter()
+                    .flat_map(|p| p.owner_references().iter().map(|r| r.uid.clone()))
+                    .collect();
+                return Err(ArchivedError::ForeignPlanPods {
+                    pods,
+                    namespace: namespace.clone(),
                     uid: owner.to_owned(),
-                    owners: pod
-                        .owner_references()
-                        .iter()
-                        .map(|r| r.uid.clone())
-                        .collect(),
+                    owners: owners.into_iter().collect(),
                 });
             }
             let ours: Vec<Listed> = listed
@@ -518,6 +530,24 @@ async fn delete_leftovers(
     result
 }
 
+/// The first clause of [`ArchivedError::ForeignPlanPods`]' message.
+fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
+    let owners = if owners.is_empty() {
+        "nothing (orphaned)".to_owned()
+    } else {
+        owners.join(", ")
+    };
+    match pods {
+        [one] => format!(
+            "pod {one} has the name of a pod the retry recreates, but is owned by {owners}, not by the archived workflow {uid}"
+        ),
+        many => format!(
+            "pods {} have the names of pods the retry recreates, but are owned by {owners}, not by the archived workflow {uid}",
+            many.join(", ")
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -542,5 +572,36 @@ mod tests {
         assert!(owned_by(&pod("a", "old"), "old"));
         assert!(!owned_by(&pod("a", "other"), "old"));
         assert!(!owned_by(&Pod::default(), "old"));
+    }
+
+    #[test]
+    fn a_refusal_names_every_foreign_pod_and_how_to_delete_them() {
+        let one = ArchivedError::ForeignPlanPods {
+            pods: vec!["wf-a-1".into()],
+            namespace: "argo".into(),
+            uid: "old".into(),
+            owners: vec![],
+        }
+        .to_string();
+        assert!(
+            one.starts_with("pod wf-a-1 has the name of a pod the retry recreates, but is owned by nothing (orphaned), not by the archived workflow old;"),
+            "{one}"
+        );
+        assert!(one.contains("kubectl delete pod -n argo wf-a-1)"), "{one}");
+        let two = ArchivedError::ForeignPlanPods {
+            pods: vec!["wf-a-1".into(), "wf-b-2".into()],
+            namespace: "argo".into(),
+            uid: "old".into(),
+            owners: vec!["new".into()],
+        }
+        .to_string();
+        assert!(
+            two.starts_with("pods wf-a-1, wf-b-2 have the names of pods the retry recreates, but are owned by new, not by the archived workflow old;"),
+            "{two}"
+        );
+        assert!(
+            two.contains("kubectl delete pod -n argo wf-a-1 wf-b-2)"),
+            "{two}"
+        );
     }
 }

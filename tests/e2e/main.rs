@@ -274,15 +274,15 @@ async fn check(
                 );
             }
             Mode::ArchivedOrphaned => {
-                // Argo's retry deletes the orphans by name; rewind refuses, naming one.
+                // Argo's retry deletes the orphans by name; rewind refuses, naming them all.
                 let refused = side.refused.as_deref().unwrap_or_default();
                 ensure!(
                     side.refused.is_some() == by_rewind
                         && (!by_rewind
-                            || (refused.contains("belongs to another workflow")
-                                && failed.iter().any(|pod| refused.contains(pod.as_str())))),
+                            || (refused.contains("owned by nothing (orphaned)")
+                                && failed.iter().all(|pod| refused.contains(pod.as_str())))),
                     "{ns}: rewind should refuse the orphaned failed pods {failed:?}, naming \
-                     one; refused: {:?}",
+                     each; refused: {:?}",
                     side.refused
                 );
             }

@@ -416,7 +416,7 @@ async fn request_archived(
 }
 
 /// rewind's answer to an archived retry while pods of the plan's names are orphaned: the
-/// WorkflowRetry fails, naming one, with every pod as it was and no workflow created. Then
+/// WorkflowRetry fails, naming them all, with every pod as it was and no workflow created. Then
 /// does what the message says (deletes the first run's failed pods) and returns it.
 async fn refused_then_cleared(
     cluster: &LocalCluster,
