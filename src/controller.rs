@@ -72,6 +72,8 @@ pub struct Controller {
     options: Options,
     budget: Budget,
     ctx: retry::Context,
+    /// The delete workers' client for DeleteCollection (see [`workers::bulk_client`]).
+    bulk_client: kube::Client,
     state: State,
     /// The lease's own client: outside the budget (renewals never wait for
     /// pod deletions) and with short timeouts (fencing, see `leader`).
@@ -93,6 +95,7 @@ impl Controller {
             None => None,
         };
         let budget = Budget::with_observer(&options.budget, metrics.clone());
+        let bulk_client = workers::bulk_client(config.clone(), &budget)?;
         let client = budget::client(config, &budget)?;
         let reporter = Reporter {
             controller: options.reporter.clone(),
@@ -111,6 +114,7 @@ impl Controller {
             options,
             budget,
             ctx,
+            bulk_client,
             state: State::default(),
             lease_client,
         })
@@ -213,14 +217,19 @@ impl Controller {
             options,
             budget,
             ctx,
+            bulk_client,
             state,
             ..
         } = self;
+        let clients = workers::Clients {
+            client: ctx.client.clone(),
+            bulk: bulk_client,
+        };
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
             tasks.spawn(workers::run(
-                ctx.client.clone(),
+                clients.clone(),
                 budget.clone(),
                 turn.clone(),
                 ctx.queue.clone(),

@@ -166,6 +166,54 @@ impl Tracker {
     }
 }
 
+/// A request's count of deleted plan pods, for its status: the pods fresh
+/// lists show gone, and those of each answered work item (removed, released,
+/// already gone, or replaced by a pod that is not ours). Kept as names, so it
+/// counts no pod twice, never goes back (a pod whose delete was accepted may
+/// still be listed while it terminates) and never passes the plan's size.
+/// A bulk request cut short says nothing of its pods; the next list does.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    deleted: BTreeSet<String>,
+    /// Pods of the bulk requests cut short since the last list.
+    cut: BTreeSet<String>,
+}
+
+impl Progress {
+    /// Plan pods counted as deleted.
+    pub fn deleted(&self) -> usize {
+        self.deleted.len()
+    }
+
+    /// Counts the plan pods a fresh list found `gone`. Returns, if bulk
+    /// requests were cut short since the previous list, how many of their
+    /// pods are gone now.
+    pub fn listed(&mut self, gone: &BTreeSet<String>) -> Option<usize> {
+        self.deleted.extend(gone.iter().cloned());
+        if self.cut.is_empty() {
+            return None;
+        }
+        let removed = self.cut.intersection(gone).count();
+        self.cut.clear();
+        Some(removed)
+    }
+
+    /// Counts the pods of `work`, answered: none of them is the plan's pod
+    /// any more.
+    pub fn answered(&mut self, plan: &BTreeSet<String>, work: &DeleteWork) {
+        for pod in work.pods() {
+            if plan.contains(pod) {
+                self.deleted.insert(pod.to_owned());
+            }
+        }
+    }
+
+    /// Notes bulk `work` cut short: some of its pods may be gone.
+    pub fn cut_short(&mut self, work: &DeleteWork) {
+        self.cut.extend(work.pods().into_iter().map(str::to_owned));
+    }
+}
+
 /// Decides the work for `plan_pods` given `listed`, every pod currently
 /// labelled with the workflow's name (from one list, not a cache).
 ///
@@ -529,6 +577,45 @@ mod tests {
         let mut again = pod("wf", "a", "Failed");
         again.meta.uid = Some("new".into());
         assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
+    }
+
+    #[test]
+    fn progress_counts_each_plan_pod_once_and_never_goes_back() {
+        let plan = names(&["a", "b", "c", "d"]);
+        let mut p = Progress::default();
+        assert_eq!(p.listed(&names(&["a"])), None);
+        // "b" deleted singly (accepted, terminating), then a bulk of "c", "d".
+        let single = DeleteWork::Pod {
+            name: "b".into(),
+            uid: "u".into(),
+        };
+        p.answered(&plan, &single);
+        p.answered(&plan, &bulk("wf", &["c", "d", "outsider"]));
+        assert_eq!(p.deleted(), 4);
+        // A later list still shows "b" terminating and "a" gone again: no change, no double count.
+        assert_eq!(p.listed(&names(&["a", "c", "d"])), None);
+        p.answered(&plan, &single);
+        assert_eq!(p.deleted(), 4);
+    }
+
+    #[test]
+    fn a_bulk_cut_short_is_counted_from_the_next_list() {
+        let plan = names(&["a", "b", "c", "d"]);
+        let mut p = Progress::default();
+        p.listed(&names(&["a"]));
+        let work = bulk("wf", &["b", "c", "d"]);
+        p.cut_short(&work);
+        // Cut short: nothing counted until a list says which went.
+        assert_eq!(p.deleted(), 1);
+        assert_eq!(p.listed(&names(&["a", "b"])), Some(1));
+        assert_eq!(p.deleted(), 2);
+        // The list after the next bulk, cut short without removing anything.
+        p.cut_short(&bulk("wf", &["c", "d"]));
+        assert_eq!(p.listed(&names(&["a", "b"])), Some(0));
+        // Only the cut since the last list counts.
+        assert_eq!(p.listed(&names(&["a", "b", "c"])), None);
+        p.answered(&plan, &bulk("wf", &["d"]));
+        assert_eq!(p.deleted(), 4);
     }
 
     #[test]

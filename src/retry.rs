@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::delete::{Recreated, Tracker};
+use crate::delete::{DeleteWork, Progress, Recreated, Tracker};
 use crate::plan::{self, ArgoVersion, Plan, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::request::{self, RetryPhase, RetryStatus, annotations};
@@ -237,7 +237,12 @@ struct Job<'a> {
     /// The workflow carried `workflows.argoproj.io/completed=true` when read.
     was_completed: bool,
     tracker: Option<Tracker>,
+    /// Plan pods deleted, for the status.
+    progress: Progress,
+    /// Pods this run's requests removed, for the Event and metrics.
     pods_deleted: usize,
+    /// Bulk requests may be used; off once one was cut short having removed nothing.
+    allow_bulk: bool,
     /// The RetryStarted Event being sent.
     announcing: Option<tokio::task::JoinHandle<()>>,
 }
@@ -264,7 +269,9 @@ impl<'a> Job<'a> {
             last_check: Instant::now(),
             was_completed: false,
             tracker: None,
+            progress: Progress::default(),
             pods_deleted: 0,
+            allow_bulk: ctx.config.allow_bulk,
             announcing: None,
         }
     }
@@ -408,9 +415,31 @@ impl<'a> Job<'a> {
                 tracker.plan(),
             )
             .await?;
-            let assessment =
-                tracker.assess(&self.target.name, &listed, self.ctx.config.allow_bulk)?;
-            self.status.pods_deleted = assessment.gone.len() as u64;
+            let mut assessment = tracker.assess(&self.target.name, &listed, self.allow_bulk)?;
+            if let Some(removed) = self.progress.listed(&assessment.gone) {
+                // A bulk request cut short removed what this list no longer shows.
+                self.pods_deleted += removed;
+                self.ctx.metrics.pods_deleted(removed);
+                self.status.message = if removed > 0 {
+                    format!(
+                        "a bulk delete was cut short (by the API server's request timeout or an error) after it removed {removed} pods; rewind listed the pods again and deletes the rest"
+                    )
+                } else {
+                    // Another bulk request would likely meet the same end.
+                    self.allow_bulk = false;
+                    assessment = tracker.assess(&self.target.name, &listed, false)?;
+                    "a bulk delete was cut short (by the API server's request timeout or an error) before it removed any pod; rewind deletes the rest one by one".to_owned()
+                };
+                warn!(
+                    workflow = self.target.name,
+                    namespace = self.target.namespace,
+                    removed,
+                    bulk = self.allow_bulk,
+                    left = total - assessment.gone.len(),
+                    "bulk delete cut short; pods listed again"
+                );
+            }
+            self.status.pods_deleted = self.progress.deleted() as u64;
             if assessment.all_gone(total) {
                 return Ok(());
             }
@@ -443,17 +472,28 @@ impl<'a> Job<'a> {
                     }
                 };
                 pending -= 1;
-                match outcome.result? {
-                    Done::Deleted(n) => {
-                        self.pods_deleted += n;
-                        self.ctx.metrics.pods_deleted(n);
-                        self.status.pods_deleted =
-                            (self.status.pods_deleted + n as u64).min(total as u64);
-                    }
-                    Done::AlreadyGone | Done::Replaced => {}
-                }
+                self.answered(&outcome.item.work, outcome.result?);
             }
         }
+    }
+
+    /// Counts what a work item's answer says.
+    fn answered(&mut self, work: &DeleteWork, done: Done) {
+        if done == Done::Unfinished {
+            self.progress.cut_short(work);
+            return;
+        }
+        if let Done::Deleted(n) = done {
+            self.pods_deleted += n;
+            self.ctx.metrics.pods_deleted(n);
+        }
+        let plan = self
+            .tracker
+            .as_ref()
+            .expect("planned before deleting")
+            .plan();
+        self.progress.answered(plan, work);
+        self.status.pods_deleted = self.progress.deleted() as u64;
     }
 
     /// Stops the deletions (once per status interval at most, from workflow
@@ -533,8 +573,10 @@ impl<'a> Job<'a> {
     /// Writes progress to `rewind.dev/retry-status` if it says something new
     /// and the request has run for a status interval (a retry that ends
     /// sooner costs no write but the final one). The write is conditional on
-    /// the workflow being as read: if someone else changed it, nothing is
-    /// written and the workflow is read again before the commit.
+    /// the workflow being as read, so that its new version is still one the
+    /// commit may write over; once someone else changed the workflow (409),
+    /// it is read again before the commit anyway, and progress goes on being
+    /// written without the condition (a merge patch of our annotation alone).
     async fn report_progress(&mut self) -> Result<(), RetryError> {
         let written = self.written.as_ref().map(|(s, at)| (s, at.elapsed()));
         let due = progress_due(
@@ -543,16 +585,16 @@ impl<'a> Job<'a> {
             written,
             self.ctx.config.status_interval,
         );
-        if !due || self.stale {
+        if !due {
             return Ok(());
         }
-        match self.patch_status(false, true).await {
-            Err(e) if api_code(&e) == Some(409) => {
-                self.stale = true;
-                Ok(())
+        if !self.stale {
+            match self.patch_status(false, true).await {
+                Err(e) if api_code(&e) == Some(409) => self.stale = true,
+                result => return Ok(result?),
             }
-            result => Ok(result?),
         }
+        Ok(self.patch_status(false, false).await?)
     }
 
     /// Writes the status annotation, and the observed token with it when

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, VersionMatch};
+use kube::client::retry::RetryPolicy;
 use kube::{Client, Resource as _};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -47,6 +48,11 @@ pub enum Done {
     /// The pod under that name has another UID now: the planned pod is gone
     /// and the new one must not be touched.
     Replaced,
+    /// A bulk request ended without an answer naming what it removed: the API
+    /// server cut it at its request timeout (504), failed part way (500), or
+    /// the connection broke. Some of its pods may be gone. It is not sent
+    /// again as it was: the request lists the pods again and decides anew.
+    Unfinished,
 }
 
 /// An item that failed for good (after retries, or at once for errors that
@@ -105,8 +111,63 @@ const MAX_ATTEMPTS: u32 = 8;
 /// most one worker in the budget's line.
 pub type Turn = Arc<tokio::sync::Mutex<()>>;
 
+/// Queued items per buffer in front of kube's HTTP service, as in [`crate::budget::client`].
+const BUFFER: usize = 1024;
+
+/// The client for DeleteCollection: the budget's ([`crate::budget::client`]),
+/// whose retry of 429, 503 and 504 leaves out 504. A bulk request cut by the
+/// API server's request timeout may have removed part of its pods and was
+/// proven exact against a list that is now old, so it is never resent as is
+/// (see [`Done::Unfinished`]).
+pub fn bulk_client(mut config: kube::Config, budget: &Budget) -> Result<Client, kube::Error> {
+    config.default_retry = false;
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&tower::buffer::BufferLayer::new(BUFFER))
+        .with_layer(&budget.layer())
+        .with_layer(&tower::retry::RetryLayer::new(NotOnTimeout(
+            RetryPolicy::server_retry(),
+        )))
+        .build())
+}
+
+/// kube's retry policy, except for a 504 (Gateway Timeout).
+#[derive(Clone)]
+struct NotOnTimeout(RetryPolicy);
+
+impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B>, tower::BoxError>
+    for NotOnTimeout
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        request: &mut http::Request<kube::client::Body>,
+        result: &mut Result<http::Response<B>, tower::BoxError>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(response) if response.status() == http::StatusCode::GATEWAY_TIMEOUT => None,
+            _ => self.0.retry(request, result),
+        }
+    }
+
+    fn clone_request(
+        &mut self,
+        request: &http::Request<kube::client::Body>,
+    ) -> Option<http::Request<kube::client::Body>> {
+        tower::retry::Policy::<_, http::Response<B>, _>::clone_request(&mut self.0, request)
+    }
+}
+
+/// The clients a worker sends with: `client` for single pods, `bulk` (see
+/// [`bulk_client`]) for DeleteCollection.
+#[derive(Clone)]
+pub struct Clients {
+    pub client: Client,
+    pub bulk: Client,
+}
+
 /// Runs one worker until the queue shuts down.
-pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outcomes: Outcomes) {
+pub async fn run(clients: Clients, budget: Budget, turn: Turn, queue: Queue, outcomes: Outcomes) {
     loop {
         let (lease, token) = {
             let _turn = turn.lock().await;
@@ -115,7 +176,13 @@ pub async fn run(client: Client, budget: Budget, turn: Turn, queue: Queue, outco
             };
             (lease, budget.take_write_token().await)
         };
-        let result = token.spend_on(execute(&client, &lease.item)).await;
+        let result = match token.spend_on(execute(&clients, &lease.item)).await {
+            Err(e) if cut_short(&lease.item.work, &e) => {
+                warn!(namespace = lease.item.namespace, work = %describe(&lease.item.work), error = %e, "bulk delete cut short; its pods will be listed again");
+                Ok(Done::Unfinished)
+            }
+            result => result,
+        };
         match result {
             Err(e) if is_transient(&e) && lease.failures + 1 < MAX_ATTEMPTS => {
                 debug!(namespace = lease.item.namespace, work = ?lease.item.work, error = %e, "transient failure; requeued");
@@ -213,8 +280,8 @@ struct DeletedPods {
     items: Vec<serde::de::IgnoredAny>,
 }
 
-async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &item.namespace);
+async fn execute(clients: &Clients, item: &WorkItem) -> Result<Done, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(clients.client.clone(), &item.namespace);
     match &item.work {
         DeleteWork::Bulk {
             label_selector,
@@ -233,7 +300,7 @@ async fn execute(client: &Client, item: &WorkItem) -> Result<Done, kube::Error> 
                 http::header::ACCEPT,
                 http::HeaderValue::from_static(METADATA_LIST),
             );
-            let deleted: DeletedPods = client.request(request).await?;
+            let deleted: DeletedPods = clients.bulk.request(request).await?;
             Ok(Done::Deleted(deleted.items.len()))
         }
         DeleteWork::Pod { name, uid } => {
@@ -286,6 +353,18 @@ pub fn api_code(e: &kube::Error) -> Option<u16> {
         kube::Error::Api(status) => Some(status.code),
         _ => None,
     }
+}
+
+/// Whether `e` ended bulk `work` in a way that may have removed part of its
+/// pods: the request timeout (504), a server error (500), a broken
+/// connection. Throttling (429, 503) refuses a request before it runs.
+fn cut_short(work: &DeleteWork, e: &kube::Error) -> bool {
+    let cut = match e {
+        kube::Error::Api(status) => matches!(status.code, 500 | 504),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    };
+    cut && matches!(work, DeleteWork::Bulk { .. })
 }
 
 /// Errors worth another try: throttling, server trouble, the network.

@@ -1,0 +1,541 @@
+//! Faults a retry meets on a real control plane: a DeleteCollection that outlasts the API
+//! server's request timeout, and another client writing the workflow during the retry.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use rewind::delete::bulk_selectors;
+use rewind::request::{RetryPhase, RetryStatus, annotations};
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::{Workflow, labels};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::controller as ctl;
+
+/// The API server's `--request-timeout` in the timeout tests: short, so that one
+/// DeleteCollection of a few thousand pods outlasts it.
+const REQUEST_TIMEOUT: &str = "2s";
+
+/// A control plane of its own (the shared one keeps the default timeout of 60 s), with an
+/// audit log, where requests time out after [`REQUEST_TIMEOUT`].
+async fn short_timeout_cluster(namespace: &str) -> anyhow::Result<LocalCluster> {
+    let cluster = LocalCluster::start(Options {
+        audit: true,
+        extra_apiserver_args: vec![format!("--request-timeout={REQUEST_TIMEOUT}")],
+        ..Options::default()
+    })
+    .await?;
+    cluster.create_namespace(namespace).await?;
+    Ok(cluster)
+}
+
+/// One request of the audit log, with when it ended.
+#[derive(Debug)]
+struct Request {
+    user: String,
+    verb: String,
+    resource: String,
+    code: u16,
+    received: Timestamp,
+    ended: Timestamp,
+}
+
+/// The requests in `namespace` in `cluster`'s audit log.
+fn requests(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Vec<Request>> {
+    let path = cluster.audit_log_path().context("audit logging is on")?;
+    let text = std::fs::read_to_string(&path)?;
+    let mut out = Vec::new();
+    for event in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        if event["objectRef"]["namespace"] != namespace {
+            continue;
+        }
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let time = |v: &Value| -> anyhow::Result<Timestamp> {
+            s(v).parse().with_context(|| format!("audit timestamp {v}"))
+        };
+        out.push(Request {
+            user: s(&event["user"]["username"]),
+            verb: s(&event["verb"]),
+            resource: s(&event["objectRef"]["resource"]),
+            code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+            received: time(&event["requestReceivedTimestamp"])?,
+            ended: time(&event["stageTimestamp"])?,
+        });
+    }
+    Ok(out)
+}
+
+async fn count_pods(pods: &Api<Pod>, selector: &str) -> anyhow::Result<usize> {
+    Ok(pods
+        .list_metadata(&ListParams::default().labels(selector))
+        .await?
+        .items
+        .len())
+}
+
+/// What kube-apiserver v1.35 does with a DeleteCollection that outlasts `--request-timeout`:
+/// it answers 504 at the timeout, having deleted part of the pods, and deletes no more after
+/// that (its deletions run on the request's context, which the timeout cancels).
+pub async fn a_delete_collection_past_the_request_timeout_answers_504_and_stops(
+    _shared: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let cluster = short_timeout_cluster(&namespace).await?;
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 1500,
+        succeeded: 0,
+    };
+    dag.create(&cluster.admin_client(), &namespace, 32, || ())
+        .await?;
+    // kube's default client would resend the request on 504; this one says what happened.
+    let mut config = cluster.config(Role::Admin).await?;
+    config.default_retry = false;
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config)?, &namespace);
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let (label_selector, field_selector) = bulk_selectors(&dag.name);
+    let lp = ListParams::default()
+        .labels(&label_selector)
+        .fields(&field_selector);
+
+    let sent = tokio::time::Instant::now();
+    let answer = pods.delete_collection(&DeleteParams::default(), &lp).await;
+    let answered_after = sent.elapsed();
+    // The API server answers a timed-out request with 504, unless its handler had begun its
+    // own answer: then it breaks the connection (HTTP/1.1) instead.
+    let answer = match answer {
+        Err(kube::Error::Api(status)) => format!("HTTP {}", status.code),
+        Err(kube::Error::Service(e)) => format!("broken connection: {e}"),
+        Err(kube::Error::HyperError(e)) => format!("broken connection: {e}"),
+        other => bail!("expected the DeleteCollection to time out, it answered {other:?}"),
+    };
+    let left_at_answer = count_pods(&pods, &selector).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let left_later = count_pods(&pods, &selector).await?;
+    let audited: Vec<Request> = requests(&cluster, &namespace)?
+        .into_iter()
+        .filter(|r| r.verb == "deletecollection")
+        .collect();
+    cluster.stop().await?;
+    tracing::info!(
+        answer,
+        audited = ?audited,
+        answered_after_ms = answered_after.as_millis() as u64,
+        pods = dag.failed,
+        left_at_answer,
+        left_3s_later = left_later,
+        "a DeleteCollection past the request timeout"
+    );
+    ensure!(
+        answer == "HTTP 504" || answer.starts_with("broken connection"),
+        "expected 504 Gateway Timeout or a broken connection, got {answer}"
+    );
+    ensure!(
+        answered_after >= Duration::from_secs(2) && answered_after < Duration::from_secs(5),
+        "expected the answer at the 2 s request timeout, it came after {answered_after:?}"
+    );
+    ensure!(
+        0 < left_at_answer && left_at_answer < dag.failed,
+        "expected the request to have deleted some but not all of the {} pods, {left_at_answer} are left",
+        dag.failed
+    );
+    ensure!(
+        left_later == left_at_answer,
+        "the API server went on deleting after the timeout: {left_at_answer} pods left at the answer, {left_later} 3 s later"
+    );
+    ensure!(
+        matches!(audited.as_slice(), [r] if r.code == 504),
+        "expected one deletecollection audited with code 504, found {audited:?}"
+    );
+    Ok(())
+}
+
+/// Samples of the request's status while it runs.
+type Samples = Arc<Mutex<Vec<RetryStatus>>>;
+
+/// Polls `workflow`'s status for `token` every 50 ms until `stop`.
+fn sample_status(
+    api: Api<Workflow>,
+    workflow: String,
+    token: String,
+    stop: CancellationToken,
+) -> (Samples, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let samples = Samples::default();
+    let sink = samples.clone();
+    let task = tokio::spawn(async move {
+        while !stop.is_cancelled() {
+            let wf = api.get(&workflow).await?;
+            if let Some(status) = ctl::status_of(&wf, &token)? {
+                sink.lock().expect("not poisoned").push(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    });
+    (samples, task)
+}
+
+/// Checks that podsDeleted never went back or past podsTotal in `samples`; returns its
+/// distinct values.
+fn ensure_monotonic(samples: &[RetryStatus]) -> anyhow::Result<Vec<u64>> {
+    let mut seen: Vec<u64> = Vec::new();
+    for s in samples {
+        ensure!(
+            s.pods_deleted <= s.pods_total,
+            "podsDeleted {} above podsTotal {} in {s:?}",
+            s.pods_deleted,
+            s.pods_total
+        );
+        if let Some(&last) = seen.last() {
+            ensure!(
+                s.pods_deleted >= last,
+                "podsDeleted went back from {last} to {} ({s:?})",
+                s.pods_deleted
+            );
+        }
+        if seen.last() != Some(&s.pods_deleted) {
+            seen.push(s.pods_deleted);
+        }
+    }
+    Ok(seen)
+}
+
+/// A retry whose bulk DeleteCollection outlasts the API server's request timeout: the
+/// controller does not resend it blindly but lists the pods again and sends a new exact bulk
+/// for what is left; the retry ends Succeeded with every plan pod gone and nothing else, one
+/// reset, and a podsDeleted that only went up and ends at podsTotal.
+pub async fn a_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
+    _shared: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let cluster = short_timeout_cluster(&namespace).await?;
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 3000,
+        succeeded: 10,
+    };
+    let created = dag.create(&admin, &namespace, 32, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
+    // Someone else's failed pod with the workflow's label, as Argo creates pods
+    // (completed=false): no bulk request may take it.
+    let mut outsider = ctl::pod("outsider", &dag.name);
+    outsider
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(labels::COMPLETED.into(), "false".into());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    pods.create(&Default::default(), &outsider).await?;
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+
+    let controller = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let token = "retry-1";
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let stop = CancellationToken::new();
+    let (samples, sampler) = sample_status(
+        workflows.clone(),
+        dag.name.clone(),
+        token.into(),
+        stop.clone(),
+    );
+    let started = tokio::time::Instant::now();
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(180)).await;
+    let took = started.elapsed();
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    stop.cancel();
+    sampler.await??;
+    controller.stop().await?;
+    let (after, status) = finished?;
+
+    let log = requests(&cluster, &namespace)?;
+    let after_pods: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+    cluster.stop().await?;
+    let ours = |r: &&Request| r.user == CONTROLLER_NAME;
+    let bulks: Vec<&Request> = log
+        .iter()
+        .filter(ours)
+        .filter(|r| r.verb == "deletecollection")
+        .collect();
+    let singles = log
+        .iter()
+        .filter(ours)
+        .filter(|r| r.verb == "delete" && r.resource == "pods")
+        .count();
+    let timed_out: Vec<Duration> = bulks
+        .iter()
+        .filter(|r| r.code == 504)
+        .map(|r| Duration::try_from(r.ended.duration_since(r.received)).unwrap_or_default())
+        .collect();
+    let samples = samples.lock().expect("not poisoned").clone();
+    let progress = ensure_monotonic(&samples)?;
+    tracing::info!(
+        took_ms = took.as_millis() as u64,
+        pods = planned.len(),
+        bulk_codes = ?bulks.iter().map(|r| r.code).collect::<Vec<_>>(),
+        ?timed_out,
+        singles,
+        ?progress,
+        "retry through request timeouts"
+    );
+
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
+    ensure!(
+        !timed_out.is_empty(),
+        "no DeleteCollection timed out (codes {:?}): the test proves nothing",
+        bulks.iter().map(|r| r.code).collect::<Vec<_>>()
+    );
+    // Each bulk request after the first was decided on a list of the pods made after the
+    // previous one ended: none was resent as it was.
+    for pair in bulks.windows(2) {
+        let relisted = log.iter().filter(ours).any(|r| {
+            r.verb == "list"
+                && r.resource == "pods"
+                && r.received >= pair[0].ended
+                && r.ended <= pair[1].received
+        });
+        ensure!(
+            relisted,
+            "a deletecollection at {} followed the one that ended at {} without a list of the pods between them",
+            pair[1].received,
+            pair[0].ended
+        );
+    }
+    let expected: BTreeSet<String> = before.difference(&planned).cloned().collect();
+    ensure!(
+        after_pods == expected,
+        "expected exactly the {} pods outside the plan (succeeded ones and the outsider) to remain, found {} (plan pods left: {:?}, others deleted: {:?})",
+        expected.len(),
+        after_pods.len(),
+        after_pods
+            .intersection(&planned)
+            .take(5)
+            .collect::<Vec<_>>(),
+        expected.difference(&after_pods).collect::<Vec<_>>()
+    );
+    ensure!(
+        status.pods_total == planned.len() as u64 && status.pods_deleted == status.pods_total,
+        "expected podsDeleted = podsTotal = {} at the end, the status is {status:?}",
+        planned.len()
+    );
+    ensure!(
+        progress.iter().any(|&n| 0 < n && n < planned.len() as u64),
+        "the status never showed the progress between timeouts (podsDeleted values {progress:?})"
+    );
+    let resets = log
+        .iter()
+        .filter(ours)
+        .filter(|r| r.verb == "update" && r.resource == "workflows" && r.code == 200)
+        .count();
+    ensure!(
+        resets == 1,
+        "expected exactly one reset of the workflow, the controller updated it {resets} times"
+    );
+    ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
+    Ok(())
+}
+
+/// The other writer's label and annotation.
+const WRITER_LABEL: &str = "example.com/writer";
+const WRITER_ANNOTATION: &str = "example.com/writer-seq";
+
+/// One version of the workflow as a watch saw it.
+#[derive(Debug)]
+struct Version {
+    label: Option<u64>,
+    annotation: Option<u64>,
+    observed: bool,
+    status: Option<RetryStatus>,
+}
+
+/// Another client merge-patches the workflow's own label and annotation every 50 ms all
+/// through a retry: its last values are on the reset workflow and none of its writes was
+/// undone by rewind's (no lost update); the workflow is reset once; progress keeps being
+/// reported although the workflow keeps changing under the controller.
+pub async fn a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 150,
+        succeeded: 5,
+    };
+    let created = dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let start = created
+        .metadata
+        .resource_version
+        .clone()
+        .context("a created workflow has a resourceVersion")?;
+    let wp = WatchParams::default().fields(&format!("metadata.name={}", dag.name));
+    let mut stream = workflows.watch(&wp, &start).await?.boxed();
+    let token = "retry-1";
+    let versions: Arc<Mutex<Vec<Version>>> = Arc::default();
+    let sink = versions.clone();
+    let watcher = tokio::spawn(async move {
+        while let Some(event) = stream.try_next().await? {
+            let wf = match event {
+                WatchEvent::Added(wf) | WatchEvent::Modified(wf) => wf,
+                WatchEvent::Deleted(_) | WatchEvent::Bookmark(_) => continue,
+                WatchEvent::Error(e) => bail!("watch error: {e}"),
+            };
+            let number = |v: Option<&String>| v.and_then(|v| v.parse().ok());
+            let version = Version {
+                label: number(
+                    wf.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(WRITER_LABEL)),
+                ),
+                annotation: number(
+                    wf.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(WRITER_ANNOTATION)),
+                ),
+                observed: wf.annotation(annotations::OBSERVED) == Some(token),
+                status: ctl::status_of(&wf, token)?,
+            };
+            sink.lock().expect("not poisoned").push(version);
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+
+    let stop = CancellationToken::new();
+    let writer = {
+        let (workflows, name, stop) = (workflows.clone(), dag.name.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = 0u64;
+            while !stop.is_cancelled() {
+                let seq = last + 1;
+                let patch = serde_json::json!({"metadata": {
+                    "labels": {WRITER_LABEL: seq.to_string()},
+                    "annotations": {WRITER_ANNOTATION: seq.to_string()},
+                }});
+                workflows
+                    .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                last = seq;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<_, anyhow::Error>(last)
+        })
+    };
+    // Single deletes at 20 a second: the retry runs about 7 s, under the writer's fire, long
+    // enough for several progress writes.
+    let controller = ctl::start(&cluster, &namespace, ctl::options(20, 20, false)).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await;
+    stop.cancel();
+    let last = writer.await??;
+    controller.stop().await?;
+    let (_, status) = finished?;
+    let after = workflows.get(&dag.name).await?;
+    // The watch has seen every version up to the one just read.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watcher.abort();
+    let versions = std::mem::take(&mut *versions.lock().expect("not poisoned"));
+
+    let log = ctl::audit_log(&cluster, &namespace)?;
+    let writes: Vec<(String, u16)> = log
+        .iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.resource == "workflows"
+                && a.name == dag.name
+                && a.is_mutating()
+        })
+        .map(|a| (a.verb.clone(), a.code))
+        .collect();
+    let reset_at = versions
+        .iter()
+        .position(|v| v.observed)
+        .context("no version of the workflow observed the token")?;
+    let mut progress: Vec<u64> = versions
+        .iter()
+        .filter_map(|v| v.status.as_ref())
+        .filter(|s| s.phase == RetryPhase::DeletingPods)
+        .map(|s| s.pods_deleted)
+        .collect();
+    // Every write of the other client repeats the status last written.
+    progress.dedup();
+    tracing::info!(
+        writes_by_writer = last,
+        versions = versions.len(),
+        reset_version = reset_at,
+        ?writes,
+        ?progress,
+        "a retry under a concurrent writer"
+    );
+
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
+    ensure!(
+        versions[reset_at].label.is_some_and(|n| n >= 5),
+        "the writer had written less than 5 times before the reset: the test proves nothing"
+    );
+    // Every version carries the writer's newest values: no write of rewind's undid one of its.
+    let mut newest = (None, None);
+    for (i, v) in versions.iter().enumerate() {
+        ensure!(
+            v.label >= newest.0 && v.annotation >= newest.1,
+            "version {i} of the workflow (reset at {reset_at}) went back from the writer's label and annotation {newest:?} to {:?}",
+            (v.label, v.annotation)
+        );
+        newest = (v.label, v.annotation);
+    }
+    let on_after = (
+        after.label(WRITER_LABEL).map(str::to_owned),
+        after.annotation(WRITER_ANNOTATION).map(str::to_owned),
+    );
+    ensure!(
+        on_after == (Some(last.to_string()), Some(last.to_string())),
+        "expected the writer's last values ({last}) on the workflow, found {on_after:?}"
+    );
+    let resets = writes
+        .iter()
+        .filter(|(verb, code)| verb == "update" && *code == 200)
+        .count();
+    ensure!(
+        resets == 1,
+        "expected exactly one reset (update) of the workflow by the controller, its writes: {writes:?}"
+    );
+    ensure!(
+        writes.iter().any(|(_, code)| *code == 409),
+        "no write of the controller met the writer's changes (409): the test proves nothing; writes: {writes:?}"
+    );
+    ensure!(
+        progress.windows(2).all(|w| w[0] < w[1]) && progress.len() >= 2,
+        "expected progress to keep being reported while the workflow changed, podsDeleted written: {progress:?}"
+    );
+    Ok(())
+}
