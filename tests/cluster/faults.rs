@@ -85,8 +85,9 @@ async fn count_pods(pods: &Api<Pod>, selector: &str) -> anyhow::Result<usize> {
 }
 
 /// What kube-apiserver v1.35 does with a DeleteCollection that outlasts `--request-timeout`:
-/// it answers 504 at the timeout, having deleted part of the pods, and deletes no more after
-/// that (its deletions run on the request's context, which the timeout cancels).
+/// at the timeout it answers 504 (or breaks the connection), having deleted part of the pods,
+/// audits the request as 504, and deletes no more after that (its deletions run on the
+/// request's context, which the timeout cancels).
 pub async fn a_delete_collection_past_the_request_timeout_answers_504_and_stops(
     _shared: Arc<LocalCluster>,
     namespace: String,
@@ -114,10 +115,9 @@ pub async fn a_delete_collection_past_the_request_timeout_answers_504_and_stops(
     let answered_after = sent.elapsed();
     // The API server answers a timed-out request with 504, unless its handler had begun its
     // own answer: then it breaks the connection (HTTP/1.1) instead.
-    let answer = match answer {
-        Err(kube::Error::Api(status)) => format!("HTTP {}", status.code),
-        Err(kube::Error::Service(e)) => format!("broken connection: {e}"),
-        Err(kube::Error::HyperError(e)) => format!("broken connection: {e}"),
+    let answer = match &answer {
+        Err(kube::Error::Api(status)) if status.code == 504 => "504",
+        Err(kube::Error::Service(_) | kube::Error::HyperError(_)) => "broken connection",
         other => bail!("expected the DeleteCollection to time out, it answered {other:?}"),
     };
     let left_at_answer = count_pods(&pods, &selector).await?;
@@ -136,10 +136,6 @@ pub async fn a_delete_collection_past_the_request_timeout_answers_504_and_stops(
         left_at_answer,
         left_3s_later = left_later,
         "a DeleteCollection past the request timeout"
-    );
-    ensure!(
-        answer == "HTTP 504" || answer.starts_with("broken connection"),
-        "expected 504 Gateway Timeout or a broken connection, got {answer}"
     );
     ensure!(
         answered_after >= Duration::from_secs(2) && answered_after < Duration::from_secs(5),
