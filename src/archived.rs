@@ -12,7 +12,7 @@
 //!   [`CREATED_BY`](crate::workflowretry::CREATED_BY) naming the
 //!   WorkflowRetry's UID; a restarted controller that finds it is done.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams, PostParams};
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::delete::{Listed, SUCCEEDED, Tracker};
+use crate::delete::{Listed, SUCCEEDED, Tracker, split_bulk};
 use crate::plan::{self, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::workers::{Done, WorkItem};
@@ -480,6 +480,15 @@ async fn delete_leftovers(
                     owners: owners.into_iter().collect(),
                 });
             }
+            let nodes: BTreeMap<String, String> = listed
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p.metadata.name.clone()?,
+                        p.spec.as_ref()?.node_name.clone()?,
+                    ))
+                })
+                .collect();
             let ours: Vec<Listed> = listed
                 .into_iter()
                 .filter(|p| owned_by(p, owner))
@@ -498,7 +507,7 @@ async fn delete_leftovers(
             }
             reporter.status.phase = Some(crate::request::RetryPhase::DeletingPods);
             let mut pending = 0usize;
-            for work in assessment.work {
+            for work in split_bulk(assessment.work, ctx.config.bulk_parallelism, &nodes) {
                 let item = WorkItem {
                     namespace: namespace.clone(),
                     work,

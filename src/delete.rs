@@ -302,6 +302,154 @@ pub fn bulk_selectors(workflow: &str) -> (String, String) {
     )
 }
 
+/// The longest node selector one part of a split bulk request may carry: a
+/// URL of a few tens of KiB is fine for the API server; past it (hundreds of
+/// nodes) the bulk request stays whole.
+const MAX_NODE_SELECTOR: usize = 32 * 1024;
+
+/// The field that spreads one workflow's pods: the node each ran on.
+const NODE_FIELD: &str = "spec.nodeName";
+
+/// One part of a bulk request split by node: `node_selector` (field selector
+/// terms on `spec.nodeName`, empty for "all") and the pods the hint places
+/// in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePart {
+    pub node_selector: String,
+    pub pods: Vec<String>,
+}
+
+/// Splits a bulk request of `pods` into at most `parallelism` parts by the
+/// node each pod ran on (`nodes`, a hint: Argo's `hostNodeName`), so the API
+/// server deletes them on that many threads instead of one.
+///
+/// Exactness needs no hint: every part is the exact bulk request narrowed by
+/// one more field selector term, so it selects a subset of what the whole one
+/// would. The hint only balances the parts and names their pods. The parts
+/// cover every pod the whole request would select: a field selector term can
+/// name one node (`=`) or exclude some (`!=`), never a set, so a part of one
+/// node is `spec.nodeName=X`, a part of several excludes every known node
+/// outside it (and the empty node), and the last part excludes the nodes of
+/// all the others: it takes its own nodes, pods never scheduled, and nodes the
+/// hint does not know. A pod on an unknown node may be selected by more than
+/// one part; the second delete finds it gone, which DeleteCollection ignores.
+pub fn split_by_node(
+    pods: &[String],
+    parallelism: usize,
+    nodes: &BTreeMap<String, String>,
+) -> Vec<NodePart> {
+    let whole = || {
+        vec![NodePart {
+            node_selector: String::new(),
+            pods: pods.to_vec(),
+        }]
+    };
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in pods {
+        if let Some(node) = nodes.get(pod).filter(|n| !n.is_empty()) {
+            *load.entry(node.as_str()).or_default() += 1;
+        }
+    }
+    let k = parallelism.min(load.len());
+    if k < 2 {
+        return whole();
+    }
+    // Largest nodes first, each to the lightest group: balanced within the
+    // largest node's size.
+    let mut by_size: Vec<(&str, usize)> = load.iter().map(|(n, c)| (*n, *c)).collect();
+    by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut groups: Vec<(usize, BTreeSet<&str>)> = vec![(0, BTreeSet::new()); k];
+    for (node, count) in by_size {
+        let lightest = (0..k).min_by_key(|&g| (groups[g].0, g)).unwrap_or(0);
+        groups[lightest].0 += count;
+        groups[lightest].1.insert(node);
+    }
+    // The lightest group is the catch-all, last: it also takes what the hint
+    // misses.
+    let rest = (0..k)
+        .min_by_key(|&g| (groups[g].0, std::cmp::Reverse(g)))
+        .unwrap_or(k - 1);
+    let rest_group = groups.remove(rest);
+    groups.push(rest_group);
+    let not = |node: &str| format!("{NODE_FIELD}!={node}");
+    let mut parts: Vec<NodePart> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, (_, members))| {
+            let terms: Vec<String> = if g == k - 1 {
+                groups[..g]
+                    .iter()
+                    .flat_map(|(_, m)| m.iter().map(|n| not(n)))
+                    .collect()
+            } else if let [node] = Vec::from_iter(members.iter()).as_slice() {
+                vec![format!("{NODE_FIELD}={node}")]
+            } else {
+                // The empty node first: pods never scheduled belong to the last part.
+                std::iter::once(not(""))
+                    .chain(
+                        load.keys()
+                            .filter(|n| !members.contains(*n))
+                            .map(|n| not(n)),
+                    )
+                    .collect()
+            };
+            NodePart {
+                node_selector: terms.join(","),
+                pods: Vec::new(),
+            }
+        })
+        .collect();
+    if parts
+        .iter()
+        .any(|p| p.node_selector.len() > MAX_NODE_SELECTOR)
+    {
+        return whole();
+    }
+    for pod in pods {
+        let node = nodes.get(pod).map(String::as_str).unwrap_or_default();
+        let g = groups
+            .iter()
+            .position(|(_, m)| m.contains(node))
+            .unwrap_or(k - 1);
+        parts[g].pods.push(pod.clone());
+    }
+    parts
+}
+
+/// `work` with each bulk request split by node (see [`split_by_node`]).
+pub fn split_bulk(
+    work: Vec<DeleteWork>,
+    parallelism: usize,
+    nodes: &BTreeMap<String, String>,
+) -> Vec<DeleteWork> {
+    let mut out = Vec::with_capacity(work.len());
+    for item in work {
+        let DeleteWork::Bulk {
+            workflow,
+            label_selector,
+            field_selector,
+            pods,
+        } = item
+        else {
+            out.push(item);
+            continue;
+        };
+        for part in split_by_node(&pods, parallelism, nodes) {
+            let field_selector = match part.node_selector.as_str() {
+                "" => field_selector.clone(),
+                nodes => format!("{field_selector},{nodes}"),
+            };
+            out.push(DeleteWork::Bulk {
+                workflow: workflow.clone(),
+                label_selector: label_selector.clone(),
+                field_selector,
+                pods: part.pods,
+            });
+        }
+    }
+    out
+}
+
 /// What the bulk request's selectors pick now (the workflow label aside).
 fn bulk_selects(pod: &Listed) -> bool {
     label(pod, labels::COMPLETED) == Some("true") && !pod.succeeded
@@ -616,6 +764,140 @@ mod tests {
         assert_eq!(p.listed(&names(&["a", "b", "c"])), None);
         p.answered(&plan, &bulk("wf", &["d"]));
         assert_eq!(p.deleted(), 4);
+    }
+
+    /// What a part's node selector selects, as the API server reads it:
+    /// every term must hold.
+    fn part_selects(part: &NodePart, node: &str) -> bool {
+        part.node_selector
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .all(|term| match term.split_once("!=") {
+                Some((field, value)) => field == NODE_FIELD && node != value,
+                None => term.split_once('=') == Some((NODE_FIELD, node)),
+            })
+    }
+
+    /// `pods` spread round-robin over `nodes` nodes.
+    fn spread(pods: usize, nodes: usize) -> (Vec<String>, BTreeMap<String, String>) {
+        let names: Vec<String> = (0..pods).map(|i| format!("p{i:03}")).collect();
+        let hint = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), format!("node-{}", i % nodes)))
+            .collect();
+        (names, hint)
+    }
+
+    #[test]
+    fn a_split_selects_each_known_node_once_and_balances() {
+        let (pods, hint) = spread(80, 8);
+        let parts = split_by_node(&pods, 4, &hint);
+        assert_eq!(parts.len(), 4);
+        for part in &parts {
+            assert_eq!(part.pods.len(), 20, "{part:?}");
+            // The pods the hint places in a part are the ones it selects.
+            for pod in &part.pods {
+                assert!(part_selects(part, &hint[pod]), "{pod} {part:?}");
+            }
+        }
+        for node in (0..8).map(|i| format!("node-{i}")) {
+            let selecting = parts.iter().filter(|p| part_selects(p, &node)).count();
+            assert_eq!(selecting, 1, "{node}");
+        }
+        let named: BTreeSet<&String> = parts.iter().flat_map(|p| &p.pods).collect();
+        assert_eq!(named.len(), 80);
+    }
+
+    #[test]
+    fn unscheduled_pods_and_unknown_nodes_fall_to_the_last_part() {
+        let (mut pods, mut hint) = spread(40, 4);
+        pods.push("unscheduled".into());
+        pods.push("no-hint".into());
+        hint.insert("unscheduled".into(), String::new());
+        let parts = split_by_node(&pods, 2, &hint);
+        let last = parts.last().unwrap();
+        assert!(last.pods.contains(&"unscheduled".into()));
+        assert!(last.pods.contains(&"no-hint".into()));
+        // An unscheduled pod: only the last part selects it.
+        let selecting: Vec<bool> = parts.iter().map(|p| part_selects(p, "")).collect();
+        assert_eq!(selecting, [false, true]);
+        // A node the hint never named: the last part selects it, so no pod
+        // the whole request would delete is left out.
+        assert!(part_selects(last, "node-elsewhere"));
+    }
+
+    #[test]
+    fn a_one_node_part_names_its_node_and_several_exclude_the_others() {
+        let (pods, hint) = spread(30, 3);
+        let parts = split_by_node(&pods, 3, &hint);
+        assert_eq!(parts[0].node_selector, "spec.nodeName=node-0");
+        assert_eq!(parts[1].node_selector, "spec.nodeName=node-1");
+        assert_eq!(
+            parts[2].node_selector,
+            "spec.nodeName!=node-0,spec.nodeName!=node-1"
+        );
+        let (pods, hint) = spread(40, 4);
+        let parts = split_by_node(&pods, 2, &hint);
+        assert_eq!(
+            parts[0].node_selector,
+            "spec.nodeName!=,spec.nodeName!=node-1,spec.nodeName!=node-3"
+        );
+        assert_eq!(
+            parts[1].node_selector,
+            "spec.nodeName!=node-0,spec.nodeName!=node-2"
+        );
+    }
+
+    #[test]
+    fn no_split_for_one_part_one_node_no_hint_or_a_huge_selector() {
+        let whole = |pods: &[String]| {
+            vec![NodePart {
+                node_selector: String::new(),
+                pods: pods.to_vec(),
+            }]
+        };
+        let (pods, hint) = spread(20, 4);
+        assert_eq!(split_by_node(&pods, 1, &hint), whole(&pods));
+        assert_eq!(split_by_node(&pods, 4, &BTreeMap::new()), whole(&pods));
+        let (pods, hint) = spread(20, 1);
+        assert_eq!(split_by_node(&pods, 4, &hint), whole(&pods));
+        // Thousands of long node names: the URL would be too long.
+        let hint: BTreeMap<String, String> = (0..2000)
+            .map(|i| (format!("p{i}"), format!("{i}-{}", "n".repeat(60))))
+            .collect();
+        let pods: Vec<String> = hint.keys().cloned().collect();
+        assert_eq!(split_by_node(&pods, 4, &hint), whole(&pods));
+    }
+
+    #[test]
+    fn split_bulk_narrows_the_exact_request_and_keeps_single_work() {
+        let (pods, hint) = spread(4, 2);
+        let single = DeleteWork::Pod {
+            name: "s".into(),
+            uid: "u".into(),
+        };
+        let names: Vec<&str> = pods.iter().map(String::as_str).collect();
+        let work = split_bulk(vec![bulk("wf", &names), single.clone()], 2, &hint);
+        let (labels, fields) = bulk_selectors("wf");
+        assert_eq!(
+            work,
+            vec![
+                DeleteWork::Bulk {
+                    workflow: "wf".into(),
+                    label_selector: labels.clone(),
+                    field_selector: format!("{fields},spec.nodeName=node-0"),
+                    pods: vec!["p000".into(), "p002".into()],
+                },
+                DeleteWork::Bulk {
+                    workflow: "wf".into(),
+                    label_selector: labels,
+                    field_selector: format!("{fields},spec.nodeName!=node-0"),
+                    pods: vec!["p001".into(), "p003".into()],
+                },
+                single,
+            ]
+        );
     }
 
     #[test]

@@ -751,6 +751,7 @@ mod tests {
             pods_to_delete: pods.iter().map(|p| p.to_string()).collect(),
             nodes_deleted: vec!["n1".into()],
             nodes_reset: vec!["n0".into()],
+            pod_nodes: Default::default(),
         }
     }
 

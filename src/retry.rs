@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::delete::{DeleteWork, Progress, Recreated, Tracker};
+use crate::delete::{DeleteWork, Progress, Recreated, Tracker, split_bulk};
 use crate::plan::{self, ArgoVersion, Plan, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::request::{self, RetryPhase, RetryStatus, annotations};
@@ -28,11 +28,17 @@ use crate::workers::{
 };
 use crate::workflow::{Workflow, labels};
 
+/// DeleteCollections per bulk delete by default (see README, "Beyond the serial floor").
+pub const DEFAULT_BULK_PARALLELISM: usize = 1;
+
 /// Settings shared by every retry.
 #[derive(Clone, Debug)]
 pub struct RetryConfig {
     /// Use DeleteCollection where it is provably exact.
     pub allow_bulk: bool,
+    /// Split a bulk delete into this many DeleteCollections by node, sent
+    /// side by side (see [`crate::delete::split_by_node`]).
+    pub bulk_parallelism: usize,
     pub argo_version: ArgoVersion,
     pub max_workflow_size: usize,
     /// How the cluster's Argo compresses nodes (its WORKFLOW_COMPRESSION_* settings).
@@ -48,6 +54,7 @@ impl Default for RetryConfig {
     fn default() -> Self {
         RetryConfig {
             allow_bulk: true,
+            bulk_parallelism: DEFAULT_BULK_PARALLELISM,
             argo_version: ArgoVersion::default(),
             max_workflow_size: plan::compress::DEFAULT_MAX_WORKFLOW_SIZE,
             compression: Default::default(),
@@ -237,6 +244,8 @@ struct Job<'a> {
     /// The workflow carried `workflows.argoproj.io/completed=true` when read.
     was_completed: bool,
     tracker: Option<Tracker>,
+    /// The node each plan pod ran on, as the workflow records it.
+    pod_nodes: BTreeMap<String, String>,
     /// Plan pods deleted, for the status.
     progress: Progress,
     /// Pods this run's requests removed, for the Event and metrics.
@@ -269,6 +278,7 @@ impl<'a> Job<'a> {
             last_check: Instant::now(),
             was_completed: false,
             tracker: None,
+            pod_nodes: BTreeMap::new(),
             progress: Progress::default(),
             pods_deleted: 0,
             allow_bulk: ctx.config.allow_bulk,
@@ -387,6 +397,8 @@ impl<'a> Job<'a> {
             compression: self.ctx.config.compression.clone(),
         };
         let plan = plan::plan_retry(wf, &options)?;
+        self.pod_nodes
+            .extend(plan.pod_nodes.iter().map(|(p, n)| (p.clone(), n.clone())));
         match &mut self.tracker {
             Some(t) => t.extend(plan.pods_to_delete.iter().cloned()),
             None => self.tracker = Some(Tracker::new(plan.pods_to_delete.iter().cloned())),
@@ -439,13 +451,18 @@ impl<'a> Job<'a> {
                     "bulk delete cut short; pods listed again"
                 );
             }
+            let work = split_bulk(
+                std::mem::take(&mut assessment.work),
+                self.ctx.config.bulk_parallelism,
+                &self.pod_nodes,
+            );
             self.status.pods_deleted = self.progress.deleted() as u64;
             if assessment.all_gone(total) {
                 return Ok(());
             }
             self.status.phase = RetryPhase::DeletingPods;
             let mut pending = 0usize;
-            for work in assessment.work {
+            for work in work {
                 let item = WorkItem {
                     namespace: self.target.namespace.clone(),
                     work,

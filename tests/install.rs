@@ -127,6 +127,7 @@ fn the_chart_passes_helm_lint() {
 fn the_values_schema_refuses_bad_values() {
     for bad in [
         "controller.qps=0",
+        "controller.bulkParallelism=0",
         "controller.argoVersion=v2",
         "controller.logFormat=xml",
         "leaderElection.leaseDuration=soon",

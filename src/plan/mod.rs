@@ -52,6 +52,7 @@ pub mod pod_name;
 pub mod selector;
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::str::FromStr;
@@ -146,6 +147,10 @@ pub struct Plan {
     pub nodes_deleted: Vec<String>,
     /// IDs of the nodes reset to run again, sorted.
     pub nodes_reset: Vec<String>,
+    /// The Kubernetes node each pod to delete ran on, where Argo recorded it
+    /// (`hostNodeName`): a hint for splitting a bulk delete by node.
+    #[serde(skip)]
+    pub pod_nodes: BTreeMap<String, String>,
 }
 
 /// Why a workflow cannot be retried. Each message is the one `argo retry`
@@ -282,17 +287,22 @@ pub fn plan_retry_with_parents(
     }
     let (reset, delete) = reset_and_delete(&graph, wf.name(), &seeds, opts)?;
 
-    let pod_of = |node: &NodeStatus| pod_name::node_pod_name(wf, node, version);
     let mut pods = Vec::new();
+    let mut pod_nodes = BTreeMap::new();
+    let mut add_pod = |node: &NodeStatus| -> Result<(), PlanError> {
+        let pod = pod_name::node_pod_name(wf, node, version)?;
+        if let Some(host) = node.other.get("hostNodeName").and_then(|h| h.as_str()) {
+            pod_nodes.insert(pod.clone(), host.to_owned());
+        }
+        pods.push(pod);
+        Ok(())
+    };
     for (i, node) in graph.nodes.iter().enumerate() {
         if delete[i] && node.type_ == node_type::POD {
-            pods.push(pod_of(node)?);
+            add_pod(node)?;
         }
     }
-    let outcome = node_outcomes(&graph, &reset, &delete, wf.name(), |node| {
-        pods.push(pod_of(node)?);
-        Ok(())
-    })?;
+    let outcome = node_outcomes(&graph, &reset, &delete, wf.name(), add_pod)?;
     drop(graph);
     let new_nodes = finish_nodes(nodes, outcome.fates, &now);
     new_wf.status.nodes = Some(new_nodes);
@@ -315,6 +325,7 @@ pub fn plan_retry_with_parents(
         pods_to_delete: pods,
         nodes_deleted: outcome.deleted,
         nodes_reset: outcome.reset,
+        pod_nodes,
     })
 }
 

@@ -15,7 +15,7 @@ use rewind::plan::compress::{
     Algorithm, Compression, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
 };
 use rewind::plan::{ArgoVersion, RetryOptions};
-use rewind::retry::RetryConfig;
+use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig};
 use rewind::telemetry::{self, LogFormat};
 use rewind::watch::Scope;
 use rewind::workflow::Workflow;
@@ -151,6 +151,10 @@ pub struct Tuning {
     /// Never use DeleteCollection; delete every pod with its own request.
     #[arg(long, env = "REWIND_NO_BULK")]
     no_bulk: bool,
+    /// Split a bulk delete into this many DeleteCollections by node, sent side by side (each
+    /// one write of the budget).
+    #[arg(long, default_value_t = NonZeroUsize::new(DEFAULT_BULK_PARALLELISM).expect("not zero"), env = "REWIND_BULK_PARALLELISM")]
+    bulk_parallelism: NonZeroUsize,
     /// Delete pods whose workflow no longer exists, in the background, this often (e.g. 60s).
     #[arg(long, value_parser = parse_duration, env = "REWIND_POD_GC")]
     pod_gc: Option<Duration>,
@@ -212,6 +216,7 @@ impl Tuning {
             workers: self.workers.get(),
             retry: RetryConfig {
                 allow_bulk: !self.no_bulk,
+                bulk_parallelism: self.bulk_parallelism.get(),
                 argo_version: self.argo_version,
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,

@@ -1,0 +1,348 @@
+//! Beyond the serial floor: one exact DeleteCollection of a failed workflow's pods against
+//! the same request split by node into k parallel ones (`rewind controller
+//! --bulk-parallelism k`, the selectors [`rewind::delete::split_bulk`] builds), and what each
+//! costs a neighbour. The API server deletes one request's pods one after another
+//! (`--delete-collection-workers` 1), so k requests may use k threads.
+//!
+//!     cargo bench --bench bulk_parallelism -- --pods 8000 --nodes 32 --reps 3 --k 1,2,4,8
+//!
+//! Each run starts a fresh control plane (no etcd history from the previous run), creates
+//! `--pods` failed Argo-shaped pods (and `--succeeded` succeeded ones the selectors must
+//! keep) spread round-robin over `--nodes` nodes, measures a neighbour's GET and LIST
+//! latency idle for 3 s, then sends the k requests at once while the neighbour goes on, and
+//! checks that exactly the failed pods are gone. Runs alternate the order of k between
+//! repetitions. Prints the wall time (median, min, max), the speed-up over k = 1 and the
+//! neighbour's p50/p99.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource as _};
+use rewind::delete::{DeleteWork, SUCCEEDED, bulk_selectors, split_bulk};
+use rewind::testenv::localcluster::{LocalCluster, Options, Role};
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::labels;
+
+const NAMESPACE: &str = "bench";
+const NEIGHBOUR: &str = "neighbour";
+const WORKFLOW: &str = "wide";
+/// The neighbour's pace: one request every this long.
+const NEIGHBOUR_EVERY: Duration = Duration::from_millis(20);
+const IDLE: Duration = Duration::from_secs(3);
+
+struct Args {
+    pods: usize,
+    succeeded: usize,
+    nodes: usize,
+    reps: usize,
+    ks: Vec<usize>,
+}
+
+fn parse() -> anyhow::Result<Option<Args>> {
+    let mut args = Args {
+        pods: 8000,
+        succeeded: 100,
+        nodes: 32,
+        reps: 3,
+        ks: vec![1, 2, 4, 8],
+    };
+    let mut benching = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
+            "--bench" => benching = true,
+            "--pods" => args.pods = value()?.parse()?,
+            "--succeeded" => args.succeeded = value()?.parse()?,
+            "--nodes" => args.nodes = value()?.parse()?,
+            "--reps" => args.reps = value()?.parse()?,
+            "--k" => {
+                args.ks = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            other => anyhow::bail!("unknown option {other}"),
+        }
+    }
+    ensure!(args.ks.iter().all(|&k| k >= 1), "--k takes numbers >= 1");
+    Ok(benching.then_some(args))
+}
+
+/// Latencies of one kind of neighbour request, in milliseconds.
+#[derive(Default)]
+struct Latencies(Vec<f64>);
+
+impl Latencies {
+    fn quantile(&self, q: f64) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+}
+
+/// What the neighbour saw.
+#[derive(Default)]
+struct Neighbour {
+    get: Latencies,
+    list: Latencies,
+}
+
+struct Run {
+    k: usize,
+    requests: usize,
+    seconds: f64,
+    idle: Neighbour,
+    busy: Neighbour,
+}
+
+/// GETs a pod and LISTs ConfigMaps in its own namespace, alternately, until `stop`.
+async fn neighbour(client: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Neighbour> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NEIGHBOUR);
+    let maps: Api<ConfigMap> = Api::namespaced(client, NEIGHBOUR);
+    let mut seen = Neighbour::default();
+    let mut tick = tokio::time::interval(NEIGHBOUR_EVERY);
+    let mut get = true;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let start = Instant::now();
+        if get {
+            pods.get("neighbour").await?;
+            seen.get.0.push(start.elapsed().as_secs_f64() * 1e3);
+        } else {
+            maps.list(&ListParams::default()).await?;
+            seen.list.0.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        get = !get;
+    }
+    Ok(seen)
+}
+
+async fn watch_neighbour<F: std::future::Future>(
+    client: &Client,
+    during: F,
+) -> anyhow::Result<(F::Output, Neighbour)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let watching = tokio::spawn(neighbour(client.clone(), stop.clone()));
+    let out = during.await;
+    stop.store(true, Ordering::Relaxed);
+    Ok((out, watching.await??))
+}
+
+/// Creates the failed and succeeded pods, node `node-{i % nodes}` each; returns the hint
+/// (pod -> node) of the failed ones.
+async fn create_pods(client: &Client, args: &Args) -> anyhow::Result<BTreeMap<String, String>> {
+    let dag = FailedDag {
+        name: WORKFLOW.into(),
+        failed: args.pods,
+        succeeded: args.succeeded,
+    };
+    let workflow = dag.workflow(NAMESPACE);
+    let mut hint = BTreeMap::new();
+    let pods: Vec<(Pod, &str)> = dag
+        .pods(&workflow)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut pod, phase))| {
+            let node = format!("node-{:02}", i % args.nodes);
+            if phase != SUCCEEDED {
+                hint.insert(pod.metadata.name.clone().unwrap_or_default(), node.clone());
+            }
+            if let Some(spec) = pod.spec.as_mut() {
+                // Bound directly: no scheduler, and no kubelet to change the phase.
+                spec.node_name = Some(node);
+            }
+            (pod, phase)
+        })
+        .collect();
+    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    stream::iter(pods)
+        .map(|(pod, phase)| {
+            let api = api.clone();
+            async move {
+                let created = api.create(&PostParams::default(), &pod).await?;
+                let name = created.metadata.name.unwrap_or_default();
+                let status = serde_json::json!({"status": {"phase": phase}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await?;
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<()>()
+        .await?;
+    Ok(hint)
+}
+
+/// The same request rewind's workers send: selectors and a metadata-only answer.
+async fn delete_collection(client: &Client, labels: &str, fields: &str) -> anyhow::Result<usize> {
+    let lp = ListParams::default().labels(labels).fields(fields);
+    let mut request = kube::core::Request::new(Pod::url_path(&(), Some(NAMESPACE)))
+        .delete_collection(&DeleteParams::default(), &lp)?;
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        ),
+    );
+    let deleted: serde_json::Value = client.request(request).await?;
+    Ok(deleted["items"].as_array().map_or(0, Vec::len))
+}
+
+async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
+    let cluster = LocalCluster::start(Options::default()).await?;
+    let admin = cluster.admin_client();
+    cluster.create_namespace(NAMESPACE).await?;
+    cluster.create_namespace(NEIGHBOUR).await?;
+    let other = FailedDag {
+        name: "neighbour".into(),
+        failed: 1,
+        succeeded: 0,
+    };
+    let (mut pod, _) = other.pods(&other.workflow(NEIGHBOUR)).remove(0);
+    pod.metadata.name = Some("neighbour".into());
+    Api::<Pod>::namespaced(admin.clone(), NEIGHBOUR)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    let hint = create_pods(&admin, args)
+        .await
+        .context("creating the pods")?;
+    let (labels, fields) = bulk_selectors(WORKFLOW);
+    let whole = DeleteWork::Bulk {
+        workflow: WORKFLOW.into(),
+        label_selector: labels,
+        field_selector: fields,
+        pods: hint.keys().cloned().collect(),
+    };
+    let parts = split_bulk(vec![whole], k, &hint);
+    // The neighbour's own client: its requests do not queue behind the deletes'.
+    let neighbour_client = Client::try_from(cluster.config(Role::Admin).await?)?;
+    let ((), idle) = watch_neighbour(&neighbour_client, tokio::time::sleep(IDLE)).await?;
+    let start = Instant::now();
+    let (deleted, busy) = watch_neighbour(
+        &neighbour_client,
+        futures::future::try_join_all(parts.iter().map(|part| {
+            let DeleteWork::Bulk {
+                label_selector,
+                field_selector,
+                ..
+            } = part
+            else {
+                unreachable!("split_bulk returns bulk work for bulk work")
+            };
+            delete_collection(&admin, label_selector, field_selector)
+        })),
+    )
+    .await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let deleted: usize = deleted?.into_iter().sum();
+    let left: Vec<Pod> = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW)))
+        .await?
+        .items;
+    let failed_left = left
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some(SUCCEEDED))
+        .count();
+    ensure!(
+        failed_left == 0 && left.len() == args.succeeded && deleted >= args.pods,
+        "k={k}: {deleted} deleted, {failed_left} failed pods left, {} pods left (expected {})",
+        left.len(),
+        args.succeeded
+    );
+    cluster.stop().await?;
+    Ok(Run {
+        k,
+        requests: parts.len(),
+        seconds,
+        idle,
+        busy,
+    })
+}
+
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let mut runs: Vec<Run> = Vec::new();
+    for rep in 0..args.reps {
+        let mut order = args.ks.clone();
+        if rep % 2 == 1 {
+            order.reverse();
+        }
+        for &k in &order {
+            let run = once(&args, k).await?;
+            eprintln!(
+                "rep {rep} k={k}: {:.2} s over {} requests; neighbour GET p99 {:.1} ms, LIST p99 {:.1} ms (idle {:.1} / {:.1})",
+                run.seconds,
+                run.requests,
+                run.busy.get.quantile(0.99),
+                run.busy.list.quantile(0.99),
+                run.idle.get.quantile(0.99),
+                run.idle.list.quantile(0.99),
+            );
+            runs.push(run);
+        }
+    }
+    println!(
+        "{} failed pods (+{} succeeded kept) on {} nodes, {} repetitions, fresh control plane each",
+        args.pods, args.succeeded, args.nodes, args.reps
+    );
+    println!(
+        "| k | requests | seconds median (min-max) | vs k=1 | neighbour GET p50/p99 ms | LIST p50/p99 ms | idle GET p99 / LIST p99 ms |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let base = runs
+        .iter()
+        .filter(|r| r.k == 1)
+        .map(|r| r.seconds)
+        .collect::<Vec<_>>();
+    let base = (!base.is_empty()).then(|| stats(&base).0);
+    for &k in &args.ks {
+        let of_k: Vec<&Run> = runs.iter().filter(|r| r.k == k).collect();
+        let (med, min, max) = stats(&of_k.iter().map(|r| r.seconds).collect::<Vec<_>>());
+        let median_of =
+            |f: &dyn Fn(&Run) -> f64| stats(&of_k.iter().map(|r| f(r)).collect::<Vec<_>>()).0;
+        println!(
+            "| {k} | {} | {med:.2} ({min:.2}-{max:.2}) | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            of_k[0].requests,
+            base.map_or("-".into(), |b| format!("{:.2}x", b / med)),
+            median_of(&|r| r.busy.get.quantile(0.5)),
+            median_of(&|r| r.busy.get.quantile(0.99)),
+            median_of(&|r| r.busy.list.quantile(0.5)),
+            median_of(&|r| r.busy.list.quantile(0.99)),
+            median_of(&|r| r.idle.get.quantile(0.99)),
+            median_of(&|r| r.idle.list.quantile(0.99)),
+        );
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(args) = parse()? else {
+        println!(
+            "bulk_parallelism is a benchmark: cargo bench --bench bulk_parallelism -- --pods 8000 --nodes 32"
+        );
+        return Ok(());
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Runtime::new()?.block_on(bench(args))
+}
