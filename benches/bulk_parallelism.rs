@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, Resource as _};
 use rewind::delete::{DeleteWork, SUCCEEDED, bulk_selectors, split_bulk};
+use rewind::plan::{RetryOptions, plan_retry};
 use rewind::testenv::localcluster::{LocalCluster, Options, Role};
 use rewind::testenv::workload::FailedDag;
 use rewind::workflow::labels;
@@ -138,49 +138,22 @@ async fn watch_neighbour<F: std::future::Future>(
     Ok((out, watching.await??))
 }
 
-/// Creates the failed and succeeded pods, node `node-{i % nodes}` each; returns the hint
-/// (pod -> node) of the failed ones.
-async fn create_pods(client: &Client, args: &Args) -> anyhow::Result<BTreeMap<String, String>> {
+/// Creates the workflow and its failed and succeeded pods, node `node-{i % nodes}` each;
+/// returns the plan's pods and the node of each, as the controller reads them from the
+/// workflow.
+async fn create_pods(
+    client: &Client,
+    args: &Args,
+) -> anyhow::Result<(Vec<String>, BTreeMap<String, String>)> {
     let dag = FailedDag {
         name: WORKFLOW.into(),
         failed: args.pods,
         succeeded: args.succeeded,
     };
-    let workflow = dag.workflow(NAMESPACE);
-    let mut hint = BTreeMap::new();
-    let pods: Vec<(Pod, &str)> = dag
-        .pods(&workflow)
-        .into_iter()
-        .enumerate()
-        .map(|(i, (mut pod, phase))| {
-            let node = format!("node-{:02}", i % args.nodes);
-            if phase != SUCCEEDED {
-                hint.insert(pod.metadata.name.clone().unwrap_or_default(), node.clone());
-            }
-            if let Some(spec) = pod.spec.as_mut() {
-                // Bound directly: no scheduler, and no kubelet to change the phase.
-                spec.node_name = Some(node);
-            }
-            (pod, phase)
-        })
-        .collect();
-    let api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    stream::iter(pods)
-        .map(|(pod, phase)| {
-            let api = api.clone();
-            async move {
-                let created = api.create(&PostParams::default(), &pod).await?;
-                let name = created.metadata.name.unwrap_or_default();
-                let status = serde_json::json!({"status": {"phase": phase}});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await?;
-                Ok::<_, kube::Error>(())
-            }
-        })
-        .buffer_unordered(64)
-        .try_collect::<()>()
-        .await?;
-    Ok(hint)
+    let nodes: Vec<String> = (0..args.nodes).map(|i| format!("node-{i:02}")).collect();
+    let workflow = dag.create_on(client, NAMESPACE, &nodes, 64, || ()).await?;
+    let plan = plan_retry(&workflow, &RetryOptions::default())?;
+    Ok((plan.pods_to_delete, plan.pod_nodes))
 }
 
 /// The same request rewind's workers send: selectors and a metadata-only answer.
@@ -221,7 +194,7 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
         workflow: WORKFLOW.into(),
         label_selector: labels,
         field_selector: fields,
-        pods: hint.keys().cloned().collect(),
+        pods: plan,
     };
     let parts = split_bulk(vec![whole], k, &hint);
     // The neighbour's own client: its requests do not queue behind the deletes'.

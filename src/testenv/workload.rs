@@ -54,6 +54,12 @@ impl FailedDag {
     /// nodes compressed, as Argo stores them, when it is over Argo's default
     /// size limit.
     pub fn workflow(&self, namespace: &str) -> Workflow {
+        self.workflow_on(namespace, &[])
+    }
+
+    /// [`FailedDag::workflow`] as if task `i` ran on node `hosts[i % hosts.len()]`
+    /// (Argo records it as the node's `hostNodeName`); unscheduled without nodes.
+    pub fn workflow_on(&self, namespace: &str, hosts: &[String]) -> Workflow {
         let phase = if self.failed > 0 {
             "Failed"
         } else {
@@ -61,9 +67,13 @@ impl FailedDag {
         };
         let mut nodes = BTreeMap::new();
         let mut children = Vec::new();
-        for (node_name, phase) in self.tasks() {
+        for (i, (node_name, phase)) in self.tasks().enumerate() {
             let id = node_id(&self.name, &node_name);
             children.push(id.clone());
+            let mut other = serde_json::Map::new();
+            if let Some(host) = host(hosts, i) {
+                other.insert("hostNodeName".into(), host.into());
+            }
             nodes.insert(
                 id.clone(),
                 NodeStatus {
@@ -77,6 +87,7 @@ impl FailedDag {
                     message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
                     started_at: Some(TIME.into()),
                     finished_at: Some(TIME.into()),
+                    other,
                     ..Default::default()
                 },
             );
@@ -150,6 +161,11 @@ impl FailedDag {
 
     /// The pods the workflow's nodes ran, with the phase each ended in.
     pub fn pods(&self, workflow: &Workflow) -> Vec<(Pod, &'static str)> {
+        self.pods_on(workflow, &[])
+    }
+
+    /// [`FailedDag::pods`], pod `i` bound to node `nodes[i % nodes.len()]`.
+    pub fn pods_on(&self, workflow: &Workflow, nodes: &[String]) -> Vec<(Pod, &'static str)> {
         let owner = OwnerReference {
             api_version: Workflow::api_version(&()).into_owned(),
             kind: Workflow::kind(&()).into_owned(),
@@ -159,7 +175,8 @@ impl FailedDag {
             block_owner_deletion: None,
         };
         self.tasks()
-            .map(|(node_name, phase)| {
+            .enumerate()
+            .map(|(i, (node_name, phase))| {
                 let id = node_id(&self.name, &node_name);
                 let name = pod_name(
                     &self.name,
@@ -205,6 +222,9 @@ impl FailedDag {
                         // Unscheduled even where a scheduler runs: on a (fake) node the
                         // pod would be set Running, overwriting the phase given here.
                         scheduler_name: Some(UNSCHEDULED.into()),
+                        // Bound directly where nodes are given; no kubelet
+                        // there changes the phase either.
+                        node_name: host(nodes, i).map(str::to_owned),
                         ..Default::default()
                     }),
                     status: None,
@@ -224,16 +244,30 @@ impl FailedDag {
         concurrency: usize,
         progress: impl Fn() + Sync,
     ) -> Result<Workflow, kube::Error> {
+        self.create_on(client, namespace, &[], concurrency, progress)
+            .await
+    }
+
+    /// [`FailedDag::create`], the pods spread over `nodes` (see
+    /// [`FailedDag::workflow_on`]); the nodes need not exist.
+    pub async fn create_on(
+        &self,
+        client: &Client,
+        namespace: &str,
+        nodes: &[String],
+        concurrency: usize,
+        progress: impl Fn() + Sync,
+    ) -> Result<Workflow, kube::Error> {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
         let workflow = workflows
-            .create(&PostParams::default(), &self.workflow(namespace))
+            .create(&PostParams::default(), &self.workflow_on(namespace, nodes))
             .await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         // Owned items, futures owning their client, and progress reported
         // through the stream: with borrowed ones this future is not Send (a
         // higher-ranked lifetime error), so callers could not spawn it.
         let owned: Vec<(Pod, String)> = self
-            .pods(&workflow)
+            .pods_on(&workflow, nodes)
             .into_iter()
             .map(|(p, phase)| (p, phase.to_owned()))
             .collect();
@@ -257,6 +291,11 @@ impl FailedDag {
             .await?;
         Ok(workflow)
     }
+}
+
+/// The node task `i` ran on, round-robin over `nodes`.
+fn host(nodes: &[String], i: usize) -> Option<&str> {
+    (!nodes.is_empty()).then(|| nodes[i % nodes.len()].as_str())
 }
 
 /// `workflow` as Argo's controller archives it: hydrated (nodes decoded
@@ -306,6 +345,36 @@ mod tests {
         assert_eq!(row.status.compressed_nodes, None);
         let nodes = row.status.nodes.as_ref().map_or(0, BTreeMap::len);
         assert!(nodes > 5010, "{nodes} nodes");
+    }
+
+    #[test]
+    fn the_plan_knows_the_node_each_pod_ran_on() {
+        let dag = FailedDag {
+            name: "wf".into(),
+            failed: 5,
+            succeeded: 2,
+        };
+        let hosts = ["n0".to_string(), "n1".to_string()];
+        let mut wf = dag.workflow_on("ns", &hosts);
+        wf.metadata.uid = Some("u".into());
+        let plan = plan_retry(&wf, &RetryOptions::default()).unwrap();
+        let bound: BTreeMap<String, String> = dag
+            .pods_on(&wf, &hosts)
+            .into_iter()
+            .filter(|(_, phase)| *phase == "Failed")
+            .map(|(p, _)| (p.metadata.name.unwrap(), p.spec.unwrap().node_name.unwrap()))
+            .collect();
+        assert_eq!(bound.len(), 5);
+        assert_eq!(plan.pod_nodes, bound);
+        // Unscheduled pods: no hint.
+        let mut wf = dag.workflow("ns");
+        wf.metadata.uid = Some("u".into());
+        assert!(
+            plan_retry(&wf, &RetryOptions::default())
+                .unwrap()
+                .pod_nodes
+                .is_empty()
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 mod argodb;
 mod budget;
 mod bulk;
+mod bulk_parallel;
 mod cli;
 mod faults;
 mod idempotency;
@@ -75,6 +76,7 @@ fn main() -> ExitCode {
         bulk::an_unfinished_outsider_survives_and_an_unrelabelled_plan_pod_goes_singly,
         bulk::a_pod_created_during_a_long_bulk_delete_survives,
         bulk::a_graceful_stop_right_after_a_reset_still_sends_its_event,
+        bulk_parallel::a_split_bulk_delete_sends_one_request_per_part_and_keeps_every_outsider,
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
