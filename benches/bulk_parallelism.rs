@@ -101,6 +101,8 @@ struct Run {
     k: usize,
     requests: usize,
     seconds: f64,
+    /// CPU seconds kube-apiserver and etcd spent during the deletes.
+    server_cpu: f64,
     idle: Neighbour,
     busy: Neighbour,
 }
@@ -171,6 +173,20 @@ async fn delete_collection(client: &Client, labels: &str, fields: &str) -> anyho
     Ok(deleted["items"].as_array().map_or(0, Vec::len))
 }
 
+/// CPU seconds (user and system) the control plane's processes used so far.
+fn server_cpu(cluster: &LocalCluster) -> anyhow::Result<f64> {
+    let mut ticks = 0u64;
+    for (_, pid) in cluster.pids() {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the parenthesised command: utime and stime are the 12th and 13th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        ticks += fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    }
+    // Linux reports these in USER_HZ, 100 per second.
+    Ok(ticks as f64 / 100.0)
+}
+
 async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
     let cluster = LocalCluster::start(Options::default()).await?;
     let admin = cluster.admin_client();
@@ -186,7 +202,7 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
     Api::<Pod>::namespaced(admin.clone(), NEIGHBOUR)
         .create(&PostParams::default(), &pod)
         .await?;
-    let hint = create_pods(&admin, args)
+    let (plan, hint) = create_pods(&admin, args)
         .await
         .context("creating the pods")?;
     let (labels, fields) = bulk_selectors(WORKFLOW);
@@ -200,6 +216,7 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
     // The neighbour's own client: its requests do not queue behind the deletes'.
     let neighbour_client = Client::try_from(cluster.config(Role::Admin).await?)?;
     let ((), idle) = watch_neighbour(&neighbour_client, tokio::time::sleep(IDLE)).await?;
+    let cpu_before = server_cpu(&cluster)?;
     let start = Instant::now();
     let (deleted, busy) = watch_neighbour(
         &neighbour_client,
@@ -217,6 +234,7 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
     )
     .await?;
     let seconds = start.elapsed().as_secs_f64();
+    let server_cpu = server_cpu(&cluster)? - cpu_before;
     let deleted: usize = deleted?.into_iter().sum();
     let left: Vec<Pod> = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
         .list(&ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW)))
@@ -237,6 +255,7 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
         k,
         requests: parts.len(),
         seconds,
+        server_cpu,
         idle,
         busy,
     })
@@ -258,9 +277,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         for &k in &order {
             let run = once(&args, k).await?;
             eprintln!(
-                "rep {rep} k={k}: {:.2} s over {} requests; neighbour GET p99 {:.1} ms, LIST p99 {:.1} ms (idle {:.1} / {:.1})",
+                "rep {rep} k={k}: {:.2} s over {} requests, server CPU {:.1} s; neighbour GET p99 {:.1} ms, LIST p99 {:.1} ms (idle {:.1} / {:.1})",
                 run.seconds,
                 run.requests,
+                run.server_cpu,
                 run.busy.get.quantile(0.99),
                 run.busy.list.quantile(0.99),
                 run.idle.get.quantile(0.99),
@@ -274,9 +294,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         args.pods, args.succeeded, args.nodes, args.reps
     );
     println!(
-        "| k | requests | seconds median (min-max) | vs k=1 | neighbour GET p50/p99 ms | LIST p50/p99 ms | idle GET p99 / LIST p99 ms |"
+        "| k | requests | seconds median (min-max) | vs k=1 | server CPU s | neighbour GET p50/p99 ms | LIST p50/p99 ms | idle GET p99 / LIST p99 ms |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let base = runs
         .iter()
         .filter(|r| r.k == 1)
@@ -289,9 +309,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         let median_of =
             |f: &dyn Fn(&Run) -> f64| stats(&of_k.iter().map(|r| f(r)).collect::<Vec<_>>()).0;
         println!(
-            "| {k} | {} | {med:.2} ({min:.2}-{max:.2}) | {} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
+            "| {k} | {} | {med:.2} ({min:.2}-{max:.2}) | {} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
             of_k[0].requests,
             base.map_or("-".into(), |b| format!("{:.2}x", b / med)),
+            median_of(&|r| r.server_cpu),
             median_of(&|r| r.busy.get.quantile(0.5)),
             median_of(&|r| r.busy.get.quantile(0.99)),
             median_of(&|r| r.busy.list.quantile(0.5)),
