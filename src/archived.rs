@@ -20,9 +20,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::delete::{Listed, SUCCEEDED, Tracker, split_bulk};
+use crate::delete::{Listed, Progress, SUCCEEDED, Tracker, split_bulk};
 use crate::plan::{self, PlanError, RetryOptions};
 use crate::queue::Class;
 use crate::workers::{Done, WorkItem};
@@ -448,7 +448,9 @@ async fn delete_leftovers(
         let mut tracker = Tracker::new(plan_pods.iter().cloned());
         let total = plan_pods.len() as u64;
         reporter.status.pods_total = total;
-        let mut deleted = 0u64;
+        // Counted by name, as for a live retry: no pod twice, never backwards.
+        let mut progress = Progress::default();
+        let mut allow_bulk = ctx.config.allow_bulk;
         let mut last_write = Instant::now();
         loop {
             let listed = pods.list(&lp).await?.items;
@@ -498,9 +500,25 @@ async fn delete_leftovers(
                     meta: p.metadata,
                 })
                 .collect();
-            let assessment = tracker.assess(workflow, &ours, ctx.config.allow_bulk && !foreign)?;
-            let gone = assessment.gone.len() as u64;
-            reporter.status.pods_deleted = deleted.max(gone).min(total);
+            let mut assessment = tracker.assess(workflow, &ours, allow_bulk && !foreign)?;
+            if let Some(removed) = progress.listed(&assessment.gone) {
+                // A bulk request was cut short (see `Done::Unfinished`); this
+                // list says what it removed. If nothing, another bulk would
+                // likely meet the same end: go on pod by pod.
+                ctx.metrics.pods_deleted(removed);
+                if removed == 0 && allow_bulk {
+                    allow_bulk = false;
+                    assessment = tracker.assess(workflow, &ours, false)?;
+                }
+                warn!(
+                    namespace,
+                    workflow,
+                    removed,
+                    bulk = allow_bulk,
+                    "bulk delete cut short; pods listed again"
+                );
+            }
+            reporter.status.pods_deleted = progress.deleted() as u64;
             if assessment.all_gone(plan_pods.len()) {
                 reporter.status.pods_deleted = total;
                 return Ok(());
@@ -518,11 +536,16 @@ async fn delete_leftovers(
             while pending > 0 {
                 let outcome = outcomes.recv().await.ok_or(ArchivedError::ShuttingDown)?;
                 pending -= 1;
-                if let Done::Deleted(n) = outcome.result? {
-                    ctx.metrics.pods_deleted(n);
-                    deleted = (deleted.max(gone) + n as u64).min(total);
-                    reporter.status.pods_deleted = deleted;
+                match outcome.result? {
+                    Done::Unfinished => progress.cut_short(&outcome.item.work),
+                    done => {
+                        if let Done::Deleted(n) = done {
+                            ctx.metrics.pods_deleted(n);
+                        }
+                        progress.answered(tracker.plan(), &outcome.item.work);
+                    }
                 }
+                reporter.status.pods_deleted = progress.deleted() as u64;
                 if last_write.elapsed() >= ctx.config.status_interval {
                     reporter.write().await?;
                     last_write = Instant::now();

@@ -1,7 +1,8 @@
 //! Faults a retry meets on a real control plane: a DeleteCollection that outlasts the API
-//! server's request timeout, and another client writing the workflow during the retry.
+//! server's request timeout (live and archived), and another client writing the workflow
+//! during the retry.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,16 +10,21 @@ use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use rewind::archived::ArgoDatabase;
 use rewind::delete::bulk_selectors;
 use rewind::request::{RetryPhase, RetryStatus, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::workload::FailedDag;
 use rewind::workflow::{Workflow, labels};
+use rewind::workflowretry::WorkflowRetry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::controller as ctl;
+use crate::workflowretry::{Rows, archived};
 
 /// The API server's `--request-timeout` in the timeout tests: short, so that one
 /// DeleteCollection of a few thousand pods outlasts it.
@@ -182,26 +188,23 @@ fn sample_status(
     (samples, task)
 }
 
-/// Checks that podsDeleted never went back or past podsTotal in `samples`; returns its
-/// distinct values.
-fn ensure_monotonic(samples: &[RetryStatus]) -> anyhow::Result<Vec<u64>> {
+/// Checks that podsDeleted never went back or past podsTotal in `samples` of
+/// (podsDeleted, podsTotal); returns its distinct values.
+fn ensure_monotonic(samples: impl IntoIterator<Item = (u64, u64)>) -> anyhow::Result<Vec<u64>> {
     let mut seen: Vec<u64> = Vec::new();
-    for s in samples {
+    for (deleted, total) in samples {
         ensure!(
-            s.pods_deleted <= s.pods_total,
-            "podsDeleted {} above podsTotal {} in {s:?}",
-            s.pods_deleted,
-            s.pods_total
+            deleted <= total,
+            "podsDeleted {deleted} above podsTotal {total}"
         );
         if let Some(&last) = seen.last() {
             ensure!(
-                s.pods_deleted >= last,
-                "podsDeleted went back from {last} to {} ({s:?})",
-                s.pods_deleted
+                deleted >= last,
+                "podsDeleted went back from {last} to {deleted}"
             );
         }
-        if seen.last() != Some(&s.pods_deleted) {
-            seen.push(s.pods_deleted);
+        if seen.last() != Some(&deleted) {
+            seen.push(deleted);
         }
     }
     Ok(seen)
@@ -285,7 +288,7 @@ pub async fn a_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
         .map(|r| Duration::try_from(r.ended.duration_since(r.received)).unwrap_or_default())
         .collect();
     let samples = samples.lock().expect("not poisoned").clone();
-    let progress = ensure_monotonic(&samples)?;
+    let progress = ensure_monotonic(samples.iter().map(|s| (s.pods_deleted, s.pods_total)))?;
     tracing::info!(
         took_ms = took.as_millis() as u64,
         pods = planned.len(),
@@ -532,6 +535,157 @@ pub async fn a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once(
     ensure!(
         progress.windows(2).all(|w| w[0] < w[1]) && progress.len() >= 2,
         "expected progress to keep being reported while the workflow changed, podsDeleted written: {progress:?}"
+    );
+    Ok(())
+}
+
+/// The archived path meets the same timeout: its bulk DeleteCollection of the leftover pods
+/// outlasts the request timeout, and the retry lists them again rather than resending it,
+/// counts each pod once, deletes only the leftovers the plan names, and creates the workflow
+/// once.
+pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
+    _shared: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let cluster = short_timeout_cluster(&namespace).await?;
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 3000,
+        succeeded: 10,
+    };
+    let row = dag.create(&admin, &namespace, 32, || ()).await?;
+    let old_uid = row
+        .metadata
+        .uid
+        .clone()
+        .context("a created workflow has a UID")?;
+    let plan = ctl::expected_plan(&row)?;
+    let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
+    // Archived and deleted: no garbage collector runs on this control plane, so its pods
+    // stay behind as leftovers owned by the archived UID.
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    workflows
+        .delete(&dag.name, &DeleteParams::background())
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while workflows.get_opt(&dag.name).await?.is_some() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "workflow {} was not deleted",
+            dag.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+
+    let archive: Arc<dyn ArgoDatabase> =
+        Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row.clone())])));
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(archive),
+    )
+    .await?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    retries
+        .create(
+            &PostParams::default(),
+            &archived("retry-archived", &old_uid),
+        )
+        .await?;
+    let started = tokio::time::Instant::now();
+    let mut samples: Vec<(u64, u64)> = Vec::new();
+    let status = loop {
+        let object = retries.get("retry-archived").await?;
+        let status = object.status.clone().unwrap_or_default();
+        if object.is_finished() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(180) {
+            controller.stop().await?;
+            bail!("the archived retry did not finish within 180 s; its status: {status:?}");
+        }
+        samples.push((status.pods_deleted, status.pods_total));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let took = started.elapsed();
+    controller.stop().await?;
+
+    let log = requests(&cluster, &namespace)?;
+    let after_pods: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
+        .await?
+        .into_iter()
+        .collect();
+    cluster.stop().await?;
+    let ours = |r: &&Request| r.user == CONTROLLER_NAME;
+    let bulks: Vec<&Request> = log
+        .iter()
+        .filter(ours)
+        .filter(|r| r.verb == "deletecollection")
+        .collect();
+    let progress = ensure_monotonic(samples)?;
+    tracing::info!(
+        took_ms = took.as_millis() as u64,
+        pods = planned.len(),
+        bulk_codes = ?bulks.iter().map(|r| r.code).collect::<Vec<_>>(),
+        ?progress,
+        "archived retry through request timeouts"
+    );
+
+    ensure!(
+        status.phase == Some(RetryPhase::Succeeded),
+        "expected the archived retry to succeed, its status is {status:?}"
+    );
+    ensure!(
+        bulks.iter().any(|r| r.code == 504),
+        "no DeleteCollection timed out (codes {:?}): the test proves nothing",
+        bulks.iter().map(|r| r.code).collect::<Vec<_>>()
+    );
+    for pair in bulks.windows(2) {
+        let relisted = log.iter().filter(ours).any(|r| {
+            r.verb == "list"
+                && r.resource == "pods"
+                && r.received >= pair[0].ended
+                && r.ended <= pair[1].received
+        });
+        ensure!(
+            relisted,
+            "a deletecollection at {} followed the one that ended at {} without a list of the pods between them",
+            pair[1].received,
+            pair[0].ended
+        );
+    }
+    let expected: BTreeSet<String> = before.difference(&planned).cloned().collect();
+    ensure!(
+        after_pods == expected,
+        "expected exactly the {} pods outside the plan to remain, found {} (plan pods left: {:?}, others deleted: {:?})",
+        expected.len(),
+        after_pods.len(),
+        after_pods
+            .intersection(&planned)
+            .take(5)
+            .collect::<Vec<_>>(),
+        expected.difference(&after_pods).collect::<Vec<_>>()
+    );
+    ensure!(
+        status.pods_total == planned.len() as u64 && status.pods_deleted == status.pods_total,
+        "expected podsDeleted = podsTotal = {} at the end, the status is {status:?}",
+        planned.len()
+    );
+    let creates = log
+        .iter()
+        .filter(ours)
+        .filter(|r| r.verb == "create" && r.resource == "workflows" && r.code == 201)
+        .count();
+    ensure!(
+        creates == 1,
+        "expected exactly one create of the workflow, the controller created it {creates} times"
     );
     Ok(())
 }

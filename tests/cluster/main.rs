@@ -104,6 +104,7 @@ fn main() -> ExitCode {
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
+        faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
