@@ -52,23 +52,23 @@ async fn create_nodes(
     Ok(names)
 }
 
-/// A retry of 40 failed pods on 4 nodes with --bulk-parallelism 4 sends 4 DeleteCollections
-/// (one per node) and nothing else, deletes every plan pod, and keeps the workflow's
-/// succeeded pods, another workflow's failed pods on the same and other nodes, and an
-/// unfinished outsider with the workflow's label.
+/// A retry of 40 failed pods on 5 nodes with --bulk-parallelism 4 sends 4 DeleteCollections
+/// (a part of two nodes, parts of one, and the catch-all) and nothing else, deletes every plan
+/// pod, and keeps the workflow's succeeded pods, another workflow's failed pods on the same
+/// nodes and another, and an unfinished outsider with the workflow's label.
 pub async fn a_split_bulk_delete_sends_one_request_per_part_and_keeps_every_outsider(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let nodes = create_nodes(&cluster, &namespace, 5).await?;
+    let nodes = create_nodes(&cluster, &namespace, 6).await?;
     let dag = FailedDag {
         name: "wf".into(),
         failed: 40,
         succeeded: 4,
     };
     let created = dag
-        .create_on(&admin, &namespace, &nodes[..4], 32, || ())
+        .create_on(&admin, &namespace, &nodes[..5], 32, || ())
         .await?;
     let plan = ctl::expected_plan(&created)?;
     ensure!(
