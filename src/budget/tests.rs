@@ -256,6 +256,66 @@ async fn a_429_with_retry_after_stops_every_write_for_that_long() {
     );
 }
 
+/// API Priority and Fairness rejects for a priority level that serves reads and writes alike
+/// (its 429 names the level): both buckets pause, whichever verb was rejected.
+#[tokio::test(start_paused = true)]
+async fn a_429_from_a_priority_level_stops_reads_and_writes_for_that_long() {
+    for (rejected, other) in [(Verb::Post, Verb::Get), (Verb::Get, Verb::Post)] {
+        let start = Instant::now();
+        let first = Arc::new(AtomicUsize::new(0));
+        let (budget, recorder) = budget((20, 30), (50, 100), 1000);
+        let (server, sent) = server(start, move |verb| {
+            if verb == rejected && first.fetch_add(1, Ordering::SeqCst) == 0 {
+                let mut response = status(StatusCode::TOO_MANY_REQUESTS, Some("3"));
+                response.headers_mut().insert(
+                    PRIORITY_LEVEL_HEADER,
+                    http::HeaderValue::from_static("0b0e2e3c-uid"),
+                );
+                response
+            } else {
+                Response::new(())
+            }
+        });
+        let service = budget.layer().layer(server);
+        let first_request = if rejected == Verb::Post {
+            post()
+        } else {
+            get()
+        };
+        let codes = send_all(&service, vec![first_request]).await;
+        assert_eq!(codes, [StatusCode::TOO_MANY_REQUESTS]);
+        let throttled_at = start.elapsed();
+
+        let mut requests: Vec<_> = (0..5).map(|_| post()).collect();
+        requests.extend((0..5).map(|_| get()));
+        send_all(&service, requests).await;
+
+        let resumed = throttled_at + Duration::from_secs(3);
+        let after: Vec<Duration> = sent.lock().unwrap()[1..]
+            .iter()
+            .map(|(_, at)| *at)
+            .collect();
+        assert_eq!(after.len(), 10);
+        assert!(
+            after.iter().all(|at| *at >= resumed),
+            "{rejected:?} rejected: a request went out during the pause: {after:?}"
+        );
+        assert!(
+            times_of(&sent, other).contains(&resumed),
+            "{rejected:?} rejected: {other:?} did not resume when the pause ended"
+        );
+        let mut pauses = recorder.pauses.lock().unwrap().clone();
+        pauses.sort_by_key(|(bucket, _)| bucket.as_str());
+        assert_eq!(
+            pauses,
+            [
+                (Bucket::Read, Duration::from_secs(3)),
+                (Bucket::Write, Duration::from_secs(3))
+            ]
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_write_waiting_for_a_token_when_the_pause_begins_waits_for_the_pause_too() {
     let start = Instant::now();

@@ -11,6 +11,7 @@ mod argodb;
 mod budget;
 mod bulk;
 mod cli;
+mod db_restart;
 mod idempotency;
 mod install;
 mod leader;
@@ -24,6 +25,7 @@ mod rbac;
 mod retry;
 mod scheduling;
 mod support;
+mod throttle;
 mod workflow_roundtrip;
 mod workflowretry;
 mod workflowretry_db;
@@ -99,6 +101,9 @@ fn main() -> ExitCode {
         leader::a_graceful_stop_releases_the_lease_at_once,
         leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
+        throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
+        db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
+        db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
