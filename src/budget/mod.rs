@@ -208,10 +208,13 @@ impl Budget {
         let observer = &self.inner.observer;
         let prepaid =
             bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
-        if !prepaid {
-            let waited = self.bucket(bucket).acquire().await;
-            observer.token_wait(bucket, waited);
-        }
+        // A token taken ahead was taken before any pause that began since (while this request
+        // waited for a slot, say): the pause holds it back too.
+        let waited = match prepaid {
+            true => self.bucket(bucket).sit_out_pause().await,
+            false => self.bucket(bucket).acquire().await,
+        };
+        observer.token_wait(bucket, waited);
         if slot.is_some() {
             observer.in_flight(self.in_flight());
         }

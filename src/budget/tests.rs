@@ -544,3 +544,44 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
         ]
     );
 }
+
+/// A worker takes its token, then waits for a slot; a 429 pauses the bucket meanwhile: the
+/// write it then sends waits for the pause to end, token or not.
+#[tokio::test(start_paused = true)]
+async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
+    let start = Instant::now();
+    let sent: Sent = Arc::default();
+    let log = sent.clone();
+    // The first write holds the only slot for 500 ms, then is refused with Retry-After: 2.
+    let server = tower::service_fn(move |request: Request<()>| {
+        let first = log.lock().unwrap().is_empty();
+        log.lock()
+            .unwrap()
+            .push((Verb::of(&request), start.elapsed()));
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, Infallible>(status(StatusCode::TOO_MANY_REQUESTS, Some("2")))
+            } else {
+                Ok(Response::new(()))
+            }
+        }
+    });
+    let (budget, _) = budget((20, 30), (50, 100), 1);
+    let service = budget.layer().layer(server);
+    let throttled = tokio::spawn(service.clone().oneshot(post()));
+    tokio::task::yield_now().await;
+    let token = budget.take_write_token().await;
+    let answer = token
+        .spend_on(service.clone().oneshot(post()))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let refused = throttled.await.unwrap().unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        times_of(&sent, Verb::Post),
+        [Duration::ZERO, Duration::from_millis(2500)],
+        "the prepaid write must wait for the pause the 429 ordered while it waited for a slot"
+    );
+}

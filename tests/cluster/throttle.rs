@@ -46,7 +46,7 @@ const CLOCK: SignedDuration = SignedDuration::from_millis(5);
 /// DeleteCollection holds one seat, so alone the controller hardly fills the level).
 const CO_TENANT: &str = "co-tenant";
 /// Its requests in flight at once.
-const CO_TENANT_STREAMS: usize = 4;
+const CO_TENANT_STREAMS: usize = 8;
 /// The neighbour's pace: one small request every 20 ms.
 const NEIGHBOUR_PERIOD: Duration = Duration::from_millis(20);
 
@@ -84,6 +84,14 @@ pub async fn a_retry_throttled_by_priority_and_fairness_obeys_retry_after(
     let mut summaries = Vec::new();
     for run in [&free, &per_pod, &bulk] {
         let summary = run.check_obeyed(&log)?;
+        let co_tenant_user = format!("system:serviceaccount:{namespace}:{CO_TENANT}");
+        let co_tenant_codes: std::collections::BTreeMap<u16, usize> = log
+            .iter()
+            .filter(|e| e.user == co_tenant_user && e.received >= run.from && e.received <= run.to)
+            .fold(Default::default(), |mut codes, e| {
+                *codes.entry(e.code).or_default() += 1;
+                codes
+            });
         tracing::info!(
             workflow = run.workflow,
             throttled = run.workflow != free.workflow,
@@ -93,6 +101,7 @@ pub async fn a_retry_throttled_by_priority_and_fairness_obeys_retry_after(
             latest_in_flight_ms = summary.latest_in_flight.map(|g| g.as_millis()),
             pauses = run.pauses,
             pause_seconds = run.pause_seconds,
+            ?co_tenant_codes,
             neighbour_requests = run.neighbour.count,
             neighbour_p50_ms = run.neighbour.p50.as_secs_f64() * 1e3,
             neighbour_p99_ms = run.neighbour.p99.as_secs_f64() * 1e3,
