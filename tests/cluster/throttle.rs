@@ -1,10 +1,11 @@
 //! Real throttling by API Priority and Fairness: a FlowSchema puts the controller's requests
 //! in this test's namespace into a priority level of a few seats that rejects (no queue)
 //! whatever does not fit, so the API server answers 429 with its own Retry-After. The retry
-//! still ends Succeeded and exact, and the audit log shows that after each 429 the controller
-//! sent nothing before the shortest Retry-After APF ever asks (1 s) had passed. A neighbour
-//! (another user, in its own flow and priority level) sends small requests throughout; its
-//! latency is printed beside the same retry's without throttling.
+//! still ends Succeeded and exact, and the audit log shows that within the shortest Retry-After
+//! APF ever asks (1 s) of each 429 no more of the controller's requests reached the server than
+//! it had in flight already. A neighbour (another user, in its own flow and priority level)
+//! sends small requests throughout; its latency is printed beside the same retry's without
+//! throttling.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -36,7 +37,7 @@ const FINISH: Duration = Duration::from_secs(240);
 const MIN_RETRY_AFTER: SignedDuration = SignedDuration::from_secs(1);
 /// The controller's request slots. Requests that left it before a 429 came back may reach the
 /// server (the audit log's requestReceivedTimestamp) after the 429 left it: the first burst
-/// opens a TLS connection per request, measured here arriving up to 300 ms late. So the check
+/// opens a TLS connection per request, measured here arriving up to 170 ms late. So the check
 /// is by count: within Retry-After of a 429, at most the other slots' requests arrive; a
 /// client ignoring the 429 at 200 writes/s would send about 200.
 const WORKERS: usize = 32;
@@ -120,7 +121,7 @@ pub async fn a_retry_throttled_by_priority_and_fairness_obeys_retry_after(
     );
     for (run, summary) in [(&per_pod, &summaries[1]), (&bulk, &summaries[2])] {
         ensure!(
-            (run.pauses > 0.0) == (summary.rejections > 0),
+            summary.rejections == 0 || run.pauses > 0.0,
             "{}: {} 429s in the audit log but the controller paused {} times",
             run.workflow,
             summary.rejections,
@@ -170,6 +171,8 @@ async fn run(
     let mut options = ctl::options(200, 300, bulk);
     options.workers = WORKERS;
     options.budget.workers = std::num::NonZeroUsize::new(WORKERS).context("non-zero")?;
+    // The controller's requests from its start on count, its first list and watches included.
+    let window_from = Timestamp::now();
     let (controller, metrics) = ctl::start_observed(cluster, namespace, options, None).await?;
     let stop = Arc::new(AtomicBool::new(false));
     let stream = tokio::spawn(neighbour.clone().stream(stop.clone()));
@@ -191,6 +194,7 @@ async fn run(
         task.await.context("the co-tenant panicked")?;
     }
     let exposition = metrics.encode(QueueDepths::default());
+    let window_to = Timestamp::now();
     controller.stop().await?;
     let (after, status) = finished?;
 
@@ -231,8 +235,8 @@ async fn run(
     );
     Ok(Run {
         workflow: name.to_owned(),
-        from: started,
-        to: ended,
+        from: window_from,
+        to: window_to,
         elapsed: ended.duration_since(started).unsigned_abs(),
         pauses: metric_sum(&exposition, "rewind_api_pauses_total"),
         pause_seconds: metric_sum(&exposition, "rewind_api_pause_seconds_total"),
