@@ -3,8 +3,9 @@
 //! A priority level of API Priority and Fairness serves a few requests at once and rejects the
 //! rest (429). Were every worker to resend together when the pause ends, the same few would
 //! fit and the rest be rejected again, with a Retry-After the server doubles each time (up to
-//! 32 s): measured on the real API server, 32 workers against a 3-seat level deleted about
-//! three pods per 15 s. So the cap is halved on a rejection (once per round of requests: the
+//! 32 s): measured on the real API server, 32 workers against a 3-seat level had not finished
+//! a 150-pod retry after 4 minutes, Retry-After at 16 s (with this cap: 200 pods in 30-40 s,
+//! Retry-After 1 to 4 s). So the cap is halved on a rejection (once per round of requests: the
 //! rejections of requests sent under the old cap are one signal) and grows by one after a cap's
 //! worth of successes, up to the configured number of workers (TCP's AIMD).
 

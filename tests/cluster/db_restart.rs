@@ -1,4 +1,4 @@
-//! Argo's database (PostgreSQL) restarted under an archived retry: stopped while the retry
+//! Argo's database (PostgreSQL, and MariaDB once) restarted under an archived retry: stopped while the retry
 //! deletes its leftover pods, which need no database, and started again on the same port and
 //! data a few seconds later. The reset nodes are offloaded (ALWAYS_OFFLOAD_NODE_STATUS), so the
 //! retry needs the database again after the deletes: it reports that it waits for the
@@ -35,13 +35,28 @@ const WAIT: Duration = Duration::from_secs(60);
 /// How long the database stays down once the request says it waits for it.
 const DOWN: Duration = Duration::from_secs(3);
 
-/// PostgreSQL stopped while the retry deletes its leftovers (slowed to 10 writes/s), started
-/// again once the request reports that it waits for the database.
 pub async fn an_archived_retry_survives_a_database_restart_during_its_deletes(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    let mut db = argo_db(Kind::Postgres).await?;
+    restart_during_deletes(Kind::Postgres, cluster, namespace).await
+}
+
+pub async fn an_archived_retry_survives_a_mariadb_restart_during_its_deletes(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    restart_during_deletes(Kind::MariaDb, cluster, namespace).await
+}
+
+/// The database stopped while the retry deletes its leftovers (slowed to 10 writes/s), started
+/// again once the request reports that it waits for the database.
+async fn restart_during_deletes(
+    kind: Kind,
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let mut db = argo_db(kind).await?;
     let archived_wf = Archived::prepare(&cluster, &namespace, &db, 40).await?;
     let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), &namespace);
     let controller = start(&cluster, &namespace, &db).await?;

@@ -104,6 +104,7 @@ fn main() -> ExitCode {
         throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
         db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
         db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
+        db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

@@ -273,7 +273,7 @@ impl DbServer {
     }
 
     /// Stops the server (a clean, fast shutdown), keeping its data and port for
-    /// [`DbServer::start_again`]: a database restart, as an operator's or a crash's.
+    /// [`DbServer::start_again`]: a database restart, as an operator's.
     pub fn halt(&mut self) {
         self.server.stop();
     }
