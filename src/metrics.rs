@@ -52,6 +52,7 @@ pub struct Metrics {
     api_requests: Family<RequestLabels, Counter>,
     token_wait: Family<BucketLabels, Counter<f64, AtomicU64>>,
     pauses: Family<BucketLabels, Counter>,
+    pause_seconds: Family<BucketLabels, Counter<f64, AtomicU64>>,
     in_flight: Gauge,
     pods_deleted: Counter,
     retry_duration: Family<ResultLabels, Histogram>,
@@ -107,6 +108,12 @@ impl Default for Metrics {
             "Pauses of a budget bucket ordered by the API server (429 or 503 with Retry-After)",
             pauses.clone(),
         );
+        let pause_seconds = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "api_pause_seconds",
+            "Seconds of the pauses the API server ordered with Retry-After, by bucket",
+            pause_seconds.clone(),
+        );
         let in_flight = Gauge::default();
         registry.register(
             "api_requests_in_flight",
@@ -152,6 +159,7 @@ impl Default for Metrics {
             api_requests,
             token_wait,
             pauses,
+            pause_seconds,
             in_flight,
             pods_deleted,
             retry_duration,
@@ -241,12 +249,14 @@ impl BudgetObserver for Metrics {
         }
     }
 
-    fn paused(&self, bucket: Bucket, _pause: Duration) {
-        self.pauses
-            .get_or_create(&BucketLabels {
-                bucket: bucket.as_str(),
-            })
-            .inc();
+    fn paused(&self, bucket: Bucket, pause: Duration) {
+        let labels = BucketLabels {
+            bucket: bucket.as_str(),
+        };
+        self.pauses.get_or_create(&labels).inc();
+        self.pause_seconds
+            .get_or_create(&labels)
+            .inc_by(pause.as_secs_f64());
     }
 }
 
@@ -285,6 +295,8 @@ mod tests {
             r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,
             r#"rewind_api_requests_total{verb="DELETE",code="error"} 1"#,
             r#"rewind_api_token_wait_seconds_total{bucket="write"} 0.25"#,
+            r#"rewind_api_pauses_total{bucket="write"} 1"#,
+            r#"rewind_api_pause_seconds_total{bucket="write"} 1.0"#,
             r#"rewind_queue_depth{class="interactive",state="ready"} 2"#,
             r#"rewind_queue_depth{class="interactive",state="leased"} 3"#,
             r#"rewind_queue_depth{class="background",state="waiting"} 0"#,
@@ -308,6 +320,7 @@ mod tests {
             "api_requests",
             "api_token_wait_seconds",
             "api_pauses",
+            "api_pause_seconds",
             "pods_deleted",
         ] {
             assert!(

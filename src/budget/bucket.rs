@@ -72,6 +72,15 @@ impl TokenBucket {
         }
     }
 
+    /// Waits for a pause (and any pause ordered meanwhile) to end; returns how long that took.
+    pub(super) async fn sit_out_pause(&self) -> Duration {
+        let start = Instant::now();
+        while let Some(until) = self.paused_until() {
+            tokio::time::sleep_until(until).await;
+        }
+        start.elapsed()
+    }
+
     /// Sends nothing more for `pause` (a longer pause already ordered stays).
     pub(super) fn pause(&self, pause: Duration) {
         let until = Instant::now() + pause;

@@ -3,7 +3,6 @@
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
-use http::header::RETRY_AFTER;
 use http::{Request, Response};
 use kube::client::ClientBuilder;
 use kube::client::retry::RetryPolicy;
@@ -93,15 +92,18 @@ where
             let result = inner.oneshot(request).await;
             match &result {
                 Ok(response) => {
-                    budget.obey(verb, response.status(), response.headers().get(RETRY_AFTER));
+                    let throttled = budget.obey(verb, response.status(), response.headers());
                     budget
                         .inner
                         .observer
                         .response(verb, Some(response.status()));
+                    admission.finish(throttled, !throttled);
                 }
-                Err(_) => budget.inner.observer.response(verb, None),
+                Err(_) => {
+                    budget.inner.observer.response(verb, None);
+                    admission.finish(false, false);
+                }
             }
-            drop(admission);
             result
         })
     }

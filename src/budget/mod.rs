@@ -6,6 +6,7 @@
 
 mod bucket;
 mod layer;
+mod slots;
 
 pub use bucket::Rate;
 pub use layer::{BudgetLayer, BudgetService, client};
@@ -15,10 +16,15 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Method, Request, StatusCode};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
 use bucket::TokenBucket;
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, Method, Request, StatusCode};
+use slots::{Slot, Slots};
+
+/// The header API Priority and Fairness sets on its answers (rejections included): the UID of the
+/// priority level that handled the request (k8s.io/api/flowcontrol/v1
+/// ResponseHeaderMatchedPriorityLevelConfigurationUID).
+const PRIORITY_LEVEL_HEADER: &str = "X-Kubernetes-PF-PriorityLevel-UID";
 
 /// Limits of a [`Budget`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +33,8 @@ pub struct BudgetConfig {
     pub writes: Rate,
     /// GET, LIST and WATCH (defaults: 50 QPS, burst 100).
     pub reads: Rate,
-    /// Requests in flight at once (watches, which stay open, are not counted).
+    /// Requests in flight at once (watches, which stay open, are not counted); fewer for a
+    /// while after the server throttled (see `slots`).
     pub workers: NonZeroUsize,
     /// The longest pause a Retry-After can order, against a bogus header stopping us for hours
     /// (API Priority and Fairness asks for at most 32 s).
@@ -146,8 +153,7 @@ pub struct Budget {
 struct Inner {
     reads: TokenBucket,
     writes: TokenBucket,
-    workers: Arc<Semaphore>,
-    max_workers: usize,
+    slots: Slots,
     max_pause: Duration,
     observer: Arc<dyn BudgetObserver>,
 }
@@ -163,8 +169,7 @@ impl Budget {
             inner: Arc::new(Inner {
                 reads: TokenBucket::new(config.reads),
                 writes: TokenBucket::new(config.writes),
-                workers: Arc::new(Semaphore::new(config.workers.get())),
-                max_workers: config.workers.get(),
+                slots: Slots::new(config.workers.get()),
                 max_pause: config.max_pause,
                 observer,
             }),
@@ -178,7 +183,7 @@ impl Budget {
 
     /// Requests in flight now (watches not counted).
     pub fn in_flight(&self) -> usize {
-        self.inner.max_workers - self.inner.workers.available_permits()
+        self.inner.slots.held()
     }
 
     /// Waits for a write token for a request to be chosen only now and sent at once (with
@@ -197,21 +202,19 @@ impl Budget {
     async fn admit(&self, verb: Verb) -> Admission {
         let slot = match verb {
             Verb::Watch => None,
-            _ => Some(
-                Arc::clone(&self.inner.workers)
-                    .acquire_owned()
-                    .await
-                    .expect("the workers semaphore is never closed"),
-            ),
+            _ => Some(self.inner.slots.acquire().await),
         };
         let bucket = verb.bucket();
         let observer = &self.inner.observer;
         let prepaid =
             bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
-        if !prepaid {
-            let waited = self.bucket(bucket).acquire().await;
-            observer.token_wait(bucket, waited);
-        }
+        // A token taken ahead was taken before any pause that began since (while this request
+        // waited for a slot, say): the pause holds it back too.
+        let waited = match prepaid {
+            true => self.bucket(bucket).sit_out_pause().await,
+            false => self.bucket(bucket).acquire().await,
+        };
+        observer.token_wait(bucket, waited);
         if slot.is_some() {
             observer.in_flight(self.in_flight());
         }
@@ -222,28 +225,44 @@ impl Budget {
     }
 
     /// Obeys a throttling answer: a 429 or 503 with Retry-After pauses the bucket the request
-    /// came from. The other bucket goes on: the API server limits reads and writes separately
-    /// (max-inflight filter), and a read that is throttled too pauses the read bucket itself.
-    fn obey(&self, verb: Verb, status: StatusCode, retry_after: Option<&http::HeaderValue>) {
+    /// came from. The other bucket goes on when the max-inflight filter answered (it limits
+    /// reads and writes separately, and a read that is throttled too pauses the read bucket
+    /// itself); but a rejection by API Priority and Fairness, which names the priority level
+    /// that rejected it, pauses both: that level serves our reads and writes alike, and the
+    /// server asked for nothing more in it before Retry-After has passed.
+    /// Returns whether it paused.
+    fn obey(&self, verb: Verb, status: StatusCode, headers: &HeaderMap) -> bool {
         if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
-            return;
+            return false;
         }
-        let Some(seconds) = retry_after
+        let Some(seconds) = headers
+            .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
         else {
-            return;
+            return false;
         };
         let pause = Duration::from_secs(seconds).min(self.inner.max_pause);
-        let bucket = verb.bucket();
-        self.bucket(bucket).pause(pause);
-        self.inner.observer.paused(bucket, pause);
+        let priority_level = headers
+            .get(PRIORITY_LEVEL_HEADER)
+            .and_then(|value| value.to_str().ok());
+        let buckets: &[Bucket] = if priority_level.is_some() {
+            &[Bucket::Read, Bucket::Write]
+        } else {
+            &[verb.bucket()]
+        };
+        for &bucket in buckets {
+            self.bucket(bucket).pause(pause);
+            self.inner.observer.paused(bucket, pause);
+        }
         tracing::info!(
-            bucket = bucket.as_str(),
+            bucket = verb.bucket().as_str(),
             status = status.as_u16(),
             pause_seconds = pause.as_secs(),
+            priority_level,
             "API server asked to slow down; pausing requests"
         );
+        true
     }
 
     fn bucket(&self, bucket: Bucket) -> &TokenBucket {
@@ -273,20 +292,32 @@ impl WriteToken {
     }
 }
 
-/// A request's right to be in flight; dropping it frees the worker slot.
+/// A request's right to be in flight; [`Admission::finish`] (or dropping it) frees the slot.
 struct Admission {
     budget: Budget,
-    slot: Option<OwnedSemaphorePermit>,
+    slot: Option<Slot>,
 }
 
-impl Drop for Admission {
-    fn drop(&mut self) {
-        if self.slot.take().is_some() {
+impl Admission {
+    /// Frees the slot, telling the cap whether the request was throttled or answered.
+    fn finish(mut self, throttled: bool, answered: bool) {
+        self.release(throttled, answered);
+    }
+
+    fn release(&mut self, throttled: bool, answered: bool) {
+        if let Some(slot) = self.slot.take() {
+            self.budget.inner.slots.release(slot, throttled, answered);
             self.budget
                 .inner
                 .observer
                 .in_flight(self.budget.in_flight());
         }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.release(false, false);
     }
 }
 

@@ -256,6 +256,66 @@ async fn a_429_with_retry_after_stops_every_write_for_that_long() {
     );
 }
 
+/// API Priority and Fairness rejects for a priority level that serves reads and writes alike
+/// (its 429 names the level): both buckets pause, whichever verb was rejected.
+#[tokio::test(start_paused = true)]
+async fn a_429_from_a_priority_level_stops_reads_and_writes_for_that_long() {
+    for (rejected, other) in [(Verb::Post, Verb::Get), (Verb::Get, Verb::Post)] {
+        let start = Instant::now();
+        let first = Arc::new(AtomicUsize::new(0));
+        let (budget, recorder) = budget((20, 30), (50, 100), 1000);
+        let (server, sent) = server(start, move |verb| {
+            if verb == rejected && first.fetch_add(1, Ordering::SeqCst) == 0 {
+                let mut response = status(StatusCode::TOO_MANY_REQUESTS, Some("3"));
+                response.headers_mut().insert(
+                    PRIORITY_LEVEL_HEADER,
+                    http::HeaderValue::from_static("0b0e2e3c-uid"),
+                );
+                response
+            } else {
+                Response::new(())
+            }
+        });
+        let service = budget.layer().layer(server);
+        let first_request = if rejected == Verb::Post {
+            post()
+        } else {
+            get()
+        };
+        let codes = send_all(&service, vec![first_request]).await;
+        assert_eq!(codes, [StatusCode::TOO_MANY_REQUESTS]);
+        let throttled_at = start.elapsed();
+
+        let mut requests: Vec<_> = (0..5).map(|_| post()).collect();
+        requests.extend((0..5).map(|_| get()));
+        send_all(&service, requests).await;
+
+        let resumed = throttled_at + Duration::from_secs(3);
+        let after: Vec<Duration> = sent.lock().unwrap()[1..]
+            .iter()
+            .map(|(_, at)| *at)
+            .collect();
+        assert_eq!(after.len(), 10);
+        assert!(
+            after.iter().all(|at| *at >= resumed),
+            "{rejected:?} rejected: a request went out during the pause: {after:?}"
+        );
+        assert!(
+            times_of(&sent, other).contains(&resumed),
+            "{rejected:?} rejected: {other:?} did not resume when the pause ended"
+        );
+        let mut pauses = recorder.pauses.lock().unwrap().clone();
+        pauses.sort_by_key(|(bucket, _)| bucket.as_str());
+        assert_eq!(
+            pauses,
+            [
+                (Bucket::Read, Duration::from_secs(3)),
+                (Bucket::Write, Duration::from_secs(3))
+            ]
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_write_waiting_for_a_token_when_the_pause_begins_waits_for_the_pause_too() {
     let start = Instant::now();
@@ -482,5 +542,46 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
             Duration::from_secs(1),
             Duration::from_secs(2)
         ]
+    );
+}
+
+/// A worker takes its token, then waits for a slot; a 429 pauses the bucket meanwhile: the
+/// write it then sends waits for the pause to end, token or not.
+#[tokio::test(start_paused = true)]
+async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
+    let start = Instant::now();
+    let sent: Sent = Arc::default();
+    let log = sent.clone();
+    // The first write holds the only slot for 500 ms, then is refused with Retry-After: 2.
+    let server = tower::service_fn(move |request: Request<()>| {
+        let first = log.lock().unwrap().is_empty();
+        log.lock()
+            .unwrap()
+            .push((Verb::of(&request), start.elapsed()));
+        async move {
+            if first {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, Infallible>(status(StatusCode::TOO_MANY_REQUESTS, Some("2")))
+            } else {
+                Ok(Response::new(()))
+            }
+        }
+    });
+    let (budget, _) = budget((20, 30), (50, 100), 1);
+    let service = budget.layer().layer(server);
+    let throttled = tokio::spawn(service.clone().oneshot(post()));
+    tokio::task::yield_now().await;
+    let token = budget.take_write_token().await;
+    let answer = token
+        .spend_on(service.clone().oneshot(post()))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    let refused = throttled.await.unwrap().unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        times_of(&sent, Verb::Post),
+        [Duration::ZERO, Duration::from_millis(2500)],
+        "the prepaid write must wait for the pause the 429 ordered while it waited for a slot"
     );
 }

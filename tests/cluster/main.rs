@@ -12,6 +12,7 @@ mod budget;
 mod bulk;
 mod bulk_parallel;
 mod cli;
+mod db_restart;
 mod faults;
 mod idempotency;
 mod install;
@@ -26,6 +27,7 @@ mod rbac;
 mod retry;
 mod scheduling;
 mod support;
+mod throttle;
 mod workflow_roundtrip;
 mod workflowretry;
 mod workflowretry_db;
@@ -106,6 +108,10 @@ fn main() -> ExitCode {
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
+        throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
+        db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
+        db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
+        db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

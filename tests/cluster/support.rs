@@ -71,9 +71,21 @@ pub mod controller {
     pub async fn start_with_archive(
         cluster: &LocalCluster,
         namespace: &str,
-        mut options: Options,
+        options: Options,
         archive: Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>,
     ) -> anyhow::Result<Running> {
+        Ok(start_observed(cluster, namespace, options, archive)
+            .await?
+            .0)
+    }
+
+    /// [`start_with_archive`], also handing back the controller's metrics.
+    pub async fn start_observed(
+        cluster: &LocalCluster,
+        namespace: &str,
+        mut options: Options,
+        archive: Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>,
+    ) -> anyhow::Result<(Running, std::sync::Arc<rewind::metrics::Metrics>)> {
         options.scope = Scope {
             namespaces: vec![namespace.to_owned()],
             instance_id: None,
@@ -83,6 +95,7 @@ pub mod controller {
             controller = controller.with_database(archive);
         }
         let state = controller.state();
+        let metrics = controller.metrics();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(controller.run(shutdown.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -97,7 +110,7 @@ pub mod controller {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(Running { shutdown, task })
+        Ok((Running { shutdown, task }, metrics))
     }
 
     impl Running {

@@ -192,12 +192,7 @@ impl DbServer {
             port,
             server,
         };
-        let admin = PgConnectOptions::new_without_pgpass()
-            .host("127.0.0.1")
-            .port(port)
-            .username("postgres")
-            .password(PASSWORD)
-            .database("postgres");
+        let admin = postgres_admin(port);
         let mut conn = this.wait_ready("PostgreSQL", || admin.connect()).await?;
         for statement in [
             format!("CREATE USER {USER} PASSWORD '{PASSWORD}'"),
@@ -262,8 +257,7 @@ impl DbServer {
             port,
             server,
         };
-        // root has no password and may log in on the socket only.
-        let admin = MySqlConnectOptions::new().socket(&socket).username("root");
+        let admin = mariadb_admin(&dir);
         let mut conn = this.wait_ready("MariaDB", || admin.connect()).await?;
         for statement in [
             format!("CREATE DATABASE {DATABASE}"),
@@ -276,6 +270,31 @@ impl DbServer {
         }
         let _ = conn.close().await;
         Ok(this)
+    }
+
+    /// Stops the server (a clean, fast shutdown), keeping its data and port for
+    /// [`DbServer::start_again`]: a database restart, as an operator's.
+    pub fn halt(&mut self) {
+        self.server.stop();
+    }
+
+    /// Starts the server [`DbServer::halt`] stopped, on the same port and data, and waits
+    /// until it accepts connections.
+    pub async fn start_again(&mut self) -> Result<(), DbError> {
+        self.server.respawn()?;
+        match self.kind {
+            Kind::Postgres => {
+                let admin = postgres_admin(self.port);
+                let conn = self.wait_ready("PostgreSQL", || admin.connect()).await?;
+                let _ = conn.close().await;
+            }
+            Kind::MariaDb => {
+                let admin = mariadb_admin(self.server.dir());
+                let conn = self.wait_ready("MariaDB", || admin.connect()).await?;
+                let _ = conn.close().await;
+            }
+        }
+        Ok(())
     }
 
     async fn wait_ready<C, F>(
@@ -447,6 +466,23 @@ fn server_certificate(server: &Server) -> Result<(PathBuf, PathBuf), DbError> {
         server.write_private("server.crt", &certified.cert.pem())?,
         server.write_private("server.key", &certified.signing_key.serialize_pem())?,
     ))
+}
+
+/// PostgreSQL's superuser, who may connect in the clear.
+fn postgres_admin(port: u16) -> PgConnectOptions {
+    PgConnectOptions::new_without_pgpass()
+        .host("127.0.0.1")
+        .port(port)
+        .username("postgres")
+        .password(PASSWORD)
+        .database("postgres")
+}
+
+/// MariaDB's root, who has no password and may log in on the socket only.
+fn mariadb_admin(dir: &Path) -> MySqlConnectOptions {
+    MySqlConnectOptions::new()
+        .socket(dir.join("mysqld.sock"))
+        .username("root")
 }
 
 /// A port free on 127.0.0.1 now (the server binds it a moment later).

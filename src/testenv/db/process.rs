@@ -1,6 +1,6 @@
 //! One database server process and its temporary directory.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
@@ -53,6 +53,8 @@ pub(super) struct Server {
     dir: tempfile::TempDir,
     log: PathBuf,
     child: Option<(Child, libc::c_int)>,
+    /// How the server was started, to start it again after [`Server::stop`].
+    launch: Option<(PathBuf, Vec<OsString>, libc::c_int)>,
 }
 
 impl Server {
@@ -68,6 +70,7 @@ impl Server {
             dir,
             log,
             child: None,
+            launch: None,
         };
         server.chown(server.dir.path())?;
         Ok(server)
@@ -153,7 +156,22 @@ impl Server {
         args: &[&OsStr],
         stop_signal: libc::c_int,
     ) -> Result<(), DbError> {
-        let mut command = self.command(&program, args)?;
+        self.launch = Some((
+            program,
+            args.iter().map(|a| a.to_os_string()).collect(),
+            stop_signal,
+        ));
+        self.respawn()
+    }
+
+    /// Starts the server as [`Server::spawn`] last did (same arguments: same port and data).
+    pub fn respawn(&mut self) -> Result<(), DbError> {
+        let (program, args, stop_signal) = self
+            .launch
+            .clone()
+            .expect("respawn is only called after spawn");
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        let mut command = self.command(&program, &args)?;
         // SAFETY: between fork and exec the closure only calls prctl(2), which
         // is async-signal-safe, and allocates nothing. It runs after the uid
         // change, which would otherwise clear the death signal.
@@ -172,6 +190,34 @@ impl Server {
         tracing::debug!(server = self.name, pid = child.id(), "started");
         self.child = Some((child, stop_signal));
         Ok(())
+    }
+
+    /// Asks the server to shut down cleanly and waits for it (killing it after a grace
+    /// period); its directory stays.
+    pub fn stop(&mut self) {
+        let Some((mut child, signal)) = self.child.take() else {
+            return;
+        };
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
+        // SAFETY: kill(2) has no memory-safety preconditions; the child is not
+        // reaped yet (we hold it), so the pid cannot have been reused.
+        unsafe { libc::kill(pid, signal) };
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    tracing::warn!(server = self.name, "did not stop in time; killing it");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+            }
+        }
+        tracing::debug!(server = self.name, "stopped");
     }
 
     /// An error if the server has exited.
@@ -205,28 +251,6 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let Some((mut child, signal)) = self.child.take() else {
-            return;
-        };
-        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
-        // SAFETY: kill(2) has no memory-safety preconditions; the child is not
-        // reaped yet (we hold it), so the pid cannot have been reused.
-        unsafe { libc::kill(pid, signal) };
-        let deadline = Instant::now() + STOP_GRACE;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                _ => {
-                    tracing::warn!(server = self.name, "did not stop in time; killing it");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-            }
-        }
-        tracing::debug!(server = self.name, "stopped");
+        self.stop();
     }
 }
