@@ -21,6 +21,7 @@ use crate::plan::compress::{
     CompressError, DEFAULT_MAX_WORKFLOW_SIZE, blob_to_hydrate, decode_nodes, dehydrate,
 };
 use crate::plan::pod_name::{PodNameFormat, node_id, pod_name};
+use crate::workers::{api_code, is_transient};
 use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
 
 const TEMPLATE: &str = "work";
@@ -259,9 +260,7 @@ impl FailedDag {
         progress: impl Fn() + Sync,
     ) -> Result<Workflow, kube::Error> {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
-        let workflow = workflows
-            .create(&PostParams::default(), &self.workflow_on(namespace, nodes))
-            .await?;
+        let workflow = create_once(&workflows, &self.workflow_on(namespace, nodes)).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         // Owned items, futures owning their client, and progress reported
         // through the stream: with borrowed ones this future is not Send (a
@@ -275,11 +274,11 @@ impl FailedDag {
             .map(|(pod, phase)| {
                 let pods = pods.clone();
                 async move {
-                    let created = pods.create(&PostParams::default(), &pod).await?;
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    create_once(&pods, &pod).await?;
                     let status = serde_json::json!({"status": {"phase": phase}});
-                    let name = created.metadata.name.as_deref().unwrap_or_default();
-                    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                        .await?;
+                    let (params, patch) = (PatchParams::default(), Patch::Merge(&status));
+                    through_transient(|| pods.patch_status(&name, &params, &patch)).await?;
                     Ok::<_, kube::Error>(())
                 }
             })
@@ -291,6 +290,51 @@ impl FailedDag {
             .await?;
         Ok(workflow)
     }
+}
+
+/// Tries of a fixture request before it fails: a loaded control plane, or
+/// one with a short `--request-timeout` as in the fault tests, may cut a
+/// request (504, a broken connection) that the next try gets through.
+const TRIES: u32 = 5;
+
+/// `op`, tried again after a transient failure (see [`TRIES`]); only for
+/// requests that may be repeated.
+pub async fn through_transient<T, F, Fut>(mut op: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let mut tried = 1;
+    loop {
+        match op().await {
+            Err(e) if tried < TRIES && is_transient(&e) => {
+                tokio::time::sleep(Duration::from_millis(200) * tried).await;
+                tried += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Creates `object`, tried again after a transient failure; a create cut
+/// short may have been done, so after one, AlreadyExists means created.
+async fn create_once<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let mut first = true;
+    through_transient(|| {
+        let retried = !std::mem::replace(&mut first, false);
+        let name = &name;
+        async move {
+            match api.create(&PostParams::default(), object).await {
+                Err(e) if retried && api_code(&e) == Some(409) => api.get(name).await,
+                result => result,
+            }
+        }
+    })
+    .await
 }
 
 /// The node task `i` ran on, round-robin over `nodes`.

@@ -17,7 +17,7 @@ use rewind::archived::ArgoDatabase;
 use rewind::delete::bulk_selectors;
 use rewind::request::{RetryPhase, RetryStatus, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
-use rewind::testenv::workload::FailedDag;
+use rewind::testenv::workload::{FailedDag, through_transient};
 use rewind::workflow::{Workflow, labels};
 use rewind::workflowretry::WorkflowRetry;
 use serde_json::Value;
@@ -177,8 +177,10 @@ fn sample_status(
     let sink = samples.clone();
     let task = tokio::spawn(async move {
         while !stop.is_cancelled() {
-            let wf = api.get(&workflow).await?;
-            if let Some(status) = ctl::status_of(&wf, &token)? {
+            // A sample the short request timeout cut is a sample missed.
+            if let Ok(wf) = api.get(&workflow).await
+                && let Some(status) = ctl::status_of(&wf, &token)?
+            {
                 sink.lock().expect("not poisoned").push(status);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -602,7 +604,7 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
     let started = tokio::time::Instant::now();
     let mut samples: Vec<(u64, u64)> = Vec::new();
     let status = loop {
-        let object = retries.get("retry-archived").await?;
+        let object = through_transient(|| retries.get("retry-archived")).await?;
         let status = object.status.clone().unwrap_or_default();
         if object.is_finished() {
             break status;

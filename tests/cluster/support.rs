@@ -46,6 +46,7 @@ pub mod controller {
     use rewind::plan::{RetryOptions, plan_retry_at};
     use rewind::request::{self, RetryStatus, annotations};
     use rewind::testenv::localcluster::{LocalCluster, Role};
+    use rewind::testenv::workload::through_transient;
     use rewind::watch::Scope;
     use rewind::workflow::{Workflow, labels};
     use serde_json::Value;
@@ -149,8 +150,8 @@ pub mod controller {
     ) -> anyhow::Result<()> {
         let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), namespace);
         let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
-        workflows
-            .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        through_transient(|| workflows.patch_metadata(workflow, &params, &patch))
             .await
             .with_context(|| {
                 format!(
@@ -183,7 +184,7 @@ pub mod controller {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last = None;
         loop {
-            let wf = api.get(workflow).await?;
+            let wf = through_transient(|| api.get(workflow)).await?;
             if let Some(status) = status_of(&wf, token)? {
                 if status.phase.is_finished() {
                     return Ok((wf, status));
@@ -206,8 +207,8 @@ pub mod controller {
         selector: &str,
     ) -> anyhow::Result<Vec<String>> {
         let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
-        let mut names: Vec<String> = pods
-            .list_metadata(&ListParams::default().labels(selector))
+        let lp = ListParams::default().labels(selector);
+        let mut names: Vec<String> = through_transient(|| pods.list_metadata(&lp))
             .await?
             .items
             .into_iter()
