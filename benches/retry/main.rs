@@ -422,14 +422,8 @@ fn save(results: &Results, out: &str) -> anyhow::Result<()> {
         serde_json::to_string_pretty(results)? + "\n",
     )?;
     let mut md = format!(
-        "# Retry benchmark: {out}\n\n`{}`\n\nFrom {} to {} on {} CPUs; {} repetitions of each row (medians, with min–max); N failed pods + {} succeeded ones kept. Runs: {}.\n\n",
-        results.command,
-        results.started,
-        results.finished,
-        results.cpus,
-        results.repetitions,
-        results.succeeded,
-        results.runs.len()
+        "# Retry benchmark: {out}\n\n`{}`\n\nFrom {} to {} on {} CPUs; medians over each row's runs (with min–max); N failed pods + {} succeeded ones, which must stay.\n\n",
+        results.command, results.started, results.finished, results.cpus, results.succeeded
     );
     md.push_str(&report::markdown(&results.summary));
     md.push_str(

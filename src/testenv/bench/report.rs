@@ -191,8 +191,8 @@ fn summarize_row(row: &str, pods: usize, runs: &[&Measured]) -> Option<RowSummar
 /// The summaries as a Markdown table: medians, with (min–max) where a row ran more than once.
 pub fn markdown(rows: &[RowSummary]) -> String {
     let mut out = String::from(
-        "| row | N | wall s | vs floor | vs peer | audit s | read+plan | list | delete | confirm | commit | API requests | CPU s | peak RSS MiB | neighbour p50 ms idle → during | neighbour p99 ms idle → during |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
+        "| row | N | runs | wall s | vs floor | vs peer | audit s | read+plan | list | delete | confirm | commit | API requests | CPU s | peak RSS MiB | neighbour p50 ms idle → during | neighbour p99 ms idle → during |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
     );
     let opt = |v: Option<f64>, digits: usize| {
         v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
@@ -226,8 +226,12 @@ pub fn markdown(rows: &[RowSummary]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {row} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {requests} | {} | {} | {} | {} |",
+            "| {row} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {requests} | {} | {} | {} | {} |",
             s.pods,
+            match s.computed {
+                true => "–".to_owned(),
+                false => s.wall.n.to_string(),
+            },
             spread(Some(&s.wall), 2),
             ratio(s.vs_floor),
             ratio(s.vs_peer),
@@ -349,14 +353,15 @@ mod tests {
         let table = markdown(&summaries());
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 2 + 5);
-        assert!(lines[0].starts_with("| row | N | wall s |"));
+        assert!(lines[0].starts_with("| row | N | runs | wall s |"));
+        assert_eq!(lines[0].matches('|').count(), lines[1].matches('|').count());
         assert_eq!(
             lines[3],
-            "| rewind | 100 | 3.00 (2.00–5.00) | 1.50× | 0.10× | 3.00 (2.00–5.00) | – | – | 1.50 | – | – | deletecollection 1, list 1 | 0.30 (0.20–0.50) | 30 (30–30) | 2.0 → 4.0 | 3.0 → 9.0 |"
+            "| rewind | 100 | 3 | 3.00 (2.00–5.00) | 1.50× | 0.10× | 3.00 (2.00–5.00) | – | – | 1.50 | – | – | deletecollection 1, list 1 | 0.30 (0.20–0.50) | 30 (30–30) | 2.0 → 4.0 | 3.0 → 9.0 |"
         );
         assert_eq!(
             lines[5],
-            "| pod-floor (computed) | 100 | 5.00 | 2.50× | 0.17× | – | – | – | – | – | – | – | – | – | – | – |"
+            "| pod-floor (computed) | 100 | – | 5.00 | 2.50× | 0.17× | – | – | – | – | – | – | – | – | – | – | – |"
         );
     }
 }
