@@ -27,8 +27,10 @@
 //!
 //! Writes bench/results/NAME.json (every run and the summary), NAME.md (the table) and
 //! NAME.png (the chart); `--render` summarises and draws again from saved runs.
+//! `--scale 1000x1000` measures the controller among many workflows instead (scale.rs).
 
 mod chart;
+mod scale;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -144,6 +146,7 @@ struct Args {
     idle: Duration,
     out: Option<String>,
     render: Vec<PathBuf>,
+    scale: Option<scale::Scale>,
     command: String,
 }
 
@@ -157,6 +160,7 @@ fn parse() -> anyhow::Result<Option<Args>> {
         idle: Duration::from_secs(5),
         out: None,
         render: Vec::new(),
+        scale: None,
         command: String::new(),
     };
     let mut benching = false;
@@ -228,6 +232,11 @@ fn parse() -> anyhow::Result<Option<Args>> {
                 args.render = v.split(',').map(PathBuf::from).collect();
                 shown.push(format!("--render {v}"));
             }
+            "--scale" => {
+                let v = value()?;
+                args.scale = Some(v.parse()?);
+                shown.push(format!("--scale {v}"));
+            }
             other => bail!("unknown option {other}"),
         }
     }
@@ -291,7 +300,7 @@ fn summarize(runs: &[Measured], pods: &[usize]) -> Vec<RowSummary> {
 async fn bench(args: Args) -> anyhow::Result<()> {
     let started = Timestamp::now();
     let peer = tokio::task::spawn_blocking(|| argo::binary("peer")).await??;
-    let db = match args.rows.iter().any(|r| r.archived()) {
+    let db = match args.scale.is_none() && args.rows.iter().any(|r| r.archived()) {
         false => None,
         true => {
             let db = DbServer::postgres()
@@ -321,6 +330,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         args.repetitions,
         context.logs.display()
     );
+    if let Some(scale) = args.scale {
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| format!("scale-{}x{}", scale.workflows, scale.nodes));
+        return scale::run(&context, scale, args.pods[0], &args.command, &out).await;
+    }
     let out = args.out.clone().unwrap_or_else(|| {
         let pods: Vec<String> = args.pods.iter().map(usize::to_string).collect();
         format!("retry-{}", pods.join("-"))
