@@ -98,6 +98,7 @@ fn against_n(
     chart
         .configure_mesh()
         .x_desc("failed pods (N)")
+        .x_labels(4)
         .x_label_formatter(&|n| format!("{n:.0}"))
         .y_desc("seconds")
         .label_style(("sans-serif", 14))
@@ -116,7 +117,7 @@ fn against_n(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(SeriesLabelPosition::LowerRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
@@ -161,6 +162,7 @@ fn neighbours(
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .light_line_style(WHITE)
         .x_desc("milliseconds")
         .label_style(("sans-serif", 14))
         .y_label_formatter(&|v| match v {
