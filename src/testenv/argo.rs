@@ -437,7 +437,7 @@ async fn install_crds(client: &kube::Client, dir: &Path) -> Result<(), Error> {
 /// The controller's namespace and ConfigMap (one per instance ID): metrics off (their port
 /// is fixed), the instance ID, the persistence block (with the Secret it names), nothing
 /// else. Returns the ConfigMap's name.
-async fn install_config(
+pub async fn install_config(
     cluster: &LocalCluster,
     instance_id: Option<&str>,
     persistence: Option<&Persistence>,

@@ -433,7 +433,6 @@ mod bench {
 
     use anyhow::{Context as _, bail, ensure};
     use k8s_openapi::api::core::v1::Pod;
-    use k8s_openapi::jiff::Timestamp;
     use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
     use kube::{Resource as _, ResourceExt as _};
     use serde_json::Value;
@@ -442,6 +441,8 @@ mod bench {
     use rewind::controller::Controller;
     use rewind::delete::bulk_selectors;
     use rewind::request::{self, RetryPhase, annotations};
+    use rewind::testenv::bench::audit::{self, Audited, seconds};
+    use rewind::testenv::bench::stats::median;
     use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
     use rewind::testenv::workload::FailedDag;
     use rewind::watch::Scope;
@@ -455,15 +456,6 @@ mod bench {
     enum Side {
         Rewind,
         Raw,
-    }
-
-    /// One request in the audit log: who, what, on which object, received and answered when.
-    struct Audited {
-        user: String,
-        verb: String,
-        resource: String,
-        received: Timestamp,
-        completed: Timestamp,
     }
 
     /// rewind's run, from the audit log: seconds of each step and the end-to-end time.
@@ -684,44 +676,11 @@ mod bench {
         })
     }
 
+    /// The requests on the demo's namespace, in the order the server received them.
     fn audit(path: &Path) -> anyhow::Result<Vec<Audited>> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let mut out = Vec::new();
-        for line in text.lines() {
-            let Ok(event) = serde_json::from_str::<Value>(line) else {
-                continue;
-            };
-            if event["objectRef"]["namespace"] != super::NAMESPACE {
-                continue;
-            }
-            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-            let time = |key: &str| -> anyhow::Result<Timestamp> {
-                let t = s(&event[key]);
-                t.parse().with_context(|| format!("audit timestamp {t:?}"))
-            };
-            out.push(Audited {
-                user: s(&event["user"]["username"]),
-                verb: s(&event["verb"]),
-                resource: s(&event["objectRef"]["resource"]),
-                received: time("requestReceivedTimestamp")?,
-                completed: time("stageTimestamp")?,
-            });
-        }
-        out.sort_by_key(|a| a.received);
-        Ok(out)
-    }
-
-    fn seconds(from: Timestamp, to: Timestamp) -> f64 {
-        to.duration_since(from).as_secs_f64()
-    }
-
-    fn median(mut v: Vec<f64>) -> f64 {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
+        Ok(audit::read(path)?
+            .into_iter()
+            .filter(|a| a.namespace == super::NAMESPACE)
+            .collect())
     }
 }

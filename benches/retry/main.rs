@@ -1,0 +1,867 @@
+//! Side by side, each run on a fresh control plane with its audit log on: N failed pods of
+//! an Argo-shaped workflow (and some succeeded ones, which must stay) retried once by
+//!
+//! - `floor`: one raw DeleteCollection of the same pods (the API server's own limit);
+//! - `rewind-bulk`: the real `rewind controller` binary, qps 20 / burst 30 (its default);
+//! - `rewind-pod-qps20`, `rewind-pod-qps200`: the same with `--no-bulk` (one DELETE per
+//!   pod) at qps 20 / burst 30 and qps 200 / burst 300;
+//! - `peer`: Argo's own RetryWorkflow in process (tools/peer) at 20/30, as the Argo Server;
+//! - `argo-cli`: the same at 5/10, as `argo retry` without a server (at N >= 8000 only
+//!   with `--slow`: it takes about N/5 seconds);
+//! - `rewind-archived`, `peer-archived`: an archived workflow (written by Argo's own code
+//!   into PostgreSQL, deleted from the cluster, its pods left behind) retried by a
+//!   WorkflowRetry and by Argo's RetryArchivedWorkflow at 20/30;
+//!
+//! plus the computed per-pod floors N/20 and N/200. Rows run in alternating order over the
+//! repetitions. Per run: wall time from the request to the job done (checked: the failed
+//! pods gone, the succeeded ones kept, the workflow reset or created), the steps and the
+//! retrier's requests by verb from the audit log, rewind's and the peer's CPU seconds and
+//! peak RSS (rewind's CPU counted over the retry only, the peer's over its whole process),
+//! and a neighbour's latency (its own user and namespace: GET a pod, LIST workflows, PATCH
+//! a ConfigMap, 20 a second) during the retry beside its idle baseline on the same control
+//! plane just before.
+//!
+//!     cargo bench --bench retry -- --pods 1000,8000 --repetitions 3 [--rows floor,rewind-bulk]
+//!         [--slow] [--succeeded 100] [--idle-seconds 5] [--out NAME]
+//!     cargo bench --bench retry -- --render bench/results/a.json,bench/results/b.json --out NAME
+//!
+//! Writes bench/results/NAME.json (every run and the summary), NAME.md (the table) and
+//! NAME.png (the chart); `--render` summarises and draws again from saved runs.
+//! `--scale 1000x1000` measures the controller among many workflows instead (scale.rs).
+
+mod chart;
+mod scale;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Resource as _, ResourceExt as _};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use rewind::delete::bulk_selectors;
+use rewind::request::{self, RetryPhase, annotations};
+use rewind::testenv::argo;
+use rewind::testenv::bench::audit::{self, Audited};
+use rewind::testenv::bench::child::{RewindController, run_measured};
+use rewind::testenv::bench::neighbours::{self, Neighbour};
+use rewind::testenv::bench::report::{self, Measured, Reference, RowSummary};
+use rewind::testenv::bench::usage::Usage;
+use rewind::testenv::db::DbServer;
+use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
+use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
+use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
+use rewind::workflow::{Workflow, labels};
+use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+
+const NAMESPACE: &str = "bench";
+const WORKFLOW: &str = "big-retry";
+const REQUEST: &str = "big-retry-archived";
+const POLL: Duration = Duration::from_millis(50);
+const FINISH: Duration = Duration::from_secs(4 * 3600);
+const RESULTS: &str = "bench/results";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Row {
+    Floor,
+    RewindBulk,
+    RewindPod20,
+    RewindPod200,
+    Peer,
+    ArgoCli,
+    RewindArchived,
+    PeerArchived,
+}
+
+impl Row {
+    const ALL: [Row; 8] = [
+        Row::Floor,
+        Row::RewindBulk,
+        Row::RewindPod20,
+        Row::RewindPod200,
+        Row::Peer,
+        Row::ArgoCli,
+        Row::RewindArchived,
+        Row::PeerArchived,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Row::Floor => "floor",
+            Row::RewindBulk => "rewind-bulk",
+            Row::RewindPod20 => "rewind-pod-qps20",
+            Row::RewindPod200 => "rewind-pod-qps200",
+            Row::Peer => "peer",
+            Row::ArgoCli => "argo-cli",
+            Row::RewindArchived => "rewind-archived",
+            Row::PeerArchived => "peer-archived",
+        }
+    }
+
+    fn archived(self) -> bool {
+        matches!(self, Row::RewindArchived | Row::PeerArchived)
+    }
+
+    /// rewind's flags for this row; `None` for rows rewind does not run.
+    fn rewind_flags(self) -> Option<&'static [&'static str]> {
+        match self {
+            Row::RewindBulk | Row::RewindArchived => Some(&["--qps", "20", "--burst", "30"]),
+            Row::RewindPod20 => Some(&["--qps", "20", "--burst", "30", "--no-bulk"]),
+            Row::RewindPod200 => Some(&["--qps", "200", "--burst", "300", "--no-bulk"]),
+            _ => None,
+        }
+    }
+
+    /// The peer's client budget (qps, burst) for this row; `None` for rows it does not run.
+    fn peer_budget(self) -> Option<(u32, u32)> {
+        match self {
+            Row::Peer | Row::PeerArchived => Some((20, 30)),
+            Row::ArgoCli => Some((5, 10)),
+            _ => None,
+        }
+    }
+}
+
+/// The row a row's time is compared with: Argo's retry of the same kind at the same budget.
+fn peer_of(row: &str) -> Option<&'static str> {
+    match row {
+        "rewind-archived" => Some("peer-archived"),
+        "peer-archived" => None,
+        "peer" => None,
+        _ => Some("peer"),
+    }
+}
+
+struct Args {
+    pods: Vec<usize>,
+    rows: Vec<Row>,
+    repetitions: usize,
+    succeeded: usize,
+    slow: bool,
+    idle: Duration,
+    out: Option<String>,
+    render: Vec<PathBuf>,
+    scale: Option<scale::Scale>,
+    command: String,
+}
+
+fn parse() -> anyhow::Result<Option<Args>> {
+    let mut args = Args {
+        pods: vec![1000],
+        rows: Row::ALL.to_vec(),
+        repetitions: 3,
+        succeeded: 100,
+        slow: false,
+        idle: Duration::from_secs(5),
+        out: None,
+        render: Vec::new(),
+        scale: None,
+        command: String::new(),
+    };
+    let mut benching = false;
+    let mut shown = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
+            "--bench" => {
+                benching = true;
+                continue;
+            }
+            "--pods" => {
+                let v = value()?;
+                args.pods = v
+                    .split(',')
+                    .map(|n| n.trim().parse().with_context(|| format!("--pods {v}")))
+                    .collect::<anyhow::Result<_>>()?;
+                shown.push(format!("--pods {v}"));
+            }
+            "--rows" => {
+                let v = value()?;
+                args.rows = v
+                    .split(',')
+                    .map(|name| {
+                        Row::ALL
+                            .into_iter()
+                            .find(|r| r.name() == name.trim())
+                            .with_context(|| {
+                                let all: Vec<&str> = Row::ALL.iter().map(|r| r.name()).collect();
+                                format!("unknown row {name:?}; rows: {}", all.join(","))
+                            })
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                shown.push(format!("--rows {v}"));
+            }
+            "--repetitions" => {
+                let v = value()?;
+                args.repetitions = v.parse().context("--repetitions takes a number")?;
+                shown.push(format!("--repetitions {v}"));
+            }
+            "--succeeded" => {
+                let v = value()?;
+                args.succeeded = v.parse().context("--succeeded takes a number")?;
+                shown.push(format!("--succeeded {v}"));
+            }
+            "--idle-seconds" => {
+                let v = value()?;
+                args.idle =
+                    Duration::from_secs(v.parse().context("--idle-seconds takes a number")?);
+                shown.push(format!("--idle-seconds {v}"));
+            }
+            "--slow" => {
+                args.slow = true;
+                shown.push(flag.clone());
+            }
+            "--out" => {
+                let v = value()?;
+                ensure!(
+                    !v.is_empty() && !v.contains('/'),
+                    "--out takes a file name without a directory"
+                );
+                shown.push(format!("--out {v}"));
+                args.out = Some(v);
+            }
+            "--render" => {
+                let v = value()?;
+                args.render = v.split(',').map(PathBuf::from).collect();
+                shown.push(format!("--render {v}"));
+            }
+            "--scale" => {
+                let v = value()?;
+                args.scale = Some(v.parse()?);
+                shown.push(format!("--scale {v}"));
+            }
+            other => bail!("unknown option {other}"),
+        }
+    }
+    ensure!(args.repetitions > 0, "--repetitions must be at least 1");
+    args.command = format!("cargo bench --bench retry -- {}", shown.join(" "));
+    Ok(benching.then_some(args))
+}
+
+/// What one results file holds.
+#[derive(Serialize, Deserialize)]
+struct Results {
+    command: String,
+    started: String,
+    finished: String,
+    cpus: usize,
+    pods: Vec<usize>,
+    repetitions: usize,
+    succeeded: usize,
+    rows: Vec<String>,
+    runs: Vec<Measured>,
+    summary: Vec<RowSummary>,
+}
+
+/// Shared by every run: the binaries, and Argo's database when an archived row runs.
+struct Context {
+    rewind: PathBuf,
+    peer: PathBuf,
+    db: Option<(DbServer, ArgosCode)>,
+    succeeded: usize,
+    idle: Duration,
+    logs: PathBuf,
+}
+
+fn computed(pods: &[usize]) -> Vec<(String, usize, f64)> {
+    pods.iter()
+        .flat_map(|&n| {
+            [20, 200].map(|qps| {
+                (
+                    format!("per-pod floor N/{qps}"),
+                    n,
+                    n as f64 / f64::from(qps),
+                )
+            })
+        })
+        .collect()
+}
+
+fn summarize(runs: &[Measured], pods: &[usize]) -> Vec<RowSummary> {
+    let order: Vec<&str> = Row::ALL.iter().map(|r| r.name()).collect();
+    report::summarize(
+        runs,
+        &order,
+        &computed(pods),
+        &Reference {
+            floor: "floor",
+            peer: &peer_of,
+        },
+    )
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let started = Timestamp::now();
+    let peer = tokio::task::spawn_blocking(|| argo::binary("peer")).await??;
+    let db = match args.scale.is_none() && args.rows.iter().any(|r| r.archived()) {
+        false => None,
+        true => {
+            let db = DbServer::postgres()
+                .await
+                .context("starting PostgreSQL (`bash tools/db/install.sh` installs it)")?;
+            let code = tokio::task::spawn_blocking(|| ArgosCode::locate(ArgoLine::V4)).await??;
+            let migrate = db.argodb_request("migrate", json!({}));
+            let c = code.clone();
+            tokio::task::spawn_blocking(move || c.one(migrate)).await??;
+            Some((db, code))
+        }
+    };
+    let logs = tempfile::Builder::new()
+        .prefix("rewind-bench-")
+        .tempdir()?
+        .keep();
+    let context = Context {
+        rewind: PathBuf::from(env!("CARGO_BIN_EXE_rewind")),
+        peer,
+        db,
+        succeeded: args.succeeded,
+        idle: args.idle,
+        logs,
+    };
+    println!(
+        "{} repetitions, rows in alternating order, each run on a fresh control plane; controller logs in {}",
+        args.repetitions,
+        context.logs.display()
+    );
+    if let Some(scale) = args.scale {
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| format!("scale-{}x{}", scale.workflows, scale.nodes));
+        return scale::run(&context, scale, args.pods[0], &args.command, &out).await;
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        let pods: Vec<String> = args.pods.iter().map(usize::to_string).collect();
+        format!("retry-{}", pods.join("-"))
+    });
+    let mut runs = Vec::new();
+    let result = async {
+        for &n in &args.pods {
+            let rows: Vec<Row> = args
+                .rows
+                .iter()
+                .copied()
+                .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
+                .collect();
+            for rep in 0..args.repetitions {
+                let mut order = rows.clone();
+                if rep % 2 == 1 {
+                    order.reverse();
+                }
+                for row in order {
+                    let m = measure(&context, row, n, rep).await.with_context(|| {
+                        format!("{} at N = {n}, repetition {}", row.name(), rep + 1)
+                    })?;
+                    print_run(&m);
+                    runs.push(m);
+                    // Saved as it goes: a long run interrupted keeps what it measured.
+                    write(&args, &out, started, &runs)?;
+                }
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    if let Some((db, _)) = context.db {
+        db.stop();
+    }
+    result?;
+    let summary = write(&args, &out, started, &runs)?;
+    println!("\n{}", report::markdown(&summary));
+    println!("Written: {RESULTS}/{out}.json, .md, .png");
+    Ok(())
+}
+
+fn print_run(m: &Measured) {
+    let s = &m.steps;
+    let f = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}"));
+    let p99 = |l: &neighbours::Latency| f(l.p99_ms);
+    println!(
+        "  N={} rep {} {:18} wall {:7.2}s  audit {:7.2}s (read+plan {}, list {}, delete {}, confirm {}, commit {}); requests {:?}; {}neighbour p99 {} → {} ms",
+        m.pods,
+        m.repetition + 1,
+        m.row,
+        m.wall_seconds,
+        s.total,
+        f(s.read_plan),
+        f(s.list),
+        f(s.delete),
+        f(s.confirm),
+        f(s.commit),
+        m.requests,
+        m.usage.map_or_else(String::new, |u| format!(
+            "CPU {:.2}s, peak RSS {:.0} MiB; ",
+            u.cpu_seconds,
+            u.peak_rss_bytes as f64 / 1048576.0
+        )),
+        p99(&m.neighbour_idle),
+        p99(&m.neighbour_during),
+    );
+}
+
+/// Writes the runs so far and their summary; returns the summary.
+fn write(
+    args: &Args,
+    out: &str,
+    started: Timestamp,
+    runs: &[Measured],
+) -> anyhow::Result<Vec<RowSummary>> {
+    let summary = summarize(runs, &args.pods);
+    let results = Results {
+        command: args.command.clone(),
+        started: started.to_string(),
+        finished: Timestamp::now().to_string(),
+        cpus: std::thread::available_parallelism().map_or(0, usize::from),
+        pods: args.pods.clone(),
+        repetitions: args.repetitions,
+        succeeded: args.succeeded,
+        rows: args.rows.iter().map(|r| r.name().to_owned()).collect(),
+        runs: runs.to_vec(),
+        summary,
+    };
+    save(&results, out)?;
+    Ok(results.summary)
+}
+
+fn save(results: &Results, out: &str) -> anyhow::Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join(format!("{out}.json")),
+        serde_json::to_string_pretty(results)? + "\n",
+    )?;
+    let mut md = format!(
+        "# Retry benchmark: {out}\n\n`{}`\n\nFrom {} to {} on {} CPUs; medians over each row's runs (with min–max); N failed pods + {} succeeded ones, which must stay.\n\n",
+        results.command, results.started, results.finished, results.cpus, results.succeeded
+    );
+    md.push_str(&report::markdown(&results.summary));
+    md.push_str(
+        "\nwall: request to job done as the client saw it (rewind: annotation or WorkflowRetry written → done seen, polled every 50 ms; peer: its own call → return; floor: the request's round trip). audit: the same from the API server's audit log, with its steps. CPU: rewind's over the retry, the peer's whole process. Neighbour: another user sending GET pod / LIST workflows / PATCH ConfigMap, 20 a second.\n",
+    );
+    std::fs::write(dir.join(format!("{out}.md")), md)?;
+    match chart::draw(&results.summary, &dir.join(format!("{out}.png"))) {
+        Ok(()) => {}
+        Err(e) => eprintln!("no chart: {e:#}"),
+    }
+    Ok(())
+}
+
+fn render(args: &Args) -> anyhow::Result<()> {
+    let mut merged: Option<Results> = None;
+    for path in &args.render {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let r: Results =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        merged = Some(match merged {
+            None => r,
+            Some(mut m) => {
+                m.command = format!("{}; {}", m.command, r.command);
+                m.pods.extend(r.pods);
+                m.runs.extend(r.runs);
+                m.finished = r.finished;
+                m
+            }
+        });
+    }
+    let mut results = merged.context("--render needs at least one file")?;
+    results.pods.sort_unstable();
+    results.pods.dedup();
+    results.summary = summarize(&results.runs, &results.pods);
+    let out = args.out.clone().context("--render needs --out")?;
+    save(&results, &out)?;
+    println!("{}", report::markdown(&results.summary));
+    Ok(())
+}
+
+/// One run of `row` on a fresh control plane.
+async fn measure(context: &Context, row: Row, pods: usize, rep: usize) -> anyhow::Result<Measured> {
+    let cluster = LocalCluster::start(Options {
+        audit: true,
+        ..Options::default()
+    })
+    .await
+    .context("starting a local control plane")?;
+    let result = measure_on(&cluster, context, row, pods, rep).await;
+    cluster
+        .stop()
+        .await
+        .context("stopping the local control plane")?;
+    result
+}
+
+async fn measure_on(
+    cluster: &LocalCluster,
+    context: &Context,
+    row: Row,
+    pods: usize,
+    rep: usize,
+) -> anyhow::Result<Measured> {
+    let admin = cluster.admin_client();
+    cluster.create_namespace(NAMESPACE).await?;
+    neighbours::prepare(cluster).await?;
+    let dag = FailedDag {
+        name: WORKFLOW.into(),
+        failed: pods,
+        succeeded: context.succeeded,
+    };
+    dag.create(&admin, NAMESPACE, 64, || ())
+        .await
+        .context("creating the workflow and its pods")?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    let mut configmap = String::new();
+    let mut archived_uid = None;
+    if row.archived() {
+        let (db, code) = context
+            .db
+            .as_ref()
+            .context("archived rows need the database")?;
+        let persistence = argo::Persistence {
+            database: db.argo_db_config(),
+            archive: true,
+            offload: false,
+        };
+        let name = argo::install_config(cluster, None, Some(&persistence)).await?;
+        configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
+        // What Argo's controller does when it archives a workflow: hydrate, ArchiveWorkflow.
+        let hydrated = hydrated(workflows.get(WORKFLOW).await?)?;
+        let uid = hydrated.uid().context("a created workflow has a UID")?;
+        let archive = db.archive_request(&hydrated);
+        let code = code.clone();
+        tokio::task::spawn_blocking(move || code.one(archive)).await??;
+        ensure!(
+            delete_workflow(&workflows, WORKFLOW, Duration::from_secs(60)).await?,
+            "workflow {WORKFLOW} was not deleted within a minute"
+        );
+        archived_uid = Some(uid);
+    }
+
+    // The retrier ready (rewind started and synced) before the idle baseline, so the
+    // baseline includes its watches.
+    let controller = match row.rewind_flags() {
+        None => None,
+        Some(flags) => {
+            let mut args: Vec<String> = ["--namespace", NAMESPACE, "--argo-configmap", &configmap]
+                .map(String::from)
+                .to_vec();
+            args.extend(flags.iter().map(|f| f.to_string()));
+            let log = context
+                .logs
+                .join(format!("{}-{pods}-{}.log", row.name(), rep + 1));
+            Some(
+                RewindController::start(
+                    &context.rewind,
+                    cluster,
+                    &args,
+                    log,
+                    Duration::from_secs(120),
+                )
+                .await?,
+            )
+        }
+    };
+    let idle = neighbours::idle(cluster.user_client(), context.idle).await;
+
+    let neighbour = Neighbour::start(cluster.user_client());
+    let before = controller
+        .as_ref()
+        .map(RewindController::usage)
+        .transpose()?;
+    let asked_at = Timestamp::now();
+    let retried = retry(
+        cluster,
+        context,
+        row,
+        pods,
+        &configmap,
+        archived_uid.as_deref(),
+    )
+    .await;
+    let during = neighbour.finish().await;
+    let after = controller
+        .as_ref()
+        .map(RewindController::usage)
+        .transpose()?;
+    if let Some(controller) = controller {
+        controller.stop()?;
+    }
+    let (wall, peer_usage, request_uid) = retried?;
+    let usage = match (before, after) {
+        (Some(b), Some(a)) => Some(Usage {
+            cpu_seconds: a.cpu_seconds - b.cpu_seconds,
+            peak_rss_bytes: a.peak_rss_bytes,
+        }),
+        _ => peer_usage,
+    };
+
+    check(
+        cluster,
+        row,
+        pods,
+        context.succeeded,
+        archived_uid.as_deref(),
+        request_uid.as_deref(),
+    )
+    .await?;
+
+    let log = audit::read(
+        &cluster
+            .audit_log_path()
+            .context("the control plane audits")?,
+    )?;
+    let actor = match row.rewind_flags() {
+        Some(_) => CONTROLLER_NAME,
+        None => ADMIN_NAME,
+    };
+    let ours: Vec<&Audited> = log
+        .iter()
+        .filter(|a| a.user == actor && a.received >= asked_at)
+        .collect();
+    let asked = match row.rewind_flags() {
+        // The user's request: the annotation, or the WorkflowRetry created.
+        Some(_) => {
+            log.iter()
+                .find(|a| {
+                    a.user == ADMIN_NAME
+                        && a.received >= asked_at
+                        && matches!(
+                            (a.verb.as_str(), a.resource.as_str()),
+                            ("patch", "workflows") | ("create", "workflowretries")
+                        )
+                })
+                .context("the audit log has no retry request")?
+                .received
+        }
+        None => {
+            ours.first()
+                .context("the audit log has no request of the peer")?
+                .received
+        }
+    };
+    let (steps, within) = audit::steps(&ours, asked)
+        .context("the audit log shows no delete and no workflow written")?;
+    Ok(Measured {
+        row: row.name().into(),
+        pods,
+        repetition: rep,
+        wall_seconds: wall,
+        steps,
+        requests: audit::by_verb(within),
+        usage,
+        neighbour_idle: idle,
+        neighbour_during: during,
+    })
+}
+
+/// Sends the row's retry and waits until it is done; returns the wall seconds, the peer's
+/// usage, and the WorkflowRetry's UID (archived rewind).
+async fn retry(
+    cluster: &LocalCluster,
+    context: &Context,
+    row: Row,
+    pods: usize,
+    configmap: &str,
+    archived_uid: Option<&str>,
+) -> anyhow::Result<(f64, Option<Usage>, Option<String>)> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    match row {
+        Row::Floor => {
+            // rewind's own bulk request: its selectors and a metadata-only answer.
+            let (labels, fields) = bulk_selectors(WORKFLOW);
+            let lp = ListParams::default().labels(&labels).fields(&fields);
+            let mut request = kube::core::Request::new(Pod::url_path(&(), Some(NAMESPACE)))
+                .delete_collection(&DeleteParams::default(), &lp)?;
+            request.headers_mut().insert(
+                http::header::ACCEPT,
+                http::HeaderValue::from_static(
+                    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+                ),
+            );
+            let started = Instant::now();
+            let deleted: Value = admin.request(request).await?;
+            let wall = started.elapsed().as_secs_f64();
+            let n = deleted["items"].as_array().map_or(0, Vec::len);
+            ensure!(
+                n == pods,
+                "the raw DeleteCollection deleted {n} pods, expected {pods}"
+            );
+            Ok((wall, None, None))
+        }
+        Row::RewindBulk | Row::RewindPod20 | Row::RewindPod200 => {
+            let token = "bench";
+            let patch = json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+            let started = Instant::now();
+            workflows
+                .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            let status = loop {
+                let meta = workflows.get_metadata(WORKFLOW).await?;
+                if let Some(status) = request::status_of(meta.annotations(), token)?
+                    && status.phase.is_finished()
+                {
+                    break status;
+                }
+                ensure!(
+                    started.elapsed() < FINISH,
+                    "the retry did not finish within {FINISH:?}"
+                );
+                tokio::time::sleep(POLL).await;
+            };
+            let wall = started.elapsed().as_secs_f64();
+            ensure!(
+                status.phase == RetryPhase::Succeeded,
+                "the retry failed: {}",
+                status.message
+            );
+            Ok((wall, None, None))
+        }
+        Row::RewindArchived => {
+            let uid = archived_uid.context("an archived row has a UID")?;
+            let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), NAMESPACE);
+            let request = WorkflowRetry::new(
+                REQUEST,
+                WorkflowRetrySpec {
+                    archived_workflow_uid: Some(uid.to_owned()),
+                    ..Default::default()
+                },
+            );
+            let started = Instant::now();
+            let created = retries.create(&PostParams::default(), &request).await?;
+            let status = loop {
+                let object = retries.get(REQUEST).await?;
+                if object.is_finished() {
+                    break object.status.unwrap_or_default();
+                }
+                ensure!(
+                    started.elapsed() < FINISH,
+                    "the archived retry did not finish within {FINISH:?}"
+                );
+                tokio::time::sleep(POLL).await;
+            };
+            let wall = started.elapsed().as_secs_f64();
+            ensure!(
+                status.phase == Some(RetryPhase::Succeeded),
+                "the archived retry failed: {}",
+                status.message
+            );
+            Ok((wall, None, created.uid()))
+        }
+        Row::Peer | Row::ArgoCli | Row::PeerArchived => {
+            let (qps, burst) = row.peer_budget().context("a peer row has a budget")?;
+            let mut command = Command::new(&context.peer);
+            match archived_uid {
+                Some(uid) => {
+                    command.args(["retry-archived", "--uid", uid, "--configmap", configmap])
+                }
+                None => command.args(["retry", "--name", WORKFLOW]),
+            };
+            command
+                .arg("--kubeconfig")
+                .arg(cluster.kubeconfig_path(Role::Admin))
+                .args(["--namespace", NAMESPACE])
+                .args(["--qps", &qps.to_string(), "--burst", &burst.to_string()]);
+            let finished = tokio::task::spawn_blocking(move || run_measured(command)).await??;
+            ensure!(
+                finished.success,
+                "the peer failed ({}): {}",
+                finished.status,
+                finished.stderr
+            );
+            let said: Value = serde_json::from_str(finished.stdout.trim())
+                .with_context(|| format!("the peer's answer {:?}", finished.stdout))?;
+            let seconds = said["seconds"]
+                .as_f64()
+                .context("the peer's answer has no seconds")?;
+            Ok((seconds, Some(finished.usage), None))
+        }
+    }
+}
+
+/// The job done: exactly the succeeded pods left, and the workflow reset (live) or created
+/// anew (archived; by the WorkflowRetry `request_uid` where rewind did it).
+async fn check(
+    cluster: &LocalCluster,
+    row: Row,
+    pods: usize,
+    succeeded: usize,
+    archived_uid: Option<&str>,
+    request_uid: Option<&str>,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let left = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW)))
+        .await?
+        .items;
+    let kept = left
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .count();
+    ensure!(
+        left.len() == succeeded && kept == succeeded,
+        "{}: expected exactly the {succeeded} succeeded pods of {} to remain, found {} ({kept} succeeded)",
+        row.name(),
+        pods + succeeded,
+        left.len()
+    );
+    if row == Row::Floor {
+        return Ok(());
+    }
+    let wf = Api::<Workflow>::namespaced(admin, NAMESPACE)
+        .get_opt(WORKFLOW)
+        .await?
+        .with_context(|| format!("{}: workflow {WORKFLOW} is not there", row.name()))?;
+    match archived_uid {
+        None => ensure!(
+            wf.label(labels::COMPLETED).is_none(),
+            "{}: the workflow was not reset",
+            row.name()
+        ),
+        Some(old) => {
+            ensure!(
+                wf.uid().as_deref() != Some(old),
+                "{}: the workflow was not created anew",
+                row.name()
+            );
+            if let Some(request) = request_uid {
+                ensure!(
+                    wf.annotation(CREATED_BY) == Some(request),
+                    "{}: the workflow was not created by the WorkflowRetry",
+                    row.name()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(args) = parse()? else {
+        println!(
+            "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs)"
+        );
+        return Ok(());
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // kube logs every failed request, and the control plane's readiness checks fail
+                // until it is ready.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+                }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if !args.render.is_empty() {
+        return render(&args);
+    }
+    tokio::runtime::Runtime::new()?.block_on(bench(args))
+}

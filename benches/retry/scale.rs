@@ -1,0 +1,207 @@
+//! `--scale WxN`: the controller among W workflows of N nodes each (finished, no pods) and
+//! the retried one (`--pods` failed pods): its time from start to ready (/readyz: the
+//! workflow cache synced), its RSS then and its peak over a retry, and that retry's time,
+//! beside the same on a cluster holding only the retried workflow. Each on a fresh control
+//! plane.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::{StreamExt as _, TryStreamExt as _, stream};
+use kube::api::{Api, PostParams};
+use serde::Serialize;
+
+use rewind::testenv::bench::child::RewindController;
+use rewind::testenv::localcluster::{LocalCluster, Options};
+use rewind::testenv::workload::FailedDag;
+use rewind::workflow::Workflow;
+
+use super::{Context, NAMESPACE, RESULTS, Row, WORKFLOW, check, retry};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// How many workflows, of how many nodes each.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    pub workflows: usize,
+    pub nodes: usize,
+}
+
+impl std::str::FromStr for Scale {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Scale> {
+        let (w, n) = s
+            .split_once('x')
+            .context("--scale takes WORKFLOWSxNODES, e.g. 1000x1000")?;
+        Ok(Scale {
+            workflows: w.parse().context("--scale: workflows")?,
+            nodes: n.parse().context("--scale: nodes")?,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct Measured {
+    cluster: &'static str,
+    workflows: usize,
+    nodes_each: usize,
+    create_seconds: f64,
+    ready_seconds: f64,
+    rss_ready_mib: f64,
+    cpu_ready_seconds: f64,
+    retried_pods: usize,
+    retry_seconds: f64,
+    peak_rss_mib: f64,
+}
+
+pub async fn run(
+    context: &Context,
+    scale: Scale,
+    pods: usize,
+    command: &str,
+    out: &str,
+) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for loaded in [false, true] {
+        let cluster = LocalCluster::start(Options::default())
+            .await
+            .context("starting a local control plane")?;
+        let result = once(&cluster, context, scale, pods, loaded).await;
+        cluster.stop().await?;
+        let m = result?;
+        println!(
+            "  {:6} cluster: {} workflows of {} nodes created in {:.1}s; controller ready in {:.2}s (RSS {:.1} MiB, CPU {:.2}s); retry of {} pods {:.2}s; peak RSS {:.1} MiB",
+            m.cluster,
+            m.workflows,
+            m.nodes_each,
+            m.create_seconds,
+            m.ready_seconds,
+            m.rss_ready_mib,
+            m.cpu_ready_seconds,
+            m.retried_pods,
+            m.retry_seconds,
+            m.peak_rss_mib
+        );
+        runs.push(m);
+    }
+    let mut md = format!(
+        "# Informer scale: {out}\n\n`{command}`\n\nEach on a fresh control plane; the retried workflow has {pods} failed pods (+{} succeeded). Targets: RSS under 64 MiB, ready under 5 s, the retry as fast as on the empty cluster.\n\n| cluster | workflows | nodes of each other workflow | created in s | ready in s | RSS when ready MiB | CPU to ready s | retry s | peak RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        context.succeeded
+    );
+    for m in &runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} |\n",
+            m.cluster,
+            m.workflows,
+            m.nodes_each,
+            m.create_seconds,
+            m.ready_seconds,
+            m.rss_ready_mib,
+            m.cpu_ready_seconds,
+            m.retry_seconds,
+            m.peak_rss_mib
+        ));
+    }
+    println!("\n{md}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("{out}.md")), &md)?;
+    let json = serde_json::json!({"command": command, "runs": runs});
+    std::fs::write(
+        dir.join(format!("{out}.json")),
+        serde_json::to_string_pretty(&json)? + "\n",
+    )?;
+    println!("Written: {RESULTS}/{out}.json, .md");
+    Ok(())
+}
+
+async fn once(
+    cluster: &LocalCluster,
+    context: &Context,
+    scale: Scale,
+    pods: usize,
+    loaded: bool,
+) -> anyhow::Result<Measured> {
+    let admin = cluster.admin_client();
+    cluster.create_namespace(NAMESPACE).await?;
+    let created = Instant::now();
+    let dag = FailedDag {
+        name: WORKFLOW.into(),
+        failed: pods,
+        succeeded: context.succeeded,
+    };
+    dag.create(&admin, NAMESPACE, 64, || ()).await?;
+    let others = match loaded {
+        true => scale.workflows.saturating_sub(1),
+        false => 0,
+    };
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    // Finished workflows as Argo leaves them, a tenth of their nodes failed; no pods.
+    let failed = scale.nodes / 10;
+    let succeeded = scale.nodes.saturating_sub(failed + 1);
+    stream::iter(0..others)
+        .map(|i| {
+            let workflows = workflows.clone();
+            async move {
+                let dag = FailedDag {
+                    name: format!("scale-{i:05}"),
+                    failed,
+                    succeeded,
+                };
+                workflows
+                    .create(&PostParams::default(), &dag.workflow(NAMESPACE))
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect::<()>()
+        .await
+        .context("creating the other workflows")?;
+    let create_seconds = created.elapsed().as_secs_f64();
+
+    let args: Vec<String> = ["--namespace", NAMESPACE, "--argo-configmap", ""]
+        .map(String::from)
+        .to_vec();
+    let log = context.logs.join(format!(
+        "scale-{}.log",
+        if loaded { "loaded" } else { "empty" }
+    ));
+    let started = Instant::now();
+    let controller = RewindController::start(
+        &context.rewind,
+        cluster,
+        &args,
+        log,
+        Duration::from_secs(300),
+    )
+    .await?;
+    let ready_seconds = started.elapsed().as_secs_f64();
+    let ready = controller.usage()?;
+    let retried = retry(cluster, context, Row::RewindBulk, pods, "", None).await;
+    let after = controller.usage()?;
+    controller.stop()?;
+    let (retry_seconds, _, _) = retried?;
+    check(
+        cluster,
+        Row::RewindBulk,
+        pods,
+        context.succeeded,
+        None,
+        None,
+    )
+    .await?;
+    Ok(Measured {
+        cluster: if loaded { "loaded" } else { "empty" },
+        workflows: others + 1,
+        nodes_each: if loaded { scale.nodes } else { 0 },
+        create_seconds,
+        ready_seconds,
+        rss_ready_mib: ready.peak_rss_bytes as f64 / MIB,
+        cpu_ready_seconds: ready.cpu_seconds,
+        retried_pods: pods,
+        retry_seconds,
+        peak_rss_mib: after.peak_rss_bytes as f64 / MIB,
+    })
+}

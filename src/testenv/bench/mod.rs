@@ -1,0 +1,54 @@
+//! Machinery of the side-by-side retry benchmark (benches/retry): the API
+//! server's audit log read as timings and request counts ([`audit`]), the
+//! real controller binary and other children measured for CPU and memory
+//! ([`child`], [`usage`]), a neighbour whose latency is the retry's cost to
+//! others ([`neighbours`]), medians with their spread ([`stats`]) and the
+//! table of results ([`report`]).
+
+pub mod audit;
+pub mod child;
+pub mod neighbours;
+pub mod report;
+pub mod stats;
+pub mod usage;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Why a measurement could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the audit log has a timestamp that is not RFC 3339: {0:?}")]
+    AuditTimestamp(String),
+
+    #[error("/proc/{pid}: no {what} found")]
+    Proc { pid: u32, what: &'static str },
+
+    #[error("{what} exited ({status}); its log: {log}")]
+    Exited {
+        what: &'static str,
+        status: String,
+        log: PathBuf,
+    },
+
+    #[error("timed out after {waited:?} waiting for {what}")]
+    Timeout { what: String, waited: Duration },
+
+    #[error("{action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("{0}")]
+    Cluster(#[from] crate::testenv::localcluster::Error),
+}

@@ -1,0 +1,367 @@
+//! Results: one [`Measured`] per run, summarised per row and N into medians
+//! with min and max, ratios to the floor and to the peer, and a Markdown table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::audit::Steps;
+use super::neighbours::Latency;
+use super::stats::{Summary, median};
+use super::usage::Usage;
+
+/// One run of one row.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Measured {
+    pub row: String,
+    pub pods: usize,
+    pub repetition: usize,
+    /// Seconds from the request to the job done, as the client saw it.
+    pub wall_seconds: f64,
+    /// The same, and its steps, as the API server's audit log times them.
+    pub steps: Steps,
+    /// The retrier's API requests by verb, from the audit log.
+    pub requests: BTreeMap<String, usize>,
+    /// The retrier's CPU seconds and peak RSS, where it is a process of its own.
+    pub usage: Option<Usage>,
+    pub neighbour_idle: Latency,
+    pub neighbour_during: Latency,
+}
+
+/// Medians of a row's steps.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepMedians {
+    pub read_plan: Option<f64>,
+    pub list: Option<f64>,
+    pub delete: Option<f64>,
+    pub confirm: Option<f64>,
+    pub commit: Option<f64>,
+}
+
+/// A row at one N, over its repetitions.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RowSummary {
+    pub row: String,
+    pub pods: usize,
+    /// Not measured: N/qps, what one DELETE per pod within the budget needs at least.
+    pub computed: bool,
+    pub wall: Summary,
+    pub audit_total: Option<Summary>,
+    pub steps: StepMedians,
+    /// Median count of each verb.
+    pub requests: BTreeMap<String, f64>,
+    pub cpu_seconds: Option<Summary>,
+    pub peak_rss_mib: Option<Summary>,
+    pub idle_p50_ms: Option<Summary>,
+    pub idle_p99_ms: Option<Summary>,
+    pub during_p50_ms: Option<Summary>,
+    pub during_p99_ms: Option<Summary>,
+    /// Median wall time over the floor's at the same N.
+    pub vs_floor: Option<f64>,
+    /// Median wall time over the peer's (the row [`Reference::peer`] names) at the same N.
+    pub vs_peer: Option<f64>,
+}
+
+/// What a row is compared with.
+pub struct Reference<'a> {
+    pub floor: &'a str,
+    /// The peer row a row is compared with, if any.
+    pub peer: &'a dyn Fn(&str) -> Option<&'a str>,
+}
+
+/// One summary per (N, row) in `order`'s order of rows, N ascending; rows without runs are
+/// left out. `computed` rows (name, N, seconds) are added as given.
+pub fn summarize(
+    runs: &[Measured],
+    order: &[&str],
+    computed: &[(String, usize, f64)],
+    reference: &Reference<'_>,
+) -> Vec<RowSummary> {
+    let mut pods: Vec<usize> = runs.iter().map(|r| r.pods).collect();
+    pods.sort_unstable();
+    pods.dedup();
+    let mut out = Vec::new();
+    for &n in &pods {
+        for &row in order {
+            let ours: Vec<&Measured> = runs
+                .iter()
+                .filter(|r| r.pods == n && r.row == row)
+                .collect();
+            if let Some(summary) = summarize_row(row, n, &ours) {
+                out.push(summary);
+            }
+        }
+        for (name, _, seconds) in computed.iter().filter(|c| c.1 == n) {
+            out.push(RowSummary {
+                row: name.clone(),
+                pods: n,
+                computed: true,
+                wall: Summary::of([*seconds]).expect("one value"),
+                audit_total: None,
+                steps: StepMedians::default(),
+                requests: BTreeMap::new(),
+                cpu_seconds: None,
+                peak_rss_mib: None,
+                idle_p50_ms: None,
+                idle_p99_ms: None,
+                during_p50_ms: None,
+                during_p99_ms: None,
+                vs_floor: None,
+                vs_peer: None,
+            });
+        }
+    }
+    let wall = |row: &str, n: usize| {
+        out.iter()
+            .find(|s| s.row == row && s.pods == n && !s.computed)
+            .map(|s| s.wall.median)
+    };
+    let ratios: Vec<(Option<f64>, Option<f64>)> = out
+        .iter()
+        .map(|s| {
+            let floor = wall(reference.floor, s.pods).map(|f| s.wall.median / f);
+            let peer = (reference.peer)(&s.row)
+                .and_then(|p| wall(p, s.pods))
+                .map(|p| s.wall.median / p);
+            (floor, peer)
+        })
+        .collect();
+    for (s, (floor, peer)) in out.iter_mut().zip(ratios) {
+        (s.vs_floor, s.vs_peer) = (floor, peer);
+    }
+    out
+}
+
+fn summarize_row(row: &str, pods: usize, runs: &[&Measured]) -> Option<RowSummary> {
+    let wall = Summary::of(runs.iter().map(|r| r.wall_seconds))?;
+    let step = |f: fn(&Steps) -> Option<f64>| {
+        let v: Vec<f64> = runs.iter().filter_map(|r| f(&r.steps)).collect();
+        (!v.is_empty()).then(|| median(v))
+    };
+    let mut verbs: Vec<&String> = runs.iter().flat_map(|r| r.requests.keys()).collect();
+    verbs.sort();
+    verbs.dedup();
+    let requests = verbs
+        .into_iter()
+        .map(|verb| {
+            let counts = runs
+                .iter()
+                .map(|r| r.requests.get(verb).copied().unwrap_or(0) as f64)
+                .collect();
+            (verb.clone(), median(counts))
+        })
+        .collect();
+    let usage =
+        |f: fn(&Usage) -> f64| Summary::of(runs.iter().filter_map(|r| r.usage.as_ref().map(f)));
+    let latency = |during: bool, f: fn(&Latency) -> Option<f64>| {
+        Summary::of(runs.iter().filter_map(|r| {
+            f(if during {
+                &r.neighbour_during
+            } else {
+                &r.neighbour_idle
+            })
+        }))
+    };
+    Some(RowSummary {
+        row: row.to_owned(),
+        pods,
+        computed: false,
+        wall,
+        audit_total: Summary::of(runs.iter().map(|r| r.steps.total)),
+        steps: StepMedians {
+            read_plan: step(|s| s.read_plan),
+            list: step(|s| s.list),
+            delete: step(|s| s.delete),
+            confirm: step(|s| s.confirm),
+            commit: step(|s| s.commit),
+        },
+        requests,
+        cpu_seconds: usage(|u| u.cpu_seconds),
+        peak_rss_mib: usage(|u| u.peak_rss_bytes as f64 / (1024.0 * 1024.0)),
+        idle_p50_ms: latency(false, |l| l.p50_ms),
+        idle_p99_ms: latency(false, |l| l.p99_ms),
+        during_p50_ms: latency(true, |l| l.p50_ms),
+        during_p99_ms: latency(true, |l| l.p99_ms),
+        vs_floor: None,
+        vs_peer: None,
+    })
+}
+
+/// The summaries as a Markdown table: medians, with (min–max) where a row ran more than once.
+pub fn markdown(rows: &[RowSummary]) -> String {
+    let mut out = String::from(
+        "| row | N | runs | wall s | vs floor | vs peer | audit s | read+plan | list | delete | confirm | commit | API requests | CPU s | peak RSS MiB | neighbour p50 ms idle → during | neighbour p99 ms idle → during |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
+    );
+    let opt = |v: Option<f64>, digits: usize| {
+        v.map_or_else(|| "–".to_owned(), |v| format!("{v:.digits$}"))
+    };
+    let spread = |s: Option<&Summary>, digits: usize| match s {
+        None => "–".to_owned(),
+        Some(s) if s.n == 1 => format!("{:.digits$}", s.median),
+        Some(s) => format!(
+            "{:.digits$} ({:.digits$}–{:.digits$})",
+            s.median, s.min, s.max
+        ),
+    };
+    let ratio = |v: Option<f64>| v.map_or_else(|| "–".to_owned(), |v| format!("{v:.2}×"));
+    let idle_during = |idle: Option<&Summary>, during: Option<&Summary>| match (idle, during) {
+        (Some(i), Some(d)) => format!("{:.1} → {:.1}", i.median, d.median),
+        _ => "–".to_owned(),
+    };
+    for s in rows {
+        let requests = match s.requests.is_empty() {
+            true => "–".to_owned(),
+            false => s
+                .requests
+                .iter()
+                .map(|(verb, n)| format!("{verb} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        let row = match s.computed {
+            true => format!("{} (computed)", s.row),
+            false => s.row.clone(),
+        };
+        let _ = writeln!(
+            out,
+            "| {row} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {requests} | {} | {} | {} | {} |",
+            s.pods,
+            match s.computed {
+                true => "–".to_owned(),
+                false => s.wall.n.to_string(),
+            },
+            spread(Some(&s.wall), 2),
+            ratio(s.vs_floor),
+            ratio(s.vs_peer),
+            spread(s.audit_total.as_ref(), 2),
+            opt(s.steps.read_plan, 2),
+            opt(s.steps.list, 2),
+            opt(s.steps.delete, 2),
+            opt(s.steps.confirm, 2),
+            opt(s.steps.commit, 2),
+            spread(s.cpu_seconds.as_ref(), 2),
+            spread(s.peak_rss_mib.as_ref(), 0),
+            idle_during(s.idle_p50_ms.as_ref(), s.during_p50_ms.as_ref()),
+            idle_during(s.idle_p99_ms.as_ref(), s.during_p99_ms.as_ref()),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(row: &str, pods: usize, wall: f64, verbs: &[(&str, usize)]) -> Measured {
+        Measured {
+            row: row.into(),
+            pods,
+            repetition: 0,
+            wall_seconds: wall,
+            steps: Steps {
+                delete: Some(wall / 2.0),
+                total: wall,
+                ..Default::default()
+            },
+            requests: verbs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect(),
+            usage: (row == "rewind").then_some(Usage {
+                cpu_seconds: wall / 10.0,
+                peak_rss_bytes: 30 * 1024 * 1024,
+            }),
+            neighbour_idle: Latency {
+                requests: 100,
+                errors: 0,
+                p50_ms: Some(2.0),
+                p99_ms: Some(3.0),
+                max_ms: Some(4.0),
+            },
+            neighbour_during: Latency {
+                requests: 100,
+                errors: 0,
+                p50_ms: Some(4.0),
+                p99_ms: Some(9.0),
+                max_ms: Some(12.0),
+            },
+        }
+    }
+
+    fn summaries() -> Vec<RowSummary> {
+        let runs = vec![
+            run("floor", 100, 2.0, &[("deletecollection", 1)]),
+            run("rewind", 100, 3.0, &[("list", 1), ("deletecollection", 1)]),
+            run("rewind", 100, 2.0, &[("list", 2), ("deletecollection", 1)]),
+            run("rewind", 100, 5.0, &[("deletecollection", 1)]),
+            run("peer", 100, 30.0, &[("delete", 100)]),
+            run("floor", 1000, 20.0, &[("deletecollection", 1)]),
+        ];
+        let peer = |row: &str| (row != "peer").then_some("peer");
+        summarize(
+            &runs,
+            &["floor", "rewind", "peer"],
+            &[("pod-floor".into(), 100, 5.0)],
+            &Reference {
+                floor: "floor",
+                peer: &peer,
+            },
+        )
+    }
+
+    #[test]
+    fn medians_ratios_and_verb_counts() {
+        let s = summaries();
+        let names: Vec<(&str, usize)> = s.iter().map(|s| (s.row.as_str(), s.pods)).collect();
+        assert_eq!(
+            names,
+            [
+                ("floor", 100),
+                ("rewind", 100),
+                ("peer", 100),
+                ("pod-floor", 100),
+                ("floor", 1000)
+            ]
+        );
+        let rewind = &s[1];
+        assert_eq!(
+            rewind.wall,
+            Summary {
+                median: 3.0,
+                min: 2.0,
+                max: 5.0,
+                n: 3
+            }
+        );
+        assert_eq!(rewind.vs_floor, Some(1.5));
+        assert_eq!(rewind.vs_peer, Some(0.1));
+        assert_eq!(rewind.steps.delete, Some(1.5));
+        assert_eq!(rewind.steps.list, None);
+        // A verb missing from a run counts 0 there.
+        assert_eq!(rewind.requests["list"], 1.0);
+        assert_eq!(rewind.requests["deletecollection"], 1.0);
+        assert_eq!(rewind.cpu_seconds.map(|c| c.median), Some(0.3));
+        assert_eq!(s[0].cpu_seconds, None);
+        assert_eq!(s[2].vs_peer, None);
+        assert!(s[3].computed);
+        assert_eq!(s[3].vs_floor, Some(2.5));
+        // No peer ran at N = 1000.
+        assert_eq!((s[4].vs_floor, s[4].vs_peer), (Some(1.0), None));
+    }
+
+    #[test]
+    fn table_rows() {
+        let table = markdown(&summaries());
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2 + 5);
+        assert!(lines[0].starts_with("| row | N | runs | wall s |"));
+        assert_eq!(lines[0].matches('|').count(), lines[1].matches('|').count());
+        assert_eq!(
+            lines[3],
+            "| rewind | 100 | 3 | 3.00 (2.00–5.00) | 1.50× | 0.10× | 3.00 (2.00–5.00) | – | – | 1.50 | – | – | deletecollection 1, list 1 | 0.30 (0.20–0.50) | 30 (30–30) | 2.0 → 4.0 | 3.0 → 9.0 |"
+        );
+        assert_eq!(
+            lines[5],
+            "| pod-floor (computed) | 100 | – | 5.00 | 2.50× | 0.17× | – | – | – | – | – | – | – | – | – | – | – |"
+        );
+    }
+}
