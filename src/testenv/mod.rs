@@ -1,10 +1,12 @@
 //! Machinery for tests, the demo and benchmarks only: a real local control
 //! plane built from Go modules ([`localcluster`]), real PostgreSQL and MariaDB
-//! servers ([`db`]), Argo's own workflow-controller ([`argo`]) and generators
-//! of failed Argo workloads ([`workload`]). Behind the `testenv` feature, so a
-//! reader (or a build) of the controller never wades through it.
+//! servers ([`db`]), Argo's own workflow-controller ([`argo`]), generators
+//! of failed Argo workloads ([`workload`]) and crash trials ([`trials`]).
+//! Behind the `testenv` feature, so a reader (or a build) of the controller
+//! never wades through it.
 
 pub mod argo;
 pub mod db;
 pub mod localcluster;
+pub mod trials;
 pub mod workload;

@@ -14,6 +14,7 @@ mod cli;
 mod faults;
 mod idempotency;
 mod install;
+mod kills;
 mod leader;
 mod lifecycle;
 // Argo's retry code as an oracle, shared with the planner's differential test.
@@ -103,6 +104,8 @@ fn main() -> ExitCode {
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
+        kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
+        kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
