@@ -39,7 +39,8 @@ const WORKFLOW: &str = "wf";
 const OUTSIDER: &str = "wf-outsider";
 const TOKEN: &str = "trial";
 const REQUEST: &str = "trial";
-const CONFIGMAP: &str = "workflow-controller-configmap";
+/// The name of Argo's ConfigMap [`install_argo_config`] creates.
+pub const CONFIGMAP: &str = "workflow-controller-configmap";
 /// Stands for "the time of the retry" in the planner's output.
 const NOW: &str = "2000-01-01T00:00:00Z";
 const POLL: Duration = Duration::from_millis(100);
