@@ -159,9 +159,7 @@ impl Bench<'_> {
             .cluster
             .audit_log_path()
             .ok_or_else(|| TrialError::Run("the control plane writes no audit log".into()))?;
-        let audit_from = std::fs::metadata(&audit)
-            .map_err(io("reading", &audit))?
-            .len();
+        let audit_from = AuditMark::now(audit)?;
         let from = Timestamp::now() - SignedDuration::from_secs(1);
         self.ask(namespace, &prepared).await?;
 
@@ -211,7 +209,7 @@ impl Bench<'_> {
         if phase.0 != RetryPhase::Succeeded {
             failures.push(format!("the request ended {:?}: {}", phase.0, phase.1));
         }
-        let writes = audited_writes(&audit, audit_from, namespace)?;
+        let writes = audit_from.writes_since(namespace)?;
         let resets = match self.target {
             Target::Live => writes
                 .iter()
@@ -666,44 +664,96 @@ struct Write {
     code: u16,
 }
 
-/// The controller's writes (update, create, patch) of the trial's workflow, from the audit
-/// log's bytes after `offset` (where it ended before the trial).
-fn audited_writes(path: &Path, offset: u64, namespace: &str) -> Result<Vec<Write>, TrialError> {
-    let mut file = std::fs::File::open(path).map_err(io("opening", path))?;
-    file.seek(SeekFrom::Start(offset))
-        .map_err(io("reading", path))?;
-    let mut text = String::new();
-    file.read_to_string(&mut text)
-        .map_err(io("reading", path))?;
-    let needle = format!("\"namespace\":\"{namespace}\"");
-    let mut writes = Vec::new();
-    // Most lines are about pods; only the few naming the namespace and workflows are parsed.
-    for line in text
-        .lines()
-        .filter(|l| l.contains(&needle) && l.contains("\"workflows\""))
-    {
-        // The log is written while it is read: a last line may be incomplete.
-        let Ok(event) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        let object = &event["objectRef"];
-        if event["user"]["username"] != CONTROLLER_NAME
-            || object["namespace"] != namespace
-            || object["resource"] != "workflows"
-            || object["subresource"].is_string()
-            || object["name"] != WORKFLOW
-        {
-            continue;
-        }
-        let verb = event["verb"].as_str().unwrap_or_default();
-        if matches!(verb, "update" | "create") {
-            writes.push(Write {
-                verb: verb.to_owned(),
-                code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
-            });
-        }
+/// Where the audit log ended at a moment. The API server rotates it at 100 MB (a few
+/// trials of thousands of pods): the file is renamed, keeping its inode, and a new one begun.
+struct AuditMark {
+    path: PathBuf,
+    inode: u64,
+    offset: u64,
+    at: std::time::SystemTime,
+}
+
+impl AuditMark {
+    fn now(path: PathBuf) -> Result<AuditMark, TrialError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(&path).map_err(io("reading", &path))?;
+        Ok(AuditMark {
+            inode: meta.ino(),
+            offset: meta.len(),
+            at: std::time::SystemTime::now(),
+            path,
+        })
     }
-    Ok(writes)
+
+    /// The audit lines written since the mark: the marked file past its offset, wherever it
+    /// was renamed, and every audit file begun since.
+    fn lines_since(&self) -> Result<String, TrialError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let stem = self
+            .path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("audit");
+        let mut text = String::new();
+        for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
+            let entry = entry.map_err(io("reading", dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with(stem) && name.ends_with(".log")) {
+                continue;
+            }
+            let path = entry.path();
+            let meta = entry.metadata().map_err(io("reading", &path))?;
+            let from = if meta.ino() == self.inode {
+                self.offset
+            } else if meta.modified().is_ok_and(|m| m >= self.at) {
+                0
+            } else {
+                continue;
+            };
+            let mut file = std::fs::File::open(&path).map_err(io("opening", &path))?;
+            file.seek(SeekFrom::Start(from))
+                .map_err(io("reading", &path))?;
+            file.read_to_string(&mut text)
+                .map_err(io("reading", &path))?;
+            text.push('\n');
+        }
+        Ok(text)
+    }
+
+    /// The controller's writes (update, create) of the trial's workflow since the mark.
+    fn writes_since(&self, namespace: &str) -> Result<Vec<Write>, TrialError> {
+        let text = self.lines_since()?;
+        let needle = format!("\"namespace\":\"{namespace}\"");
+        let mut writes = Vec::new();
+        // Most lines are about pods; only the few naming the namespace and workflows are parsed.
+        for line in text
+            .lines()
+            .filter(|l| l.contains(&needle) && l.contains("\"workflows\""))
+        {
+            // The log is written while it is read: a last line may be incomplete.
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let object = &event["objectRef"];
+            if event["user"]["username"] != CONTROLLER_NAME
+                || object["namespace"] != namespace
+                || object["resource"] != "workflows"
+                || object["subresource"].is_string()
+                || object["name"] != WORKFLOW
+            {
+                continue;
+            }
+            let verb = event["verb"].as_str().unwrap_or_default();
+            if matches!(verb, "update" | "create") {
+                writes.push(Write {
+                    verb: verb.to_owned(),
+                    code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                });
+            }
+        }
+        Ok(writes)
+    }
 }
 
 /// Where `actual` differs from `expected`, ignoring what the API server manages and rewind's
@@ -816,6 +866,29 @@ mod tests {
         // Spread over the span, not bunched at one end.
         assert!(moments.iter().any(|m| *m < over / 4));
         assert!(moments.iter().any(|m| *m > over * 3 / 4));
+    }
+
+    #[test]
+    fn the_audit_lines_since_a_mark_survive_a_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        std::fs::write(&path, "before\n").unwrap();
+        let old = dir.path().join("audit-2026-01-01T00-00-00.000.log");
+        std::fs::write(&old, "older file\n").unwrap();
+        let mark = AuditMark::now(path.clone()).unwrap();
+        let rotated = dir.path().join("audit-2026-12-03T10-22-20.663.log");
+        std::fs::rename(&path, &rotated).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&rotated)
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"after, rotated\n").unwrap();
+        std::fs::write(&path, "after, new file\n").unwrap();
+        let text = mark.lines_since().unwrap();
+        let mut lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+        lines.sort();
+        // Not the rotated file before the mark, nor the marked file's earlier lines.
+        assert_eq!(lines, ["after, new file", "after, rotated"]);
     }
 
     #[test]
