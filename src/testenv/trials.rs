@@ -209,17 +209,15 @@ impl Bench<'_> {
         if phase.0 != RetryPhase::Succeeded {
             failures.push(format!("the request ended {:?}: {}", phase.0, phase.1));
         }
-        let writes = audit_from.writes_since(namespace)?;
-        let resets = match self.target {
-            Target::Live => writes
-                .iter()
-                .filter(|w| w.verb == "update" && w.code == 200)
-                .count(),
-            Target::Archived => writes
-                .iter()
-                .filter(|w| w.verb == "create" && w.code == 201)
-                .count(),
-        };
+        // The API server logs a request once it has answered it: the reset's line may come
+        // after the status it carries was read. Waited for, then a moment more for any
+        // second reset.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.resets(&audit_from, namespace)?.1 == 0 && Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (writes, resets) = self.resets(&audit_from, namespace)?;
         if resets != 1 {
             let codes: Vec<String> = writes
                 .iter()
@@ -271,6 +269,23 @@ impl Bench<'_> {
             resets,
             failures,
         })
+    }
+
+    /// The controller's writes of the workflow since `mark`, and how many of them reset it
+    /// (live: an update) or created it (archived).
+    fn resets(&self, mark: &AuditMark, namespace: &str) -> Result<(Vec<Write>, usize), TrialError> {
+        let writes = mark.writes_since(namespace)?;
+        let resets = match self.target {
+            Target::Live => writes
+                .iter()
+                .filter(|w| w.verb == "update" && w.code == 200)
+                .count(),
+            Target::Archived => writes
+                .iter()
+                .filter(|w| w.verb == "create" && w.code == 201)
+                .count(),
+        };
+        Ok((writes, resets))
     }
 
     /// The failed workflow, its pods and the outsider; for an archived trial, archived by
