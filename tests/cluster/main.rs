@@ -16,6 +16,7 @@ mod db_restart;
 mod faults;
 mod idempotency;
 mod install;
+mod kills;
 mod leader;
 mod lifecycle;
 // Argo's retry code as an oracle, shared with the planner's differential test.
@@ -112,6 +113,8 @@ fn main() -> ExitCode {
         db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
         db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
+        kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
+        kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
     ];
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 

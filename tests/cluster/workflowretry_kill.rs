@@ -6,24 +6,22 @@
 //! test then removes the policy. Restarted each time, the binary creates the workflow exactly
 //! once and the request ends Succeeded.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rewind::request::RetryPhase;
-use rewind::testenv::db::{DbServer, Kind, PASSWORD, USER};
+use rewind::testenv::db::Kind;
 use rewind::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
+use rewind::testenv::trials::{CONFIGMAP, install_argo_config};
 use rewind::testenv::workload::{FailedDag, delete_workflow};
 use rewind::workflow::Workflow;
 use rewind::workflowretry::{CREATED_BY, WorkflowRetry};
@@ -34,8 +32,6 @@ use crate::support::controller as ctl;
 use crate::workflowretry::{archived, create_held_pods, phase_and_message};
 use crate::workflowretry_db::{argo, argo_db};
 
-const CONFIGMAP: &str = "workflow-controller-configmap";
-const SECRET: &str = "argo-db";
 const REQUEST: &str = "retry-archived";
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -194,76 +190,6 @@ pub async fn an_archived_retry_killed_before_and_after_the_create_creates_the_wo
         "pods outside the plan were deleted"
     );
     db.stop();
-    Ok(())
-}
-
-/// Argo's ConfigMap with its `persistence` block and the Secret it names, in `namespace`, and a
-/// Role letting the controller read them (the chart's archive Role); waits until it may.
-async fn install_argo_config(
-    cluster: &LocalCluster,
-    namespace: &str,
-    db: &DbServer,
-) -> anyhow::Result<()> {
-    let admin = cluster.admin_client();
-    let mut persistence = db.argo_db_config();
-    persistence["archive"] = json!(true);
-    let configmap = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(CONFIGMAP.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([(
-            "persistence".to_owned(),
-            serde_yaml_ng::to_string(&persistence)?,
-        )])),
-        ..Default::default()
-    };
-    Api::<ConfigMap>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &configmap)
-        .await?;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.into()),
-            ..Default::default()
-        },
-        data: Some(BTreeMap::from([
-            ("username".to_owned(), ByteString(USER.into())),
-            ("password".to_owned(), ByteString(PASSWORD.into())),
-        ])),
-        ..Default::default()
-    };
-    Api::<Secret>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &secret)
-        .await?;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "rewind-archive"},
-        "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIGMAP], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get"]},
-        ],
-    }))?;
-    Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &role)
-        .await?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "rewind-archive"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "rewind-archive"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": CONTROLLER_NAME}],
-    }))?;
-    Api::<RoleBinding>::namespaced(admin, namespace)
-        .create(&PostParams::default(), &binding)
-        .await?;
-    // The binary reads them once at start and runs without a database if it may not.
-    let controller = kube::Client::try_from(cluster.config(localcluster::Role::Controller).await?)?;
-    let as_controller = Api::<Secret>::namespaced(controller, namespace);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = as_controller.get(SECRET).await {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the controller may not read Secret {SECRET}: {e}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     Ok(())
 }
 
