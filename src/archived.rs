@@ -523,7 +523,14 @@ async fn delete_leftovers(
                 reporter.status.pods_deleted = total;
                 return Ok(());
             }
-            reporter.status.phase = Some(crate::request::RetryPhase::DeletingPods);
+            let deleting = Some(crate::request::RetryPhase::DeletingPods);
+            if reporter.status.phase != deleting {
+                // Say so before the first request: one bulk delete of thousands
+                // of pods reports nothing else until it returns.
+                reporter.status.phase = deleting;
+                reporter.write().await?;
+                last_write = Instant::now();
+            }
             let mut pending = 0usize;
             for work in split_bulk(assessment.work, ctx.config.bulk_parallelism, &nodes) {
                 let item = WorkItem {

@@ -603,6 +603,7 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
         .await?;
     let started = tokio::time::Instant::now();
     let mut samples: Vec<(u64, u64)> = Vec::new();
+    let mut deleting_seen: Option<Timestamp> = None;
     let status = loop {
         let object = through_transient(|| retries.get("retry-archived")).await?;
         let status = object.status.clone().unwrap_or_default();
@@ -612,6 +613,9 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
         if started.elapsed() > Duration::from_secs(180) {
             controller.stop().await?;
             bail!("the archived retry did not finish within 180 s; its status: {status:?}");
+        }
+        if status.phase == Some(RetryPhase::DeletingPods) && deleting_seen.is_none() {
+            deleting_seen = Some(Timestamp::now());
         }
         samples.push((status.pods_deleted, status.pods_total));
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -679,6 +683,16 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
         status.pods_total == planned.len() as u64 && status.pods_deleted == status.pods_total,
         "expected podsDeleted = podsTotal = {} at the end, the status is {status:?}",
         planned.len()
+    );
+    // The status says DeletingPods before the first bulk request returns, which may take
+    // as long as the request timeout allows.
+    let first_bulk_end = bulks
+        .first()
+        .map(|r| r.ended)
+        .context("no deletecollection")?;
+    ensure!(
+        deleting_seen.is_some_and(|at| at < first_bulk_end),
+        "the WorkflowRetry's status did not say DeletingPods before the first bulk delete returned at {first_bulk_end} (first seen at {deleting_seen:?})"
     );
     let creates = log
         .iter()
