@@ -636,7 +636,7 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
     let plan = ctl::expected_plan(&row)?;
     let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
 
-    // Five writes a second, one pod each: the leftovers take about four seconds.
+    // Five writes a second, pod by pod: the leftovers take seconds.
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
@@ -650,12 +650,24 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
             &archived("retry-archived", &old_uid),
         )
         .await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    controller.stop().await?;
-    let mut left = 0;
-    for pod in &plan.pods_to_delete {
-        left += usize::from(pods.get_opt(pod).await?.is_some());
+    // Stopped once the first leftover is gone, however long the start took.
+    let count_left = async || -> anyhow::Result<usize> {
+        let mut left = 0;
+        for pod in &plan.pods_to_delete {
+            left += usize::from(pods.get_opt(pod).await?.is_some());
+        }
+        Ok(left)
+    };
+    let deadline = tokio::time::Instant::now() + FINISH;
+    while count_left().await? == plan.pods_to_delete.len() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller deleted no leftover within {FINISH:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    controller.stop().await?;
+    let left = count_left().await?;
     ensure!(
         0 < left && left < plan.pods_to_delete.len(),
         "the controller should stop mid-way through the leftovers; {left} of {} remain",
