@@ -466,7 +466,15 @@ fn render(args: &Args) -> anyhow::Result<()> {
                 m.command = format!("{}; {}", m.command, r.command);
                 m.pods.extend(r.pods);
                 m.runs.extend(r.runs);
-                m.finished = r.finished;
+                // Saved runs may be merged in any order: the span is the earliest start
+                // to the latest finish.
+                let at = |t: &str| t.parse::<Timestamp>().ok();
+                if at(&r.started) < at(&m.started) {
+                    m.started = r.started;
+                }
+                if at(&r.finished) > at(&m.finished) {
+                    m.finished = r.finished;
+                }
                 m
             }
         });
