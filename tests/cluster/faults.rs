@@ -212,6 +212,62 @@ fn ensure_monotonic(samples: impl IntoIterator<Item = (u64, u64)>) -> anyhow::Re
     Ok(seen)
 }
 
+/// The controller's DeleteCollections in `log`.
+fn controller_bulks(log: &[Request]) -> Vec<&Request> {
+    log.iter()
+        .filter(|r| r.user == CONTROLLER_NAME && r.verb == "deletecollection")
+        .collect()
+}
+
+/// What both timeout tests require of a retry's `bulks`: at least one cut at the request
+/// timeout (504), each after the first decided on a list of the pods made after the previous
+/// one ended (none resent as it was), and in the end exactly the pods outside the plan left
+/// with the final (podsDeleted, podsTotal) = (plan, plan).
+fn ensure_relisted_not_resent(
+    log: &[Request],
+    bulks: &[&Request],
+    before: &BTreeSet<String>,
+    planned: &BTreeSet<String>,
+    after: &BTreeSet<String>,
+    (deleted, total): (u64, u64),
+) -> anyhow::Result<()> {
+    ensure!(
+        bulks.iter().any(|r| r.code == 504),
+        "no DeleteCollection timed out (codes {:?}): the test proves nothing",
+        bulks.iter().map(|r| r.code).collect::<Vec<_>>()
+    );
+    for pair in bulks.windows(2) {
+        let relisted = log.iter().any(|r| {
+            r.user == CONTROLLER_NAME
+                && r.verb == "list"
+                && r.resource == "pods"
+                && r.received >= pair[0].ended
+                && r.ended <= pair[1].received
+        });
+        ensure!(
+            relisted,
+            "a deletecollection at {} followed the one that ended at {} without a list of the pods between them",
+            pair[1].received,
+            pair[0].ended
+        );
+    }
+    let expected: BTreeSet<String> = before.difference(planned).cloned().collect();
+    ensure!(
+        *after == expected,
+        "expected exactly the {} pods outside the plan to remain, found {} (plan pods left: {:?}, others deleted: {:?})",
+        expected.len(),
+        after.len(),
+        after.intersection(planned).take(5).collect::<Vec<_>>(),
+        expected.difference(after).collect::<Vec<_>>()
+    );
+    ensure!(
+        total == planned.len() as u64 && deleted == total,
+        "expected podsDeleted = podsTotal = {} at the end, found {deleted} of {total}",
+        planned.len()
+    );
+    Ok(())
+}
+
 /// A retry whose bulk DeleteCollection outlasts the API server's request timeout: the
 /// controller does not resend it blindly but lists the pods again and sends a new exact bulk
 /// for what is left; the retry ends Succeeded with every plan pod gone and nothing else, one
@@ -274,11 +330,7 @@ pub async fn a_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
         .collect();
     cluster.stop().await?;
     let ours = |r: &&Request| r.user == CONTROLLER_NAME;
-    let bulks: Vec<&Request> = log
-        .iter()
-        .filter(ours)
-        .filter(|r| r.verb == "deletecollection")
-        .collect();
+    let bulks = controller_bulks(&log);
     let singles = log
         .iter()
         .filter(ours)
@@ -305,44 +357,14 @@ pub async fn a_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
         status.phase == RetryPhase::Succeeded,
         "expected the retry to succeed, its status is {status:?}"
     );
-    ensure!(
-        !timed_out.is_empty(),
-        "no DeleteCollection timed out (codes {:?}): the test proves nothing",
-        bulks.iter().map(|r| r.code).collect::<Vec<_>>()
-    );
-    // Each bulk request after the first was decided on a list of the pods made after the
-    // previous one ended: none was resent as it was.
-    for pair in bulks.windows(2) {
-        let relisted = log.iter().filter(ours).any(|r| {
-            r.verb == "list"
-                && r.resource == "pods"
-                && r.received >= pair[0].ended
-                && r.ended <= pair[1].received
-        });
-        ensure!(
-            relisted,
-            "a deletecollection at {} followed the one that ended at {} without a list of the pods between them",
-            pair[1].received,
-            pair[0].ended
-        );
-    }
-    let expected: BTreeSet<String> = before.difference(&planned).cloned().collect();
-    ensure!(
-        after_pods == expected,
-        "expected exactly the {} pods outside the plan (succeeded ones and the outsider) to remain, found {} (plan pods left: {:?}, others deleted: {:?})",
-        expected.len(),
-        after_pods.len(),
-        after_pods
-            .intersection(&planned)
-            .take(5)
-            .collect::<Vec<_>>(),
-        expected.difference(&after_pods).collect::<Vec<_>>()
-    );
-    ensure!(
-        status.pods_total == planned.len() as u64 && status.pods_deleted == status.pods_total,
-        "expected podsDeleted = podsTotal = {} at the end, the status is {status:?}",
-        planned.len()
-    );
+    ensure_relisted_not_resent(
+        &log,
+        &bulks,
+        &before,
+        &planned,
+        &after_pods,
+        (status.pods_deleted, status.pods_total),
+    )?;
     ensure!(
         progress.iter().any(|&n| 0 < n && n < planned.len() as u64),
         "the status never showed the progress between timeouts (podsDeleted values {progress:?})"
@@ -630,11 +652,7 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
         .collect();
     cluster.stop().await?;
     let ours = |r: &&Request| r.user == CONTROLLER_NAME;
-    let bulks: Vec<&Request> = log
-        .iter()
-        .filter(ours)
-        .filter(|r| r.verb == "deletecollection")
-        .collect();
+    let bulks = controller_bulks(&log);
     let progress = ensure_monotonic(samples)?;
     tracing::info!(
         took_ms = took.as_millis() as u64,
@@ -648,42 +666,14 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
         status.phase == Some(RetryPhase::Succeeded),
         "expected the archived retry to succeed, its status is {status:?}"
     );
-    ensure!(
-        bulks.iter().any(|r| r.code == 504),
-        "no DeleteCollection timed out (codes {:?}): the test proves nothing",
-        bulks.iter().map(|r| r.code).collect::<Vec<_>>()
-    );
-    for pair in bulks.windows(2) {
-        let relisted = log.iter().filter(ours).any(|r| {
-            r.verb == "list"
-                && r.resource == "pods"
-                && r.received >= pair[0].ended
-                && r.ended <= pair[1].received
-        });
-        ensure!(
-            relisted,
-            "a deletecollection at {} followed the one that ended at {} without a list of the pods between them",
-            pair[1].received,
-            pair[0].ended
-        );
-    }
-    let expected: BTreeSet<String> = before.difference(&planned).cloned().collect();
-    ensure!(
-        after_pods == expected,
-        "expected exactly the {} pods outside the plan to remain, found {} (plan pods left: {:?}, others deleted: {:?})",
-        expected.len(),
-        after_pods.len(),
-        after_pods
-            .intersection(&planned)
-            .take(5)
-            .collect::<Vec<_>>(),
-        expected.difference(&after_pods).collect::<Vec<_>>()
-    );
-    ensure!(
-        status.pods_total == planned.len() as u64 && status.pods_deleted == status.pods_total,
-        "expected podsDeleted = podsTotal = {} at the end, the status is {status:?}",
-        planned.len()
-    );
+    ensure_relisted_not_resent(
+        &log,
+        &bulks,
+        &before,
+        &planned,
+        &after_pods,
+        (status.pods_deleted, status.pods_total),
+    )?;
     // The status says DeletingPods before the first bulk request returns, which may take
     // as long as the request timeout allows.
     let first_bulk_end = bulks
