@@ -42,7 +42,7 @@ const REQUEST: &str = "trial";
 /// The name of Argo's ConfigMap [`install_argo_config`] creates.
 pub const CONFIGMAP: &str = "workflow-controller-configmap";
 /// Stands for "the time of the retry" in the planner's output.
-const NOW: &str = "2000-01-01T00:00:00Z";
+pub const NOW: &str = "2000-01-01T00:00:00Z";
 const POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
@@ -773,7 +773,7 @@ impl AuditMark {
 
 /// Where `actual` differs from `expected`, ignoring what the API server manages and rewind's
 /// own annotations; every place `expected` has [`NOW`] must hold a time within `[from, to]`.
-fn differences(
+pub fn differences(
     mut actual: Value,
     mut expected: Value,
     from: Timestamp,

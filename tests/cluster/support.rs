@@ -265,7 +265,7 @@ pub mod controller {
     }
 
     /// Stands for "the time of the retry" in [`expected_plan`].
-    pub const NOW: &str = "2000-01-01T00:00:00Z";
+    pub use rewind::testenv::trials::NOW;
 
     /// Checks that `actual` (read after the retry) is `expected` (the planner's output),
     /// apart from what the API server and the request itself write: resourceVersion,
@@ -277,89 +277,17 @@ pub mod controller {
         from: Timestamp,
         to: Timestamp,
     ) -> anyhow::Result<()> {
-        let mut actual = serde_json::to_value(actual)?;
-        let mut expected = serde_json::to_value(expected)?;
-        for value in [&mut actual, &mut expected] {
-            let meta = value["metadata"]
-                .as_object_mut()
-                .context("a workflow has metadata")?;
-            for server_managed in ["resourceVersion", "generation", "managedFields"] {
-                meta.remove(server_managed);
-            }
-            if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-                annotations.retain(|k, _| !k.starts_with("rewind.dev/"));
-                if annotations.is_empty() {
-                    meta.remove("annotations");
-                }
-            }
-        }
-        let mut mismatches = Vec::new();
-        replace_now(&mut actual, &expected, from, to, "", &mut mismatches);
-        ensure!(
-            mismatches.is_empty(),
-            "timestamps Argo sets to now are not within [{from}, {to}]: {mismatches:?}"
+        let differences = rewind::testenv::trials::differences(
+            serde_json::to_value(actual)?,
+            serde_json::to_value(expected)?,
+            from,
+            to,
         );
-        if actual != expected {
-            let mut differences = Vec::new();
-            diff(&actual, &expected, "", &mut differences);
-            bail!(
-                "the workflow after the retry differs from the planner's output at {} places: {:?}",
-                differences.len(),
-                differences.iter().take(10).collect::<Vec<_>>()
-            );
-        }
+        ensure!(
+            differences.is_empty(),
+            "the workflow after the retry differs from the planner's output: {differences:?}"
+        );
         Ok(())
-    }
-
-    fn replace_now(
-        actual: &mut Value,
-        expected: &Value,
-        from: Timestamp,
-        to: Timestamp,
-        path: &str,
-        bad: &mut Vec<String>,
-    ) {
-        match (actual, expected) {
-            (Value::Object(a), Value::Object(e)) => {
-                for (k, ev) in e {
-                    if let Some(av) = a.get_mut(k) {
-                        replace_now(av, ev, from, to, &format!("{path}/{k}"), bad);
-                    }
-                }
-            }
-            (Value::Array(a), Value::Array(e)) => {
-                for (i, (av, ev)) in a.iter_mut().zip(e).enumerate() {
-                    replace_now(av, ev, from, to, &format!("{path}/{i}"), bad);
-                }
-            }
-            (a @ Value::String(_), Value::String(e)) if e == NOW => {
-                let within = a
-                    .as_str()
-                    .and_then(|s| s.parse::<Timestamp>().ok())
-                    .is_some_and(|t| t >= from && t <= to);
-                if within {
-                    *a = Value::String(NOW.into());
-                } else {
-                    bad.push(format!("{path}: {a}"));
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn diff(actual: &Value, expected: &Value, path: &str, out: &mut Vec<String>) {
-        match (actual, expected) {
-            (Value::Object(a), Value::Object(e)) => {
-                for k in a.keys().chain(e.keys().filter(|k| !a.contains_key(*k))) {
-                    match (a.get(k), e.get(k)) {
-                        (Some(av), Some(ev)) => diff(av, ev, &format!("{path}/{k}"), out),
-                        (av, ev) => out.push(format!("{path}/{k}: got {av:?}, expected {ev:?}")),
-                    }
-                }
-            }
-            (a, e) if a != e => out.push(format!("{path}: got {a}, expected {e}")),
-            _ => {}
-        }
     }
 
     /// The reasons of the Events about `workflow`, oldest first.
