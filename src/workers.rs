@@ -280,6 +280,31 @@ struct DeletedPods {
     items: Vec<serde::de::IgnoredAny>,
 }
 
+/// Sends one DeleteCollection of the pods in `namespace` that the selectors
+/// pick; returns how many the server deleted. The benchmark's and the demo's
+/// floor send it too, so they measure the very request rewind sends.
+pub async fn delete_collection(
+    client: &Client,
+    namespace: &str,
+    label_selector: &str,
+    field_selector: &str,
+) -> Result<usize, kube::Error> {
+    let lp = ListParams::default()
+        .labels(label_selector)
+        .fields(field_selector);
+    let mut request = kube::core::Request::new(Pod::url_path(&(), Some(namespace)))
+        .delete_collection(&DeleteParams::default(), &lp)
+        .map_err(kube::Error::BuildRequest)?;
+    // The server answers with every deleted pod; their metadata is plenty (a
+    // count), a fraction of full pods to encode and decode.
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_LIST),
+    );
+    let deleted: DeletedPods = client.request(request).await?;
+    Ok(deleted.items.len())
+}
+
 async fn execute(clients: &Clients, item: &WorkItem) -> Result<Done, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(clients.client.clone(), &item.namespace);
     match &item.work {
@@ -288,20 +313,14 @@ async fn execute(clients: &Clients, item: &WorkItem) -> Result<Done, kube::Error
             field_selector,
             ..
         } => {
-            let lp = ListParams::default()
-                .labels(label_selector)
-                .fields(field_selector);
-            let mut request = kube::core::Request::new(Pod::url_path(&(), Some(&item.namespace)))
-                .delete_collection(&DeleteParams::default(), &lp)
-                .map_err(kube::Error::BuildRequest)?;
-            // The server answers with every deleted pod; their metadata is
-            // plenty (a count), a fraction of full pods to encode and decode.
-            request.headers_mut().insert(
-                http::header::ACCEPT,
-                http::HeaderValue::from_static(METADATA_LIST),
-            );
-            let deleted: DeletedPods = clients.bulk.request(request).await?;
-            Ok(Done::Deleted(deleted.items.len()))
+            let deleted = delete_collection(
+                &clients.bulk,
+                &item.namespace,
+                label_selector,
+                field_selector,
+            )
+            .await?;
+            Ok(Done::Deleted(deleted))
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {

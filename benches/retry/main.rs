@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Resource as _, ResourceExt as _};
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -56,6 +56,7 @@ use rewind::testenv::db::DbServer;
 use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
 use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
+use rewind::workers::delete_collection;
 use rewind::workflow::{Workflow, labels};
 use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
@@ -684,19 +685,9 @@ async fn retry(
         Row::Floor => {
             // rewind's own bulk request: its selectors and a metadata-only answer.
             let (labels, fields) = bulk_selectors(WORKFLOW);
-            let lp = ListParams::default().labels(&labels).fields(&fields);
-            let mut request = kube::core::Request::new(Pod::url_path(&(), Some(NAMESPACE)))
-                .delete_collection(&DeleteParams::default(), &lp)?;
-            request.headers_mut().insert(
-                http::header::ACCEPT,
-                http::HeaderValue::from_static(
-                    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
-                ),
-            );
             let started = Instant::now();
-            let deleted: Value = admin.request(request).await?;
+            let n = delete_collection(&admin, NAMESPACE, &labels, &fields).await?;
             let wall = started.elapsed().as_secs_f64();
-            let n = deleted["items"].as_array().map_or(0, Vec::len);
             ensure!(
                 n == pods,
                 "the raw DeleteCollection deleted {n} pods, expected {pods}"

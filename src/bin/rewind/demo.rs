@@ -432,10 +432,8 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use anyhow::{Context as _, bail, ensure};
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-    use kube::{Resource as _, ResourceExt as _};
-    use serde_json::Value;
+    use kube::ResourceExt as _;
+    use kube::api::{Api, Patch, PatchParams};
     use tokio_util::sync::CancellationToken;
 
     use rewind::controller::Controller;
@@ -446,6 +444,7 @@ mod bench {
     use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
     use rewind::testenv::workload::FailedDag;
     use rewind::watch::Scope;
+    use rewind::workers::delete_collection;
     use rewind::workflow::Workflow;
 
     use super::{DemoArgs, NAMESPACE};
@@ -562,17 +561,7 @@ mod bench {
             Side::Raw => {
                 // The same request rewind sends: selectors and a metadata-only answer.
                 let (labels, fields) = bulk_selectors(WORKFLOW);
-                let lp = ListParams::default().labels(&labels).fields(&fields);
-                let mut request = kube::core::Request::new(Pod::url_path(&(), Some(NAMESPACE)))
-                    .delete_collection(&DeleteParams::default(), &lp)?;
-                request.headers_mut().insert(
-                    http::header::ACCEPT,
-                    http::HeaderValue::from_static(
-                        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
-                    ),
-                );
-                let deleted: Value = admin.request(request).await?;
-                let n = deleted["items"].as_array().map_or(0, Vec::len);
+                let n = delete_collection(&admin, NAMESPACE, &labels, &fields).await?;
                 ensure!(
                     n == args.pods,
                     "the raw DeleteCollection deleted {n} pods, expected {}",
