@@ -1,5 +1,5 @@
 //! The controller's politeness, counted by the API server: user retries overtake background
-//! work, and no one-second window holds more mutating requests than the budget allows.
+//! work, and every mutating request goes through the budget and keeps its rate.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,15 +122,27 @@ pub async fn a_user_retry_overtakes_a_background_backlog(
     Ok(())
 }
 
-/// With a budget that binds (10 writes/s, burst 15, 150 single deletes), the API server's audit
-/// log never has more than burst + qps mutating requests from the controller in any one-second
-/// window, the window sliding over every request's arrival.
-pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(
+/// With a budget that binds (10 writes/s, burst 15, 150 single deletes), every mutating request
+/// the API server saw from the controller was one the budget admitted (the server's count
+/// equals the controller's), and no window of the server's log holds more than the budget
+/// allows, the window sliding over every request's arrival.
+///
+/// The budget's exact bound (burst + qps in any one-second window of its own clock) is proven
+/// by its unit tests on a paused clock. The server stamps a request when it reads it: a lone
+/// request a millisecond or two after its token, but the burst's 16 requests, sent at once,
+/// reached it over the next 55 ms (measured against the grant times), while the next refill's
+/// request came at once. So a window opening on the burst's first arrival reaches one refill
+/// further than the budget's own, and more when the shared control plane is busy: the server's
+/// windows are allowed [`DELIVERY`] more of refills. A request that bypassed the budget still
+/// shows in the counts, which are exact.
+pub async fn every_mutating_request_goes_through_the_budget_and_keeps_its_rate(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     const QPS: usize = 10;
     const BURST: usize = 15;
+    /// How much later than its grant the server may stamp a request, against the next ones.
+    const DELIVERY: SignedDuration = SignedDuration::from_millis(500);
     let admin = cluster.admin_client();
     let dag = FailedDag {
         name: "wf".into(),
@@ -138,10 +150,11 @@ pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(
         succeeded: 10,
     };
     dag.create(&admin, &namespace, CONCURRENCY, || ()).await?;
-    let controller = ctl::start(
+    let (controller, metrics) = ctl::start_observed(
         &cluster,
         &namespace,
         ctl::options(QPS as u32, BURST as u32, false),
+        None,
     )
     .await?;
     let token = "retry-1";
@@ -168,18 +181,24 @@ pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(
         writes.len(),
         ctl::summary(&log, CONTROLLER_NAME)
     );
+    let budgeted = metrics.api_requests().mutating;
+    ensure!(
+        budgeted == writes.len() as u64,
+        "the budget admitted {budgeted} mutating requests, the API server saw {} from the controller: {:?}",
+        writes.len(),
+        ctl::summary(&log, CONTROLLER_NAME)
+    );
     let second = SignedDuration::from_secs(1);
+    let allowed = BURST + (QPS as f64 * (second + DELIVERY).as_secs_f64()).ceil() as usize;
     let (busiest, start) = writes
         .iter()
         .enumerate()
         .map(|(i, a)| {
-            (
-                writes[i..]
-                    .iter()
-                    .take_while(|b| b.received < a.received + second)
-                    .count(),
-                a.received,
-            )
+            let n = writes[i..]
+                .iter()
+                .take_while(|b| b.received < a.received + second)
+                .count();
+            (n, i)
         })
         .max_by_key(|(n, _)| *n)
         .context("requests")?;
@@ -188,11 +207,16 @@ pub async fn mutating_requests_never_exceed_burst_plus_qps_in_any_second(
         .context("requests")?
         .received
         .duration_since(writes[0].received);
-    tracing::info!(writes = writes.len(), busiest, ?span, "budget");
+    tracing::info!(writes = writes.len(), budgeted, busiest, ?span, "budget");
     ensure!(
-        busiest <= BURST + QPS,
-        "{busiest} mutating requests in the second from {start}, more than burst + qps = {}",
-        BURST + QPS
+        busiest <= allowed,
+        "{busiest} mutating requests in the second from {}, more than burst + qps × {:#} = {allowed}: {:?}",
+        writes[start].received,
+        second + DELIVERY,
+        writes[start..start + busiest]
+            .iter()
+            .map(|a| format!("{} {} {}/{}", a.received, a.verb, a.resource, a.name))
+            .collect::<Vec<_>>()
     );
     ensure!(
         busiest >= QPS,

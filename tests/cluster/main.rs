@@ -81,7 +81,7 @@ fn main() -> ExitCode {
         bulk::a_graceful_stop_right_after_a_reset_still_sends_its_event,
         bulk_parallel::a_split_bulk_delete_sends_one_request_per_part_and_keeps_every_outsider,
         budget::a_user_retry_overtakes_a_background_backlog,
-        budget::mutating_requests_never_exceed_burst_plus_qps_in_any_second,
+        budget::every_mutating_request_goes_through_the_budget_and_keeps_its_rate,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
         workflowretry::the_api_server_refuses_both_or_neither_target_and_a_changed_spec,
         workflowretry::a_live_workflowretry_resets_the_workflow_reports_and_expires,
