@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -521,7 +521,12 @@ impl<'a> Job<'a> {
             return Ok(());
         }
         self.last_check = Instant::now();
-        let meta = self.workflows().get_metadata_opt(&self.target.name).await?;
+        // From the API server's watch cache (resourceVersion 0): a read from etcd would
+        // decode the whole workflow, a megabyte at 20,000 pods, while the server deletes.
+        let meta = self
+            .workflows()
+            .get_metadata_opt_with(&self.target.name, &GetParams::any())
+            .await?;
         let Some(meta) =
             meta.filter(|m| m.metadata.uid.as_deref() == Some(self.target.uid.as_str()))
         else {

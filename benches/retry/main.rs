@@ -13,8 +13,11 @@
 //!   WorkflowRetry and by Argo's RetryArchivedWorkflow at 20/30;
 //!
 //! plus the computed per-pod floors N/20 and N/200. Rows run in alternating order over the
-//! repetitions. Per run: wall time from the request to the job done (checked: the failed
-//! pods gone, the succeeded ones kept, the workflow reset or created), the steps and the
+//! repetitions. A workflow over Argo's size limit even compressed (20,000 pods) is stored as
+//! Argo's controller stores it then: its nodes offloaded into PostgreSQL, which rewind and
+//! the peer read; archived rows are left out at that size. Per run: wall time from the
+//! request to the job done (checked: the failed pods gone, the succeeded ones kept, the
+//! workflow reset or created; rewind's reset equal to its planner's), the steps and the
 //! retrier's requests by verb from the audit log, rewind's and the peer's CPU seconds and
 //! peak RSS (rewind's CPU counted over the retry only, the peer's over its whole process),
 //! and a neighbour's latency (its own user and namespace: GET a pod, LIST workflows, PATCH
@@ -37,14 +40,20 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, watcher};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use rewind::delete::bulk_selectors;
+use rewind::plan::compress::DEFAULT_MAX_WORKFLOW_SIZE;
+use rewind::plan::{RetryOptions, plan_retry_at};
 use rewind::request::{self, RetryPhase, annotations};
 use rewind::testenv::argo;
 use rewind::testenv::bench::audit::{self, Audited};
@@ -55,6 +64,7 @@ use rewind::testenv::bench::usage::Usage;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
 use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
+use rewind::testenv::trials::{NOW, differences};
 use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
 use rewind::workers::delete_collection;
 use rewind::workflow::{Workflow, labels};
@@ -63,7 +73,6 @@ use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 const NAMESPACE: &str = "bench";
 const WORKFLOW: &str = "big-retry";
 const REQUEST: &str = "big-retry-archived";
-const POLL: Duration = Duration::from_millis(50);
 const FINISH: Duration = Duration::from_secs(4 * 3600);
 const RESULTS: &str = "bench/results";
 
@@ -259,6 +268,15 @@ struct Results {
     rows: Vec<String>,
     runs: Vec<Measured>,
     summary: Vec<RowSummary>,
+    /// How the requester saw a rewind retry done; runs saved before it watched polled.
+    #[serde(default = "polled")]
+    done_seen: String,
+}
+
+const WATCHED: &str = "on a watch of the object";
+
+fn polled() -> String {
+    "polled every 50 ms".into()
 }
 
 /// Shared by every run: the binaries, and Argo's database when an archived row runs.
@@ -301,7 +319,14 @@ fn summarize(runs: &[Measured], pods: &[usize]) -> Vec<RowSummary> {
 async fn bench(args: Args) -> anyhow::Result<()> {
     let started = Timestamp::now();
     let peer = tokio::task::spawn_blocking(|| argo::binary("peer")).await??;
-    let db = match args.scale.is_none() && args.rows.iter().any(|r| r.archived()) {
+    let offloading = args
+        .pods
+        .iter()
+        .map(|&n| offloaded(&dag(n, args.succeeded).workflow(NAMESPACE)))
+        .collect::<anyhow::Result<Vec<bool>>>()?;
+    let db = match args.scale.is_none()
+        && (args.rows.iter().any(|r| r.archived()) || offloading.contains(&true))
+    {
         false => None,
         true => {
             let db = DbServer::postgres()
@@ -344,12 +369,18 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     });
     let mut runs = Vec::new();
     let result = async {
-        for &n in &args.pods {
+        for (&n, &offloaded) in args.pods.iter().zip(&offloading) {
+            if offloaded && args.rows.iter().any(|r| r.archived()) {
+                println!(
+                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded; archived rows are left out"
+                );
+            }
             let rows: Vec<Row> = args
                 .rows
                 .iter()
                 .copied()
                 .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
+                .filter(|&r| !(offloaded && r.archived()))
                 .collect();
             for rep in 0..args.repetitions {
                 let mut order = rows.clone();
@@ -426,6 +457,7 @@ fn write(
         rows: args.rows.iter().map(|r| r.name().to_owned()).collect(),
         runs: runs.to_vec(),
         summary,
+        done_seen: WATCHED.into(),
     };
     save(&results, out)?;
     Ok(results.summary)
@@ -438,20 +470,69 @@ fn save(results: &Results, out: &str) -> anyhow::Result<()> {
         dir.join(format!("{out}.json")),
         serde_json::to_string_pretty(results)? + "\n",
     )?;
-    let mut md = format!(
-        "# Retry benchmark: {out}\n\n`{}`\n\nFrom {} to {} on {} CPUs; medians over each row's runs (with min–max); N failed pods + {} succeeded ones, which must stay.\n\n",
-        results.command, results.started, results.finished, results.cpus, results.succeeded
-    );
-    md.push_str(&report::markdown(&results.summary));
-    md.push_str(
-        "\nwall: request to job done as the client saw it (rewind: annotation or WorkflowRetry written → done seen, polled every 50 ms; peer: its own call → return; floor: the request's round trip). audit: the same from the API server's audit log, with its steps. CPU: rewind's over the retry, the peer's whole process. Neighbour: another user sending GET pod / LIST workflows / PATCH ConfigMap, 20 a second.\n",
-    );
-    std::fs::write(dir.join(format!("{out}.md")), md)?;
+    std::fs::write(dir.join(format!("{out}.md")), markdown(results, out))?;
     match chart::draw(&results.summary, &dir.join(format!("{out}.png"))) {
         Ok(()) => {}
         Err(e) => eprintln!("no chart: {e:#}"),
     }
     Ok(())
+}
+
+/// Under `cargo test` (the tests run every target): each committed `retry*.json` holds the
+/// summary of its own runs, and its `.md` is that summary rendered. A change to the summary
+/// or the table that leaves them stale fails here; `--render FILE.json --out NAME` renders
+/// them again. Returns how many were checked.
+fn check_committed() -> anyhow::Result<usize> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let Some(out) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| n.starts_with("retry"))
+        else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)?;
+        let mut results: Results =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let again = |what: &str| {
+            format!(
+                "{} is stale: its {what}; run `cargo bench --bench retry -- --render {RESULTS}/{out}.json --out {out}`",
+                path.display()
+            )
+        };
+        let md = dir.join(format!("{out}.md"));
+        let committed =
+            std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?;
+        ensure!(
+            committed == markdown(&results, out),
+            again("table is not its summary rendered")
+        );
+        // To the table's precision: the runs' floats were rounded when they were saved.
+        results.summary = summarize(&results.runs, &results.pods);
+        ensure!(
+            committed == markdown(&results, out),
+            again("summary is not that of its runs")
+        );
+        checked += 1;
+    }
+    Ok(checked)
+}
+
+fn markdown(results: &Results, out: &str) -> String {
+    let mut md = format!(
+        "# Retry benchmark: {out}\n\n`{}`\n\nFrom {} to {} on {} CPUs; medians over each row's runs (with min–max); N failed pods + {} succeeded ones, which must stay.\n\n",
+        results.command, results.started, results.finished, results.cpus, results.succeeded
+    );
+    md.push_str(&report::markdown(&results.summary));
+    md.push_str(&format!(
+        "\nwall: request to job done as the client saw it (rewind: annotation or WorkflowRetry written → done seen, {}; peer: its own call → return; floor: the request's round trip). audit: the same from the API server's audit log, with its steps. CPU: rewind's over the retry, the peer's whole process. Neighbour: another user sending GET pod / LIST workflows / PATCH ConfigMap, 20 a second.\n",
+        results.done_seen
+    ));
+    md
 }
 
 fn render(args: &Args) -> anyhow::Result<()> {
@@ -467,6 +548,9 @@ fn render(args: &Args) -> anyhow::Result<()> {
                 m.command = format!("{}; {}", m.command, r.command);
                 m.pods.extend(r.pods);
                 m.runs.extend(r.runs);
+                if !m.done_seen.contains(&r.done_seen) {
+                    m.done_seen = format!("{}, or {}", m.done_seen, r.done_seen);
+                }
                 // Saved runs may be merged in any order: the span is the earliest start
                 // to the latest finish.
                 let at = |t: &str| t.parse::<Timestamp>().ok();
@@ -516,16 +600,36 @@ async fn measure_on(
     let admin = cluster.admin_client();
     cluster.create_namespace(NAMESPACE).await?;
     neighbours::prepare(cluster).await?;
-    let dag = FailedDag {
-        name: WORKFLOW.into(),
-        failed: pods,
-        succeeded: context.succeeded,
-    };
-    dag.create(&admin, NAMESPACE, 64, || ())
-        .await
-        .context("creating the workflow and its pods")?;
-    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    let dag = dag(pods, context.succeeded);
+    let workflow = dag.workflow(NAMESPACE);
     let mut configmap = String::new();
+    // The workflow before the retry, its nodes in it.
+    let original = match offloaded(&workflow)? {
+        false => hydrated(
+            dag.create(&admin, NAMESPACE, 64, || ())
+                .await
+                .context("creating the workflow and its pods")?,
+        )?,
+        true => {
+            ensure!(
+                !row.archived(),
+                "archived rows run only below Argo's size limit"
+            );
+            let (db, code) = context
+                .db
+                .as_ref()
+                .context("a workflow over Argo's size limit needs the database")?;
+            let persistence = argo::Persistence {
+                database: db.argo_db_config(),
+                archive: false,
+                offload: true,
+            };
+            let name = argo::install_config(cluster, None, Some(&persistence)).await?;
+            configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
+            create_offloaded(&admin, db, code, &dag, workflow).await?
+        }
+    };
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     let mut archived_uid = None;
     if row.archived() {
         let (db, code) = context
@@ -619,6 +723,9 @@ async fn measure_on(
         request_uid.as_deref(),
     )
     .await?;
+    if row.rewind_flags().is_some() && !row.archived() {
+        check_reset(context, &workflows, &original, asked_at).await?;
+    }
 
     let log = audit::read(
         &cluster
@@ -701,19 +808,18 @@ async fn retry(
             workflows
                 .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
-            let status = loop {
-                let meta = workflows.get_metadata(WORKFLOW).await?;
-                if let Some(status) = request::status_of(meta.annotations(), token)?
-                    && status.phase.is_finished()
-                {
-                    break status;
-                }
-                ensure!(
-                    started.elapsed() < FINISH,
-                    "the retry did not finish within {FINISH:?}"
-                );
-                tokio::time::sleep(POLL).await;
-            };
+            let status = until_some(
+                watcher(
+                    Api::<PartialObjectMeta<Workflow>>::namespaced(admin.clone(), NAMESPACE),
+                    just(WORKFLOW),
+                ),
+                |meta| match request::status_of(meta.annotations(), token) {
+                    Ok(Some(status)) if status.phase.is_finished() => Some(Ok(status)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                },
+            )
+            .await??;
             let wall = started.elapsed().as_secs_f64();
             ensure!(
                 status.phase == RetryPhase::Succeeded,
@@ -734,17 +840,12 @@ async fn retry(
             );
             let started = Instant::now();
             let created = retries.create(&PostParams::default(), &request).await?;
-            let status = loop {
-                let object = retries.get(REQUEST).await?;
-                if object.is_finished() {
-                    break object.status.unwrap_or_default();
-                }
-                ensure!(
-                    started.elapsed() < FINISH,
-                    "the archived retry did not finish within {FINISH:?}"
-                );
-                tokio::time::sleep(POLL).await;
-            };
+            let status = until_some(watcher(retries.clone(), just(REQUEST)), |object| {
+                object
+                    .is_finished()
+                    .then(|| object.status.clone().unwrap_or_default())
+            })
+            .await?;
             let wall = started.elapsed().as_secs_f64();
             ensure!(
                 status.phase == Some(RetryPhase::Succeeded),
@@ -762,6 +863,10 @@ async fn retry(
                 }
                 None => command.args(["retry", "--name", WORKFLOW]),
             };
+            if archived_uid.is_none() && !configmap.is_empty() {
+                // Offloaded nodes: the Argo Server reads them with its persistence.
+                command.args(["--configmap", configmap]);
+            }
             command
                 .arg("--kubeconfig")
                 .arg(cluster.kubeconfig_path(Role::Admin))
@@ -841,10 +946,137 @@ async fn check(
     Ok(())
 }
 
+/// A watch of one object by name.
+fn just(name: &str) -> watcher::Config {
+    watcher::Config::default().fields(&format!("metadata.name={name}"))
+}
+
+/// The first `Some` that `done` makes of an object the watch shows, within [`FINISH`]. The
+/// requester watches rather than polls: polling the workflow (a GET decodes the whole
+/// object, a megabyte at 20,000 pods) every 50 ms cost the API server enough CPU to slow
+/// the DeleteCollection it measured.
+async fn until_some<K, T>(
+    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    mut done: impl FnMut(&K) -> Option<T>,
+) -> anyhow::Result<T> {
+    let objects = stream.applied_objects();
+    let mut objects = std::pin::pin!(objects);
+    let found = tokio::time::timeout(FINISH, async {
+        while let Some(object) = objects.try_next().await? {
+            if let Some(found) = done(&object) {
+                return anyhow::Ok(found);
+            }
+        }
+        bail!("the watch ended")
+    })
+    .await;
+    found.with_context(|| format!("the retry did not finish within {FINISH:?}"))?
+}
+
+fn dag(failed: usize, succeeded: usize) -> FailedDag {
+    FailedDag {
+        name: WORKFLOW.into(),
+        failed,
+        succeeded,
+    }
+}
+
+/// Whether Argo's controller would have offloaded the workflow's nodes: over its size limit
+/// even compressed ([`FailedDag::workflow`] leaves the nodes uncompressed then). The API
+/// server would refuse such a workflow whole (413 at 20,000 pods).
+fn offloaded(workflow: &Workflow) -> anyhow::Result<bool> {
+    Ok(workflow.status.nodes.is_some()
+        && serde_json::to_vec(workflow)?.len() > DEFAULT_MAX_WORKFLOW_SIZE)
+}
+
+/// Creates `workflow` and its pods as Argo's controller leaves them with node status
+/// offloading on: the nodes in Argo's table (its own `Save`), the workflow naming their
+/// version. Returns the workflow with its nodes in it.
+async fn create_offloaded(
+    admin: &kube::Client,
+    db: &DbServer,
+    code: &ArgosCode,
+    dag: &FailedDag,
+    mut workflow: Workflow,
+) -> anyhow::Result<Workflow> {
+    let nodes = workflow
+        .status
+        .nodes
+        .take()
+        .context("the workflow has nodes")?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    let created = workflows
+        .create(&PostParams::default(), &workflow)
+        .await
+        .context("creating the workflow without its nodes")?;
+    let uid = created.uid().context("a created workflow has a UID")?;
+    let save = db.argodb_request(
+        "save",
+        json!({"uid": uid, "namespace": NAMESPACE, "nodes": nodes}),
+    );
+    let code = code.clone();
+    let version = tokio::task::spawn_blocking(move || code.one(save))
+        .await??
+        .version;
+    let patch = json!({"status": {"offloadNodeStatusVersion": version}});
+    let created = workflows
+        .patch(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("naming the offloaded nodes' version")?;
+    dag.create_pods_on(admin, &created, &[], 64, || ())
+        .await
+        .context("creating the pods")?;
+    let mut full = created;
+    full.status.nodes = Some(nodes);
+    full.status.offload_node_status_version = None;
+    Ok(full)
+}
+
+/// The workflow as rewind reset it equals the planner's retry of `before` (rewind's planner
+/// is differential-tested against Argo's code), its nodes read back from Argo's table where
+/// the reset offloaded them.
+async fn check_reset(
+    context: &Context,
+    workflows: &Api<Workflow>,
+    before: &Workflow,
+    asked_at: Timestamp,
+) -> anyhow::Result<()> {
+    let options = RetryOptions {
+        // Compressed or offloaded is how it is stored; the nodes are compared.
+        max_workflow_size: usize::MAX,
+        ..RetryOptions::default()
+    };
+    let now = NOW.parse().context("a valid timestamp")?;
+    let expected = plan_retry_at(before, &options, now)?.workflow;
+    let mut actual = hydrated(workflows.get(WORKFLOW).await?)?;
+    if let Some(version) = actual.status.offload_node_status_version.take() {
+        let (db, code) = context
+            .db
+            .as_ref()
+            .context("offloaded nodes need the database")?;
+        let get = db.argodb_request("get", json!({"uid": actual.uid(), "version": version}));
+        let code = code.clone();
+        let read = tokio::task::spawn_blocking(move || code.one(get)).await??;
+        actual.status.nodes = Some(serde_json::from_str(&read.json)?);
+    }
+    let differences = differences(
+        serde_json::to_value(&actual)?,
+        serde_json::to_value(&expected)?,
+        asked_at - SignedDuration::from_secs(1),
+        Timestamp::now(),
+    );
+    ensure!(
+        differences.is_empty(),
+        "the reset workflow is not the planner's: {differences:#?}"
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let Some(args) = parse()? else {
+        let checked = check_committed()?;
         println!(
-            "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs)"
+            "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs); the {checked} committed results in {RESULTS} match their runs"
         );
         return Ok(());
     };

@@ -261,12 +261,28 @@ impl FailedDag {
     ) -> Result<Workflow, kube::Error> {
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
         let workflow = create_once(&workflows, &self.workflow_on(namespace, nodes)).await?;
+        self.create_pods_on(client, &workflow, nodes, concurrency, progress)
+            .await?;
+        Ok(workflow)
+    }
+
+    /// The pods of [`FailedDag::create_on`] for `workflow`, created already (by the caller:
+    /// offloaded, say), in its namespace.
+    pub async fn create_pods_on(
+        &self,
+        client: &Client,
+        workflow: &Workflow,
+        nodes: &[String],
+        concurrency: usize,
+        progress: impl Fn() + Sync,
+    ) -> Result<(), kube::Error> {
+        let namespace = workflow.metadata.namespace.as_deref().unwrap_or_default();
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         // Owned items, futures owning their client, and progress reported
         // through the stream: with borrowed ones this future is not Send (a
         // higher-ranked lifetime error), so callers could not spawn it.
         let owned: Vec<(Pod, String)> = self
-            .pods_on(&workflow, nodes)
+            .pods_on(workflow, nodes)
             .into_iter()
             .map(|(p, phase)| (p, phase.to_owned()))
             .collect();
@@ -287,8 +303,7 @@ impl FailedDag {
                 progress();
                 future::ready(Ok(()))
             })
-            .await?;
-        Ok(workflow)
+            .await
     }
 }
 
