@@ -1,5 +1,5 @@
 //! The chart: time against N (floor, rewind, the peer) and the neighbour's p99 per row at
-//! the largest N, as a PNG. Text is drawn with a TrueType font read from the machine
+//! the N with the most rows, as a PNG. Text is drawn with a TrueType font read from the machine
 //! (DejaVu Sans, or $REWIND_BENCH_FONT): plotters' own font loading needs system libraries.
 
 use std::path::Path;
@@ -129,11 +129,18 @@ fn neighbours(
     summary: &[RowSummary],
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
 ) -> anyhow::Result<()> {
+    // The N with the most rows measured, the largest of those: the comparison across rows.
+    let measured = |n: usize| {
+        summary
+            .iter()
+            .filter(|s| s.pods == n && s.during_p99_ms.is_some())
+            .count()
+    };
     let Some(n) = summary
         .iter()
         .filter(|s| s.during_p99_ms.is_some())
         .map(|s| s.pods)
-        .max()
+        .max_by_key(|&n| (measured(n), n))
     else {
         return Ok(());
     };
