@@ -48,6 +48,8 @@ const CLOCK: SignedDuration = SignedDuration::from_millis(5);
 const CO_TENANT: &str = "co-tenant";
 /// Its requests in flight at once.
 const CO_TENANT_STREAMS: usize = 8;
+/// How long a co-tenant stream rests after an answer that asked for no pause.
+const CROWD_REST: Duration = Duration::from_millis(100);
 /// The neighbour's pace: one small request every 20 ms.
 const NEIGHBOUR_PERIOD: Duration = Duration::from_millis(20);
 
@@ -265,9 +267,10 @@ async fn crowd(client: kube::Client, namespace: String, stop: Arc<AtomicBool>) {
             }
             Err(_) => Some(Duration::from_secs(1)),
         };
-        if let Some(rest) = rest {
-            tokio::time::sleep(rest).await;
-        }
+        // A short rest after an answer too: streams that never rest keep the level's seats
+        // full, and the controller, waiting out each Retry-After as asked, then finds them full
+        // every time (in CI its first request was rejected for over 3 minutes).
+        tokio::time::sleep(rest.unwrap_or(CROWD_REST)).await;
     }
 }
 
