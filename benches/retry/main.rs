@@ -40,14 +40,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use futures::TryStreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt as _;
-use kube::runtime::watcher::{self, watcher};
+use kube::runtime::wait::await_condition;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -808,18 +806,18 @@ async fn retry(
             workflows
                 .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
-            let status = until_some(
-                watcher(
-                    Api::<PartialObjectMeta<Workflow>>::namespaced(admin.clone(), NAMESPACE),
-                    just(WORKFLOW),
-                ),
-                |meta| match request::status_of(meta.annotations(), token) {
-                    Ok(Some(status)) if status.phase.is_finished() => Some(Ok(status)),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                },
-            )
-            .await??;
+            // Seen on a watch: polling the workflow (a GET decodes the whole object, a
+            // megabyte at 20,000 pods) every 50 ms slowed the DeleteCollection it measured.
+            let metadata = Api::<PartialObjectMeta<Workflow>>::namespaced(admin.clone(), NAMESPACE);
+            let done = move |meta: Option<&PartialObjectMeta<Workflow>>| {
+                meta.is_some_and(|m| {
+                    request::status_of(m.annotations(), token)
+                        .map_or(true, |s| s.is_some_and(|s| s.phase.is_finished()))
+                })
+            };
+            let meta = within_finish(await_condition(metadata, WORKFLOW, done)).await?;
+            let status = request::status_of(meta.annotations(), token)?
+                .context("a finished retry has a status")?;
             let wall = started.elapsed().as_secs_f64();
             ensure!(
                 status.phase == RetryPhase::Succeeded,
@@ -840,12 +838,11 @@ async fn retry(
             );
             let started = Instant::now();
             let created = retries.create(&PostParams::default(), &request).await?;
-            let status = until_some(watcher(retries.clone(), just(REQUEST)), |object| {
-                object
-                    .is_finished()
-                    .then(|| object.status.clone().unwrap_or_default())
-            })
-            .await?;
+            let done = |r: Option<&WorkflowRetry>| r.is_some_and(WorkflowRetry::is_finished);
+            let status = within_finish(await_condition(retries.clone(), REQUEST, done))
+                .await?
+                .status
+                .unwrap_or_default();
             let wall = started.elapsed().as_secs_f64();
             ensure!(
                 status.phase == Some(RetryPhase::Succeeded),
@@ -946,31 +943,14 @@ async fn check(
     Ok(())
 }
 
-/// A watch of one object by name.
-fn just(name: &str) -> watcher::Config {
-    watcher::Config::default().fields(&format!("metadata.name={name}"))
-}
-
-/// The first `Some` that `done` makes of an object the watch shows, within [`FINISH`]. The
-/// requester watches rather than polls: polling the workflow (a GET decodes the whole
-/// object, a megabyte at 20,000 pods) every 50 ms cost the API server enough CPU to slow
-/// the DeleteCollection it measured.
-async fn until_some<K, T>(
-    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    mut done: impl FnMut(&K) -> Option<T>,
-) -> anyhow::Result<T> {
-    let objects = stream.applied_objects();
-    let mut objects = std::pin::pin!(objects);
-    let found = tokio::time::timeout(FINISH, async {
-        while let Some(object) = objects.try_next().await? {
-            if let Some(found) = done(&object) {
-                return anyhow::Ok(found);
-            }
-        }
-        bail!("the watch ended")
-    })
-    .await;
-    found.with_context(|| format!("the retry did not finish within {FINISH:?}"))?
+/// The object `wait` waited for, within [`FINISH`].
+async fn within_finish<K>(
+    wait: impl Future<Output = Result<Option<K>, kube::runtime::wait::Error>>,
+) -> anyhow::Result<K> {
+    tokio::time::timeout(FINISH, wait)
+        .await
+        .with_context(|| format!("the retry did not finish within {FINISH:?}"))??
+        .context("the object was deleted before the retry finished")
 }
 
 fn dag(failed: usize, succeeded: usize) -> FailedDag {
