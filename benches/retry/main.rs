@@ -530,6 +530,11 @@ fn markdown(results: &Results, out: &str) -> String {
         "\nwall: request to job done as the client saw it (rewind: annotation or WorkflowRetry written → done seen, {}; peer: its own call → return; floor: the request's round trip). audit: the same from the API server's audit log, with its steps. CPU: rewind's over the retry, the peer's whole process. Neighbour: another user sending GET pod / LIST workflows / PATCH ConfigMap, 20 a second.\n",
         results.done_seen
     ));
+    if let Some(table) = report::neighbour_markdown(&results.summary) {
+        md.push_str("\n## Where the neighbour's time goes\n\n");
+        md.push_str(&table);
+        md.push_str("\nEach cell idle → during, medians over the runs that measured it. seen: the neighbour's p99 by kind of request, as it timed them. served: the same requests from the audit log, received → answered, so without the neighbour's own side (its process waiting for a CPU, the network). CPUs busy: the share of all the machine's CPUs in use, whoever used them. cores: what each process used on average during the retry (1.00 is one core); bench is the benchmark's process, which runs the neighbour, watches the workflow and sends the floor's request.\n");
+    }
     md
 }
 
@@ -678,9 +683,20 @@ async fn measure_on(
             )
         }
     };
-    let idle = neighbours::idle(cluster.user_client(), context.idle).await;
+    // Who keeps the CPUs busy while the neighbour waits: the control plane, rewind, and this
+    // process (the neighbour itself, the watch on the workflow, the floor's request).
+    let mut processes: Vec<(String, u32)> = cluster
+        .pids()
+        .into_iter()
+        .map(|(component, pid)| (component.to_string(), pid))
+        .collect();
+    processes.push(("bench".into(), std::process::id()));
+    if let Some(controller) = &controller {
+        processes.push(("rewind".into(), controller.pid()));
+    }
+    let mut idle = neighbours::idle(cluster.user_client(), context.idle, &processes).await;
 
-    let neighbour = Neighbour::start(cluster.user_client());
+    let neighbour = Neighbour::start(cluster.user_client(), &processes);
     let before = controller
         .as_ref()
         .map(RewindController::usage)
@@ -695,7 +711,7 @@ async fn measure_on(
         archived_uid.as_deref(),
     )
     .await;
-    let during = neighbour.finish().await;
+    let mut during = neighbour.finish().await;
     let after = controller
         .as_ref()
         .map(RewindController::usage)
@@ -761,6 +777,8 @@ async fn measure_on(
     };
     let (steps, within) = audit::steps(&ours, asked)
         .context("the audit log shows no delete and no workflow written")?;
+    idle.serve_from(&log);
+    during.serve_from(&log);
     Ok(Measured {
         row: row.name().into(),
         pods,

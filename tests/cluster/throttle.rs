@@ -4,8 +4,8 @@
 //! still ends Succeeded and exact, and the audit log shows that within the shortest Retry-After
 //! APF ever asks (1 s) of each 429 no more of the controller's requests reached the server than
 //! it had in flight already. A neighbour (another user, in its own flow and priority level)
-//! sends small requests throughout; its latency is printed beside the same retry's without
-//! throttling.
+//! sends small requests throughout; its median latency during the throttled per-pod retry
+//! stays within twice that during the same retry without throttling, and its p99 is printed.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -130,8 +130,18 @@ pub async fn a_retry_throttled_by_priority_and_fairness_obeys_retry_after(
             run.pauses
         );
     }
+    // The per-pod retry is the same work throttled and not, with no co-tenant beside it; the
+    // neighbour's typical request must not be slower for the throttling. Its p99 is printed,
+    // not asserted: the unthrottled retry lasts about a second, so its p99 is nearly the
+    // maximum of 50-odd requests, and the ratio ranged 0.34–2.9 over eleven runs here. In the
+    // bulk run the co-tenant's LISTs share the server, so the neighbour measures them too.
+    ensure!(
+        per_pod.neighbour.p50 <= free.neighbour.p50 * 2,
+        "the neighbour's median latency during the throttled per-pod retry, {:?}, is over twice the unthrottled run's, {:?}",
+        per_pod.neighbour.p50,
+        free.neighbour.p50
+    );
     for run in [&per_pod, &bulk] {
-        // Printed, not asserted: on this shared 2-core machine the ratio is not stable.
         eprintln!(
             "neighbour during {}: p50 {:.1} ms, p99 {:.1} ms; unthrottled run: p50 {:.1} ms, p99 {:.1} ms; p99 ratio {:.2}",
             run.workflow,

@@ -29,8 +29,13 @@ pub enum Error {
     #[error("the audit log has a timestamp that is not RFC 3339: {0:?}")]
     AuditTimestamp(String),
 
-    #[error("/proc/{pid}: no {what} found")]
-    Proc { pid: u32, what: &'static str },
+    #[error("reading /proc for pid {pid}'s {what}: {source}")]
+    Proc {
+        pid: u32,
+        what: &'static str,
+        #[source]
+        source: procfs::ProcError,
+    },
 
     #[error("{what} exited ({status}); its log: {log}")]
     Exited {

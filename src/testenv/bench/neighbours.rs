@@ -3,17 +3,21 @@
 //! workflows, PATCH a ConfigMap) while a retry runs. Its latency is what the
 //! retry costs everyone else.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Error;
+use super::audit::{Audited, seconds};
 use super::stats::percentile;
+use super::usage::{CpuShare, Cpus};
 use crate::testenv::localcluster::{LocalCluster, USER_NAME};
 use crate::testenv::workload::FailedDag;
 use crate::workflow::Workflow;
@@ -115,7 +119,9 @@ pub async fn prepare(cluster: &LocalCluster) -> Result<(), Error> {
     Ok(())
 }
 
-/// The neighbour's latency over a stretch of time, in milliseconds (`None`: nothing answered).
+/// The neighbour's latency over a stretch of time, in milliseconds (`None`: nothing answered),
+/// and what explains it: the same requests as the API server served them, and who kept the
+/// CPUs busy meanwhile (both absent in runs saved before they were measured).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub requests: usize,
@@ -123,12 +129,54 @@ pub struct Latency {
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub max_ms: Option<f64>,
+    /// p99 of each kind of request ([`KINDS`]) as the neighbour saw it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub p99_ms_by_kind: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<Served>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<CpuShare>,
+    /// When the neighbour started and stopped sending; only while the benchmark runs.
+    #[serde(skip)]
+    pub window: Option<(Timestamp, Timestamp)>,
+}
+
+/// The neighbour's requests as the API server served them: from the audit log's received to
+/// answered, so without the neighbour's own side (its process waiting for a CPU, the network).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Served {
+    pub requests: usize,
+    pub p99_ms: Option<f64>,
+    pub p99_ms_by_kind: BTreeMap<String, f64>,
+}
+
+/// What the neighbour sends, in turn: (name, audit verb, audit resource).
+pub const KINDS: [(&str, &str, &str); 3] = [
+    ("get pod", "get", "pods"),
+    ("list workflows", "list", "workflows"),
+    ("patch configmap", "patch", "configmaps"),
+];
+
+fn p99s_by_kind(samples: &[(usize, f64)]) -> BTreeMap<String, f64> {
+    KINDS
+        .iter()
+        .enumerate()
+        .filter_map(|(k, (name, ..))| {
+            let ms: Vec<f64> = samples.iter().filter(|s| s.0 == k).map(|s| s.1).collect();
+            (!ms.is_empty()).then(|| ((*name).to_owned(), percentile(&ms, 99.0)))
+        })
+        .collect()
 }
 
 impl Latency {
-    /// Of some answered requests' durations and a count of failed ones.
-    pub fn of(samples: &[Duration], errors: usize) -> Latency {
-        let ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+    /// Of some answered requests' kinds (indices into [`KINDS`]) and durations, and a count
+    /// of failed ones.
+    pub fn of(samples: &[(usize, Duration)], errors: usize) -> Latency {
+        let kinded: Vec<(usize, f64)> = samples
+            .iter()
+            .map(|(k, d)| (*k, d.as_secs_f64() * 1e3))
+            .collect();
+        let ms: Vec<f64> = kinded.iter().map(|s| s.1).collect();
         let at = |p| (!ms.is_empty()).then(|| percentile(&ms, p));
         Latency {
             requests: ms.len() + errors,
@@ -136,22 +184,57 @@ impl Latency {
             p50_ms: at(50.0),
             p99_ms: at(99.0),
             max_ms: at(100.0),
+            p99_ms_by_kind: p99s_by_kind(&kinded),
+            ..Latency::default()
         }
+    }
+
+    /// Fills in [`Latency::served`] from the audit log `log`: the neighbour's requests
+    /// received within its window.
+    pub fn serve_from(&mut self, log: &[Audited]) {
+        let Some((from, to)) = self.window else {
+            return;
+        };
+        let served: Vec<(usize, f64)> = log
+            .iter()
+            .filter(|a| {
+                a.user == USER_NAME
+                    && a.namespace == NAMESPACE
+                    && a.received >= from
+                    && a.received <= to
+            })
+            .filter_map(|a| {
+                let kind = KINDS
+                    .iter()
+                    .position(|(_, verb, resource)| a.verb == *verb && a.resource == *resource)?;
+                Some((kind, seconds(a.received, a.completed) * 1e3))
+            })
+            .collect();
+        let ms: Vec<f64> = served.iter().map(|s| s.1).collect();
+        self.served = Some(Served {
+            requests: ms.len(),
+            p99_ms: (!ms.is_empty()).then(|| percentile(&ms, 99.0)),
+            p99_ms_by_kind: p99s_by_kind(&served),
+        });
     }
 }
 
 /// A running neighbour; [`Neighbour::finish`] stops it and returns its latency.
 pub struct Neighbour {
     stop: CancellationToken,
-    task: JoinHandle<(Vec<Duration>, usize)>,
+    task: JoinHandle<(Vec<(usize, Duration)>, usize)>,
+    started: (Timestamp, Option<Cpus>),
+    processes: Vec<(String, u32)>,
 }
 
 impl Neighbour {
     /// Starts sending, as the client `user` (the cluster's [`USER_NAME`]), one request
-    /// every [`INTERVAL`]; a request slower than that delays the next, as a real client's would.
-    pub fn start(user: kube::Client) -> Neighbour {
+    /// every [`INTERVAL`]; a request slower than that delays the next, as a real client's
+    /// would. The CPU time of `processes` (name, pid) and of the machine is measured beside.
+    pub fn start(user: kube::Client, processes: &[(String, u32)]) -> Neighbour {
         let stop = CancellationToken::new();
         let token = stop.clone();
+        let started = (Timestamp::now(), Cpus::now(processes).ok());
         let task = tokio::spawn(async move {
             let pods: Api<Pod> = Api::namespaced(user.clone(), NAMESPACE);
             let workflows: Api<Workflow> = Api::namespaced(user.clone(), NAMESPACE);
@@ -165,7 +248,8 @@ impl Neighbour {
                     _ = tick.tick() => {}
                 }
                 let started = Instant::now();
-                let ok = match i % 3 {
+                let kind = (i % KINDS.len() as u64) as usize;
+                let ok = match kind {
                     0 => pods.get(POD).await.is_ok(),
                     1 => workflows.list(&ListParams::default()).await.is_ok(),
                     _ => {
@@ -177,30 +261,43 @@ impl Neighbour {
                     }
                 };
                 match ok {
-                    true => samples.push(started.elapsed()),
+                    true => samples.push((kind, started.elapsed())),
                     false => errors += 1,
                 }
             }
             (samples, errors)
         });
-        Neighbour { stop, task }
+        Neighbour {
+            stop,
+            task,
+            started,
+            processes: processes.to_vec(),
+        }
     }
 
     pub async fn finish(self) -> Latency {
         self.stop.cancel();
         let (samples, errors) = self.task.await.unwrap_or_default();
-        Latency::of(&samples, errors)
+        let cpus = match (self.started.1, Cpus::now(&self.processes)) {
+            (Some(before), Ok(after)) => Some(after.since(&before)),
+            _ => None,
+        };
+        Latency {
+            cpus,
+            window: Some((self.started.0, Timestamp::now())),
+            ..Latency::of(&samples, errors)
+        }
     }
 }
 
 /// The neighbour's latency over `period` with nothing else going on, after a second of
 /// warming up: its first requests open connections (TLS handshakes), which is not what
 /// the API server's load costs.
-pub async fn idle(user: kube::Client, period: Duration) -> Latency {
-    let warming = Neighbour::start(user.clone());
+pub async fn idle(user: kube::Client, period: Duration, processes: &[(String, u32)]) -> Latency {
+    let warming = Neighbour::start(user.clone(), &[]);
     tokio::time::sleep(Duration::from_secs(1)).await;
     warming.finish().await;
-    let neighbour = Neighbour::start(user);
+    let neighbour = Neighbour::start(user, processes);
     tokio::time::sleep(period).await;
     neighbour.finish().await
 }
@@ -208,10 +305,13 @@ pub async fn idle(user: kube::Client, period: Duration) -> Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::jiff::SignedDuration;
 
     #[test]
     fn latency_counts_errors_apart() {
-        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let samples: Vec<(usize, Duration)> = (1..=100)
+            .map(|i| (i as usize % 3, Duration::from_millis(i)))
+            .collect();
         let l = Latency::of(&samples, 2);
         assert_eq!(l.requests, 102);
         assert_eq!(l.errors, 2);
@@ -220,5 +320,46 @@ mod tests {
             (Some(50.0), Some(99.0), Some(100.0))
         );
         assert_eq!(Latency::of(&[], 3).p99_ms, None);
+        assert_eq!(
+            l.p99_ms_by_kind,
+            BTreeMap::from([
+                ("get pod".to_owned(), 99.0),
+                ("list workflows".to_owned(), 100.0),
+                ("patch configmap".to_owned(), 98.0)
+            ])
+        );
+    }
+
+    #[test]
+    fn served_counts_the_neighbours_requests_in_its_window_only() {
+        let t = |ms: i64| Timestamp::UNIX_EPOCH + SignedDuration::from_millis(ms);
+        let audited = |user: &str, namespace: &str, verb: &str, resource: &str, at, took| Audited {
+            user: user.into(),
+            verb: verb.into(),
+            resource: resource.into(),
+            namespace: namespace.into(),
+            received: t(at),
+            completed: t(at + took),
+        };
+        let log = [
+            audited(USER_NAME, NAMESPACE, "get", "pods", 5, 900), // before the window
+            audited(USER_NAME, NAMESPACE, "get", "pods", 10, 4),
+            audited(USER_NAME, NAMESPACE, "list", "workflows", 20, 7),
+            audited(USER_NAME, NAMESPACE, "patch", "configmaps", 30, 12),
+            audited("someone", NAMESPACE, "get", "pods", 40, 800),
+            audited(USER_NAME, "elsewhere", "get", "pods", 50, 700),
+            audited(USER_NAME, NAMESPACE, "get", "pods", 200, 600), // after it
+        ];
+        let mut latency = Latency {
+            window: Some((t(10), t(100))),
+            ..Latency::default()
+        };
+        latency.serve_from(&log);
+        let served = latency.served.unwrap();
+        assert_eq!(served.requests, 3);
+        assert_eq!(served.p99_ms, Some(12.0));
+        assert_eq!(served.p99_ms_by_kind["get pod"], 4.0);
+        assert_eq!(served.p99_ms_by_kind["list workflows"], 7.0);
+        assert_eq!(served.p99_ms_by_kind["patch configmap"], 12.0);
     }
 }

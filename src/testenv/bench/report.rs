@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use super::audit::Steps;
-use super::neighbours::Latency;
+use super::neighbours::{KINDS, Latency};
 use super::stats::{Summary, median};
 use super::usage::Usage;
 
@@ -61,6 +61,25 @@ pub struct RowSummary {
     pub vs_floor: Option<f64>,
     /// Median wall time over the peer's (the row [`Reference::peer`] names) at the same N.
     pub vs_peer: Option<f64>,
+    /// Where the neighbour's time went; absent where no run measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbour: Option<NeighbourSummary>,
+}
+
+/// Medians over a row's runs of what explains the neighbour's latency, each as (idle,
+/// during) where it has both.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NeighbourSummary {
+    pub runs: usize,
+    /// p99 as the neighbour saw it, by kind of request.
+    pub seen_p99_ms_by_kind: BTreeMap<String, (f64, f64)>,
+    /// p99 as the API server served the neighbour's requests (audit log), all and by kind.
+    pub served_p99_ms: Option<(f64, f64)>,
+    pub served_p99_ms_by_kind: BTreeMap<String, (f64, f64)>,
+    /// The share of the machine's CPUs busy.
+    pub machine_busy: Option<(f64, f64)>,
+    /// Cores each process used during the retry.
+    pub cores_during: BTreeMap<String, f64>,
 }
 
 /// What a row is compared with.
@@ -109,6 +128,7 @@ pub fn summarize(
                 during_p99_ms: None,
                 vs_floor: None,
                 vs_peer: None,
+                neighbour: None,
             });
         }
     }
@@ -185,6 +205,63 @@ fn summarize_row(row: &str, pods: usize, runs: &[&Measured]) -> Option<RowSummar
         during_p99_ms: latency(true, |l| l.p99_ms),
         vs_floor: None,
         vs_peer: None,
+        neighbour: summarize_neighbour(runs),
+    })
+}
+
+fn summarize_neighbour(runs: &[&Measured]) -> Option<NeighbourSummary> {
+    let runs: Vec<&Measured> = runs
+        .iter()
+        .copied()
+        .filter(|r| r.neighbour_during.served.is_some() || r.neighbour_during.cpus.is_some())
+        .collect();
+    if runs.is_empty() {
+        return None;
+    }
+    let of = |l: &Latency, f: &dyn Fn(&Latency) -> Option<f64>| f(l);
+    let pair = |f: &dyn Fn(&Latency) -> Option<f64>| {
+        let idle: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| of(&r.neighbour_idle, f))
+            .collect();
+        let during: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| of(&r.neighbour_during, f))
+            .collect();
+        (!idle.is_empty() && !during.is_empty()).then(|| (median(idle), median(during)))
+    };
+    let by_kind = |f: &dyn Fn(&Latency) -> Option<&BTreeMap<String, f64>>| {
+        KINDS
+            .iter()
+            .filter_map(|(kind, ..)| {
+                let p = pair(&|l| f(l).and_then(|m| m.get(*kind).copied()))?;
+                Some(((*kind).to_owned(), p))
+            })
+            .collect()
+    };
+    let mut processes: Vec<&String> = runs
+        .iter()
+        .filter_map(|r| r.neighbour_during.cpus.as_ref())
+        .flat_map(|c| c.cores.keys())
+        .collect();
+    processes.sort();
+    processes.dedup();
+    Some(NeighbourSummary {
+        runs: runs.len(),
+        seen_p99_ms_by_kind: by_kind(&|l| Some(&l.p99_ms_by_kind)),
+        served_p99_ms: pair(&|l| l.served.as_ref()?.p99_ms),
+        served_p99_ms_by_kind: by_kind(&|l| Some(&l.served.as_ref()?.p99_ms_by_kind)),
+        machine_busy: pair(&|l| Some(l.cpus.as_ref()?.machine_busy)),
+        cores_during: processes
+            .into_iter()
+            .map(|p| {
+                let cores = runs
+                    .iter()
+                    .filter_map(|r| r.neighbour_during.cpus.as_ref()?.cores.get(p).copied())
+                    .collect();
+                (p.clone(), median(cores))
+            })
+            .collect(),
     })
 }
 
@@ -250,11 +327,65 @@ pub fn markdown(rows: &[RowSummary]) -> String {
     out
 }
 
+/// Where the neighbour's time went, for the rows that measured it, as a Markdown table; `None`
+/// if none did.
+pub fn neighbour_markdown(rows: &[RowSummary]) -> Option<String> {
+    let measured: Vec<(&RowSummary, &NeighbourSummary)> = rows
+        .iter()
+        .filter_map(|r| Some((r, r.neighbour.as_ref()?)))
+        .collect();
+    if measured.is_empty() {
+        return None;
+    }
+    let mut processes: Vec<&String> = measured
+        .iter()
+        .flat_map(|(_, n)| n.cores_during.keys())
+        .collect();
+    processes.sort();
+    processes.dedup();
+    let kinds: Vec<&str> = KINDS.iter().map(|k| k.0).collect();
+    let mut out = format!(
+        "| row | N | runs | seen p99 ms: {} | served p99 ms: all | {} | CPUs busy | cores during: {} |\n|---|---:|---:|{}\n",
+        kinds.join(" | "),
+        kinds.join(" | "),
+        processes
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---:|".repeat(2 * kinds.len() + 2 + processes.len()),
+    );
+    let pair = |p: Option<&(f64, f64)>| {
+        p.map_or_else(|| "–".to_owned(), |(i, d)| format!("{i:.1} → {d:.1}"))
+    };
+    for (r, n) in measured {
+        let mut cells = vec![r.row.clone(), r.pods.to_string(), n.runs.to_string()];
+        cells.extend(kinds.iter().map(|k| pair(n.seen_p99_ms_by_kind.get(*k))));
+        cells.push(pair(n.served_p99_ms.as_ref()));
+        cells.extend(kinds.iter().map(|k| pair(n.served_p99_ms_by_kind.get(*k))));
+        cells.push(n.machine_busy.map_or_else(
+            || "–".to_owned(),
+            |(i, d)| format!("{:.0}% → {:.0}%", i * 100.0, d * 100.0),
+        ));
+        cells.extend(processes.iter().map(|p| {
+            n.cores_during
+                .get(*p)
+                .map_or_else(|| "–".to_owned(), |c| format!("{c:.2}"))
+        }));
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testenv::bench::neighbours::Served;
+    use crate::testenv::bench::usage::CpuShare;
 
+    /// Only rewind's runs say where the neighbour's time went.
     fn run(row: &str, pods: usize, wall: f64, verbs: &[(&str, usize)]) -> Measured {
+        let explained = row == "rewind";
         Measured {
             row: row.into(),
             pods,
@@ -276,6 +407,9 @@ mod tests {
                 p50_ms: Some(2.0),
                 p99_ms: Some(3.0),
                 max_ms: Some(4.0),
+                served: explained.then(|| served(1.0)),
+                cpus: explained.then(|| cpus(0.1, &[("etcd", 0.01)])),
+                ..Latency::default()
             },
             neighbour_during: Latency {
                 requests: 100,
@@ -283,7 +417,27 @@ mod tests {
                 p50_ms: Some(4.0),
                 p99_ms: Some(9.0),
                 max_ms: Some(12.0),
+                p99_ms_by_kind: [("list workflows".to_owned(), wall)].into(),
+                served: explained.then(|| served(wall)),
+                cpus: explained
+                    .then(|| cpus(0.9, &[("etcd", 0.3), ("kube-apiserver", wall / 10.0)])),
+                ..Latency::default()
             },
+        }
+    }
+
+    fn served(p99: f64) -> Served {
+        Served {
+            requests: 10,
+            p99_ms: Some(p99),
+            p99_ms_by_kind: [("get pod".to_owned(), p99 / 2.0)].into(),
+        }
+    }
+
+    fn cpus(busy: f64, cores: &[(&str, f64)]) -> CpuShare {
+        CpuShare {
+            machine_busy: busy,
+            cores: cores.iter().map(|(p, c)| ((*p).to_owned(), *c)).collect(),
         }
     }
 
@@ -362,6 +516,31 @@ mod tests {
         assert_eq!(
             lines[5],
             "| pod-floor (computed) | 100 | – | 5.00 | 2.50× | 0.17× | – | – | – | – | – | – | – | – | – | – | – |"
+        );
+    }
+
+    #[test]
+    fn where_the_neighbours_time_went() {
+        let s = summaries();
+        assert_eq!(s[0].neighbour, None);
+        let rewind = s[1].neighbour.as_ref().unwrap();
+        assert_eq!(rewind.runs, 3);
+        assert_eq!(rewind.served_p99_ms, Some((1.0, 3.0)));
+        assert_eq!(rewind.served_p99_ms_by_kind["get pod"], (0.5, 1.5));
+        // The idle runs did not break it down by kind.
+        assert!(rewind.seen_p99_ms_by_kind.is_empty());
+        assert_eq!(rewind.machine_busy, Some((0.1, 0.9)));
+        assert_eq!(rewind.cores_during["kube-apiserver"], 0.3);
+        assert_eq!(neighbour_markdown(&s[..1]), None);
+        let table = neighbour_markdown(&s).unwrap();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "| row | N | runs | seen p99 ms: get pod | list workflows | patch configmap | served p99 ms: all | get pod | list workflows | patch configmap | CPUs busy | cores during: etcd | kube-apiserver |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| rewind | 100 | 3 | – | – | – | 1.0 → 3.0 | 0.5 → 1.5 | – | – | 10% → 90% | 0.30 | 0.30 |",
+            ]
         );
     }
 }

@@ -1,7 +1,8 @@
-//! A process's CPU time and peak resident memory, from /proc while it runs
-//! or from wait4(2)'s rusage once it has ended.
+//! CPU time and peak resident memory: a process's, from /proc while it runs or
+//! from wait4(2)'s rusage once it has ended; and who kept the machine's CPUs
+//! busy over a stretch of time ([`Cpus`]).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,20 +17,15 @@ pub struct Usage {
 
 /// `pid`'s usage so far, from /proc/PID/stat and /proc/PID/status (VmHWM).
 pub fn of_running(pid: u32) -> Result<Usage, Error> {
-    let read = |file: &str| {
-        let path = PathBuf::from(format!("/proc/{pid}/{file}"));
-        std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            action: "reading",
-            path,
-            source,
-        })
-    };
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let (stat, status) = (read("stat")?, read("status")?);
+    let proc_err = |what: &'static str| move |source| Error::Proc { pid, what, source };
+    let process = procfs::process::Process::new(pid as i32).map_err(proc_err("stat"))?;
+    let stat = process.stat().map_err(proc_err("stat"))?;
+    let status = process.status().map_err(proc_err("status"))?;
+    let ticks = procfs::ticks_per_second() as f64;
     Ok(Usage {
-        cpu_seconds: cpu_seconds(&stat, ticks).ok_or(Error::Proc { pid, what: "stat" })?,
-        peak_rss_bytes: peak_rss(&status).ok_or(Error::Proc { pid, what: "VmHWM" })?,
+        cpu_seconds: (stat.utime + stat.stime) as f64 / ticks,
+        // In KiB.
+        peak_rss_bytes: status.vmhwm.unwrap_or_default() * 1024,
     })
 }
 
@@ -42,22 +38,75 @@ pub fn of_rusage(r: &libc::rusage) -> Usage {
     }
 }
 
-/// utime + stime (fields 14 and 15) of /proc/PID/stat, in seconds. The command name
-/// (field 2) may hold spaces and parentheses, so fields are counted after its last ')'.
-fn cpu_seconds(stat: &str, ticks_per_second: f64) -> Option<f64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (state).
-    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
-    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
-    Some((utime + stime) as f64 / ticks_per_second)
+/// The CPU time of the whole machine (/proc/stat) and of some named processes at one
+/// moment; [`Cpus::since`] turns two of them into who used the CPUs in between.
+#[derive(Clone, Debug)]
+pub struct Cpus {
+    at: std::time::Instant,
+    busy_ticks: u64,
+    all_ticks: u64,
+    processes: BTreeMap<String, f64>,
 }
 
-/// VmHWM (the peak resident set size) of /proc/PID/status, in bytes.
-fn peak_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// Who used the CPUs over a stretch of time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuShare {
+    /// The share of all the machine's CPUs that was busy (0–1), whoever used them.
+    pub machine_busy: f64,
+    /// Cores each named process used on average (1.0: one core all the time).
+    pub cores: BTreeMap<String, f64>,
+}
+
+impl Cpus {
+    /// Now, for `processes` (name, pid); a process that has gone is left out.
+    pub fn now(processes: &[(String, u32)]) -> Result<Cpus, Error> {
+        let stat = <procfs::KernelStats as procfs::CurrentSI>::current().map_err(|source| {
+            Error::Proc {
+                pid: 0,
+                what: "stat (the machine's)",
+                source,
+            }
+        })?;
+        let t = &stat.total;
+        let idle = t.idle + t.iowait.unwrap_or_default();
+        // Guest time is counted in user time already.
+        let all = t.user
+            + t.nice
+            + t.system
+            + idle
+            + t.irq.unwrap_or_default()
+            + t.softirq.unwrap_or_default()
+            + t.steal.unwrap_or_default();
+        Ok(Cpus {
+            at: std::time::Instant::now(),
+            busy_ticks: all - idle,
+            all_ticks: all,
+            processes: processes
+                .iter()
+                .filter_map(|(name, pid)| Some((name.clone(), of_running(*pid).ok()?.cpu_seconds)))
+                .collect(),
+        })
+    }
+
+    /// From `earlier` to this one; processes missing from either are left out.
+    pub fn since(&self, earlier: &Cpus) -> CpuShare {
+        let seconds = self.at.duration_since(earlier.at).as_secs_f64();
+        let all = self.all_ticks.saturating_sub(earlier.all_ticks);
+        CpuShare {
+            machine_busy: match all {
+                0 => 0.0,
+                all => self.busy_ticks.saturating_sub(earlier.busy_ticks) as f64 / all as f64,
+            },
+            cores: self
+                .processes
+                .iter()
+                .filter_map(|(name, cpu)| {
+                    let before = earlier.processes.get(name)?;
+                    (seconds > 0.0).then(|| (name.clone(), (cpu - before) / seconds))
+                })
+                .collect(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -65,29 +114,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_from_stat_with_a_tricky_command_name() {
-        let stat = "4242 (rewind (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 123 456 789";
-        assert_eq!(cpu_seconds(stat, 100.0), Some(3.0));
-        assert_eq!(cpu_seconds("4242 (short) S 1", 100.0), None);
-    }
-
-    #[test]
-    fn peak_rss_from_status() {
-        let status = "Name:\trewind\nVmPeak:\t  99999 kB\nVmHWM:\t   20480 kB\nVmRSS:\t 10240 kB\n";
-        assert_eq!(peak_rss(status), Some(20 * 1024 * 1024));
-        assert_eq!(peak_rss("Name:\trewind\n"), None);
-    }
-
-    #[test]
     fn reads_a_running_process() {
         let usage = of_running(std::process::id()).unwrap();
         assert!(usage.peak_rss_bytes > 1024 * 1024, "{usage:?}");
         assert!(matches!(
-            of_running(u32::MAX),
-            Err(Error::Io {
-                action: "reading",
-                ..
-            })
+            of_running(u32::MAX >> 1),
+            Err(Error::Proc { what: "stat", .. })
         ));
+    }
+
+    #[test]
+    fn a_busy_thread_shows_in_its_process_and_the_machine() {
+        let me = [
+            ("me".to_owned(), std::process::id()),
+            ("gone".to_owned(), u32::MAX >> 1),
+        ];
+        let before = Cpus::now(&me).unwrap();
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(300) {
+            std::hint::black_box(spin.elapsed());
+        }
+        let share = Cpus::now(&me).unwrap().since(&before);
+        assert!(
+            share.machine_busy > 0.0 && share.machine_busy <= 1.0,
+            "{share:?}"
+        );
+        assert_eq!(share.cores.keys().collect::<Vec<_>>(), ["me"]);
+        // One spinning thread is about one core; ticks are 10 ms, other tests run beside.
+        assert!(share.cores["me"] > 0.1, "{share:?}");
     }
 }
