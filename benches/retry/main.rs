@@ -533,7 +533,7 @@ fn markdown(results: &Results, out: &str) -> String {
     if let Some(table) = report::neighbour_markdown(&results.summary) {
         md.push_str("\n## Where the neighbour's time goes\n\n");
         md.push_str(&table);
-        md.push_str("\nEach cell idle → during, medians over the runs that measured it. seen: the neighbour's p99 by kind of request, as it timed them. served: the same requests from the audit log, received → answered, so without the neighbour's own side (its process waiting for a CPU, the network). CPUs busy: the share of all the machine's CPUs in use, whoever used them. cores: what each process used on average during the retry (1.00 is one core); bench is the benchmark's process, which runs the neighbour, watches the workflow and sends the floor's request.\n");
+        md.push_str("\nEach cell idle → during, medians over the runs that measured it. seen: the neighbour's p99 by kind of request, as it timed them. served: the same requests from the audit log, received → answered, so without the neighbour's own side (its process waiting for a CPU, the network). LIST's wait for the cache: the API server's own histogram (apiserver_watch_cache_read_wait_seconds) of how long consistent LISTs of workflows waited for its watch cache to reach etcd's current revision, which the retry's deletes move on; p99 is the upper bound of the bucket holding it. CPUs busy: the share of all the machine's CPUs in use, whoever used them. cores: what each process used on average during the retry (1.00 is one core); bench is the benchmark's process, which runs the neighbour, watches the workflow and sends the floor's request.\n");
     }
     md
 }
@@ -694,9 +694,13 @@ async fn measure_on(
     if let Some(controller) = &controller {
         processes.push(("rewind".into(), controller.pid()));
     }
-    let mut idle = neighbours::idle(cluster.user_client(), context.idle, &processes).await;
+    let observe = neighbours::Observe {
+        processes,
+        metrics: Some(cluster.admin_client()),
+    };
+    let mut idle = neighbours::idle(cluster.user_client(), context.idle, &observe).await;
 
-    let neighbour = Neighbour::start(cluster.user_client(), &processes);
+    let neighbour = Neighbour::start(cluster.user_client(), &observe).await;
     let before = controller
         .as_ref()
         .map(RewindController::usage)

@@ -2,10 +2,12 @@
 //! server's audit log read as timings and request counts ([`audit`]), the
 //! real controller binary and other children measured for CPU and memory
 //! ([`child`], [`usage`]), a neighbour whose latency is the retry's cost to
-//! others ([`neighbours`]), medians with their spread ([`stats`]) and the
+//! others ([`neighbours`]) and the API server's account of its reads' waits
+//! ([`cache_wait`]), medians with their spread ([`stats`]) and the
 //! table of results ([`report`]).
 
 pub mod audit;
+pub mod cache_wait;
 pub mod child;
 pub mod neighbours;
 pub mod report;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Error;
 use super::audit::{Audited, seconds};
+use super::cache_wait::{self, CacheWait};
 use super::stats::percentile;
 use super::usage::{CpuShare, Cpus};
 use crate::testenv::localcluster::{LocalCluster, USER_NAME};
@@ -136,6 +137,10 @@ pub struct Latency {
     pub served: Option<Served>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<CpuShare>,
+    /// How long consistent LISTs of workflows (the neighbour's among them) waited for the API
+    /// server's watch cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflows_cache_wait: Option<CacheWait>,
     /// When the neighbour started and stopped sending; only while the benchmark runs.
     #[serde(skip)]
     pub window: Option<(Timestamp, Timestamp)>,
@@ -219,22 +224,38 @@ impl Latency {
     }
 }
 
+/// What is measured beside the neighbour's own latency.
+#[derive(Clone, Default)]
+pub struct Observe {
+    /// Processes (name, pid) whose CPU time is measured, with the machine's.
+    pub processes: Vec<(String, u32)>,
+    /// A client allowed to read the API server's metrics, for [`Latency::workflows_cache_wait`].
+    pub metrics: Option<kube::Client>,
+}
+
 /// A running neighbour; [`Neighbour::finish`] stops it and returns its latency.
 pub struct Neighbour {
     stop: CancellationToken,
     task: JoinHandle<(Vec<(usize, Duration)>, usize)>,
-    started: (Timestamp, Option<Cpus>),
-    processes: Vec<(String, u32)>,
+    observe: Observe,
+    started: Timestamp,
+    cpus: Option<Cpus>,
+    metrics: Option<String>,
 }
 
 impl Neighbour {
     /// Starts sending, as the client `user` (the cluster's [`USER_NAME`]), one request
     /// every [`INTERVAL`]; a request slower than that delays the next, as a real client's
-    /// would. The CPU time of `processes` (name, pid) and of the machine is measured beside.
-    pub fn start(user: kube::Client, processes: &[(String, u32)]) -> Neighbour {
+    /// would. What `observe` names is measured from before the first request.
+    pub async fn start(user: kube::Client, observe: &Observe) -> Neighbour {
+        let metrics = match &observe.metrics {
+            Some(admin) => cache_wait::scrape(admin).await.ok(),
+            None => None,
+        };
+        let cpus = Cpus::now(&observe.processes).ok();
+        let started = Timestamp::now();
         let stop = CancellationToken::new();
         let token = stop.clone();
-        let started = (Timestamp::now(), Cpus::now(processes).ok());
         let task = tokio::spawn(async move {
             let pods: Api<Pod> = Api::namespaced(user.clone(), NAMESPACE);
             let workflows: Api<Workflow> = Api::namespaced(user.clone(), NAMESPACE);
@@ -270,21 +291,33 @@ impl Neighbour {
         Neighbour {
             stop,
             task,
+            observe: observe.clone(),
             started,
-            processes: processes.to_vec(),
+            cpus,
+            metrics,
         }
     }
 
     pub async fn finish(self) -> Latency {
         self.stop.cancel();
         let (samples, errors) = self.task.await.unwrap_or_default();
-        let cpus = match (self.started.1, Cpus::now(&self.processes)) {
-            (Some(before), Ok(after)) => Some(after.since(&before)),
+        let ended = Timestamp::now();
+        let cpus = match (&self.cpus, Cpus::now(&self.observe.processes)) {
+            (Some(before), Ok(after)) => Some(after.since(before)),
+            _ => None,
+        };
+        let metrics = match &self.observe.metrics {
+            Some(admin) => cache_wait::scrape(admin).await.ok(),
+            None => None,
+        };
+        let workflows_cache_wait = match (&self.metrics, &metrics) {
+            (Some(before), Some(after)) => cache_wait::between(before, after, "workflows"),
             _ => None,
         };
         Latency {
             cpus,
-            window: Some((self.started.0, Timestamp::now())),
+            workflows_cache_wait,
+            window: Some((self.started, ended)),
             ..Latency::of(&samples, errors)
         }
     }
@@ -293,11 +326,11 @@ impl Neighbour {
 /// The neighbour's latency over `period` with nothing else going on, after a second of
 /// warming up: its first requests open connections (TLS handshakes), which is not what
 /// the API server's load costs.
-pub async fn idle(user: kube::Client, period: Duration, processes: &[(String, u32)]) -> Latency {
-    let warming = Neighbour::start(user.clone(), &[]);
+pub async fn idle(user: kube::Client, period: Duration, observe: &Observe) -> Latency {
+    let warming = Neighbour::start(user.clone(), &Observe::default()).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     warming.finish().await;
-    let neighbour = Neighbour::start(user, processes);
+    let neighbour = Neighbour::start(user, observe).await;
     tokio::time::sleep(period).await;
     neighbour.finish().await
 }

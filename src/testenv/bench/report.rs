@@ -76,6 +76,12 @@ pub struct NeighbourSummary {
     /// p99 as the API server served the neighbour's requests (audit log), all and by kind.
     pub served_p99_ms: Option<(f64, f64)>,
     pub served_p99_ms_by_kind: BTreeMap<String, (f64, f64)>,
+    /// How long consistent LISTs of workflows waited for the API server's watch cache: the
+    /// mean, and the upper bound of the bucket holding the 99th percentile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_wait_mean_ms: Option<(f64, f64)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_wait_p99_at_most_ms: Option<(f64, f64)>,
     /// The share of the machine's CPUs busy.
     pub machine_busy: Option<(f64, f64)>,
     /// Cores each process used during the retry.
@@ -251,6 +257,8 @@ fn summarize_neighbour(runs: &[&Measured]) -> Option<NeighbourSummary> {
         seen_p99_ms_by_kind: by_kind(&|l| Some(&l.p99_ms_by_kind)),
         served_p99_ms: pair(&|l| l.served.as_ref()?.p99_ms),
         served_p99_ms_by_kind: by_kind(&|l| Some(&l.served.as_ref()?.p99_ms_by_kind)),
+        cache_wait_mean_ms: pair(&|l| Some(l.workflows_cache_wait.as_ref()?.mean_ms)),
+        cache_wait_p99_at_most_ms: pair(&|l| l.workflows_cache_wait.as_ref()?.p99_at_most_ms),
         machine_busy: pair(&|l| Some(l.cpus.as_ref()?.machine_busy)),
         cores_during: processes
             .into_iter()
@@ -345,7 +353,7 @@ pub fn neighbour_markdown(rows: &[RowSummary]) -> Option<String> {
     processes.dedup();
     let kinds: Vec<&str> = KINDS.iter().map(|k| k.0).collect();
     let mut out = format!(
-        "| row | N | runs | seen p99 ms: {} | served p99 ms: all | {} | CPUs busy | cores during: {} |\n|---|---:|---:|{}\n",
+        "| row | N | runs | seen p99 ms: {} | served p99 ms: all | {} | LIST's wait for the cache: mean ms | p99 ≤ ms | CPUs busy | cores during: {} |\n|---|---:|---:|{}\n",
         kinds.join(" | "),
         kinds.join(" | "),
         processes
@@ -353,7 +361,7 @@ pub fn neighbour_markdown(rows: &[RowSummary]) -> Option<String> {
             .map(|p| p.as_str())
             .collect::<Vec<_>>()
             .join(" | "),
-        "---:|".repeat(2 * kinds.len() + 2 + processes.len()),
+        "---:|".repeat(2 * kinds.len() + 4 + processes.len()),
     );
     let pair = |p: Option<&(f64, f64)>| {
         p.map_or_else(|| "–".to_owned(), |(i, d)| format!("{i:.1} → {d:.1}"))
@@ -363,6 +371,8 @@ pub fn neighbour_markdown(rows: &[RowSummary]) -> Option<String> {
         cells.extend(kinds.iter().map(|k| pair(n.seen_p99_ms_by_kind.get(*k))));
         cells.push(pair(n.served_p99_ms.as_ref()));
         cells.extend(kinds.iter().map(|k| pair(n.served_p99_ms_by_kind.get(*k))));
+        cells.push(pair(n.cache_wait_mean_ms.as_ref()));
+        cells.push(pair(n.cache_wait_p99_at_most_ms.as_ref()));
         cells.push(n.machine_busy.map_or_else(
             || "–".to_owned(),
             |(i, d)| format!("{:.0}% → {:.0}%", i * 100.0, d * 100.0),
@@ -380,6 +390,7 @@ pub fn neighbour_markdown(rows: &[RowSummary]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testenv::bench::cache_wait::CacheWait;
     use crate::testenv::bench::neighbours::Served;
     use crate::testenv::bench::usage::CpuShare;
 
@@ -409,6 +420,11 @@ mod tests {
                 max_ms: Some(4.0),
                 served: explained.then(|| served(1.0)),
                 cpus: explained.then(|| cpus(0.1, &[("etcd", 0.01)])),
+                workflows_cache_wait: explained.then_some(CacheWait {
+                    reads: 30,
+                    mean_ms: 0.5,
+                    p99_at_most_ms: Some(5.0),
+                }),
                 ..Latency::default()
             },
             neighbour_during: Latency {
@@ -421,6 +437,12 @@ mod tests {
                 served: explained.then(|| served(wall)),
                 cpus: explained
                     .then(|| cpus(0.9, &[("etcd", 0.3), ("kube-apiserver", wall / 10.0)])),
+                // Past the histogram's last bound in one run.
+                workflows_cache_wait: explained.then(|| CacheWait {
+                    reads: 90,
+                    mean_ms: wall * 4.0,
+                    p99_at_most_ms: (wall < 5.0).then_some(50.0),
+                }),
                 ..Latency::default()
             },
         }
@@ -537,9 +559,9 @@ mod tests {
         assert_eq!(
             lines,
             [
-                "| row | N | runs | seen p99 ms: get pod | list workflows | patch configmap | served p99 ms: all | get pod | list workflows | patch configmap | CPUs busy | cores during: etcd | kube-apiserver |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                "| rewind | 100 | 3 | – | – | – | 1.0 → 3.0 | 0.5 → 1.5 | – | – | 10% → 90% | 0.30 | 0.30 |",
+                "| row | N | runs | seen p99 ms: get pod | list workflows | patch configmap | served p99 ms: all | get pod | list workflows | patch configmap | LIST's wait for the cache: mean ms | p99 ≤ ms | CPUs busy | cores during: etcd | kube-apiserver |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| rewind | 100 | 3 | – | – | – | 1.0 → 3.0 | 0.5 → 1.5 | – | – | 0.5 → 12.0 | 5.0 → 50.0 | 10% → 90% | 0.30 | 0.30 |",
             ]
         );
     }
