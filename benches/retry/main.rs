@@ -476,10 +476,10 @@ fn save(results: &Results, out: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Under `cargo test` (the tests run every target): each committed `retry*.json` holds the
-/// summary of its own runs, and its `.md` is that summary rendered. A change to the summary
-/// or the table that leaves them stale fails here; `--render FILE.json --out NAME` renders
-/// them again. Returns how many were checked.
+/// Under `cargo test` (the tests run every target; `scale::check_committed` beside it): each
+/// committed `retry*.json` holds the summary of its own runs, and its `.md` is that summary
+/// rendered. A change to the summary or the table that leaves them stale fails here;
+/// `--render FILE.json --out NAME` renders them again. Returns how many were checked.
 fn check_committed() -> anyhow::Result<usize> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
     let mut checked = 0;
@@ -1076,7 +1076,8 @@ async fn check_reset(
 
 fn main() -> anyhow::Result<()> {
     let Some(args) = parse()? else {
-        let checked = check_committed()?;
+        let checked = check_committed()?
+            + scale::check_committed(&Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS))?;
         println!(
             "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs); the {checked} committed results in {RESULTS} match their runs"
         );

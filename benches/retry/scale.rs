@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::{StreamExt as _, TryStreamExt as _, stream};
 use kube::api::{Api, PostParams};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use rewind::testenv::bench::child::RewindController;
 use rewind::testenv::localcluster::{LocalCluster, Options};
@@ -41,9 +41,9 @@ impl std::str::FromStr for Scale {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 struct Measured {
-    cluster: &'static str,
+    cluster: String,
     workflows: usize,
     nodes_each: usize,
     create_seconds: f64,
@@ -85,11 +85,40 @@ pub async fn run(
         );
         runs.push(m);
     }
+    let results = Results {
+        command: command.to_owned(),
+        succeeded: context.succeeded,
+        runs,
+    };
+    let md = markdown(&results, out);
+    println!("\n{md}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("{out}.md")), &md)?;
+    std::fs::write(
+        dir.join(format!("{out}.json")),
+        serde_json::to_string_pretty(&results)? + "\n",
+    )?;
+    println!("Written: {RESULTS}/{out}.json, .md");
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Results {
+    command: String,
+    /// Succeeded pods beside the retried workflow's failed ones.
+    succeeded: usize,
+    /// The empty cluster's, then the loaded one's.
+    runs: Vec<Measured>,
+}
+
+fn markdown(results: &Results, out: &str) -> String {
+    let pods = results.runs.first().map_or(0, |m| m.retried_pods);
     let mut md = format!(
-        "# Informer scale: {out}\n\n`{command}`\n\nEach on a fresh control plane; the retried workflow has {pods} failed pods (+{} succeeded). Targets: RSS under 64 MiB, ready under 5 s, the retry as fast as on the empty cluster.\n\n| cluster | workflows | nodes of each other workflow | created in s | ready in s | RSS when ready MiB | CPU to ready s | retry s | peak RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-        context.succeeded
+        "# Informer scale: {out}\n\n`{}`\n\nEach on a fresh control plane; the retried workflow has {pods} failed pods (+{} succeeded). Targets: RSS under 64 MiB, ready under 5 s, the retry as fast as on the empty cluster.\n\n| cluster | workflows | nodes of each other workflow | created in s | ready in s | RSS when ready MiB | CPU to ready s | retry s | peak RSS MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        results.command, results.succeeded
     );
-    for m in &runs {
+    for m in &results.runs {
         md.push_str(&format!(
             "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.2} | {:.2} | {:.1} |\n",
             m.cluster,
@@ -103,17 +132,37 @@ pub async fn run(
             m.peak_rss_mib
         ));
     }
-    println!("\n{md}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join(format!("{out}.md")), &md)?;
-    let json = serde_json::json!({"command": command, "runs": runs});
-    std::fs::write(
-        dir.join(format!("{out}.json")),
-        serde_json::to_string_pretty(&json)? + "\n",
-    )?;
-    println!("Written: {RESULTS}/{out}.json, .md");
-    Ok(())
+    md
+}
+
+/// Each committed `scale-*.json` of `dir` parses, and its `.md` is it rendered; returns how
+/// many were checked.
+pub fn check_committed(dir: &std::path::Path) -> anyhow::Result<usize> {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let Some(out) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| n.starts_with("scale-"))
+        else {
+            continue;
+        };
+        let results: Results = serde_json::from_str(&std::fs::read_to_string(&path)?)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        let md = dir.join(format!("{out}.md"));
+        let committed =
+            std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?;
+        anyhow::ensure!(
+            committed == markdown(&results, out),
+            "{} is not {} rendered; run the command it names again",
+            md.display(),
+            path.display()
+        );
+        checked += 1;
+    }
+    Ok(checked)
 }
 
 async fn once(
@@ -193,7 +242,7 @@ async fn once(
     )
     .await?;
     Ok(Measured {
-        cluster: if loaded { "loaded" } else { "empty" },
+        cluster: if loaded { "loaded" } else { "empty" }.into(),
         workflows: others + 1,
         nodes_each: if loaded { scale.nodes } else { 0 },
         create_seconds,
