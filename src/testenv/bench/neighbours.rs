@@ -121,8 +121,9 @@ pub async fn prepare(cluster: &LocalCluster) -> Result<(), Error> {
 }
 
 /// The neighbour's latency over a stretch of time, in milliseconds (`None`: nothing answered),
-/// and what explains it: the same requests as the API server served them, and who kept the
-/// CPUs busy meanwhile (both absent in runs saved before they were measured).
+/// and what explains it: the same requests as the API server served them, how long its watch
+/// cache kept LISTs waiting, and who kept the CPUs busy meanwhile (absent in runs saved before
+/// they were measured).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub requests: usize,
