@@ -25,6 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, Resource as _};
 use rewind::delete::{DeleteWork, SUCCEEDED, bulk_selectors, split_bulk};
 use rewind::plan::{RetryOptions, plan_retry};
+use rewind::testenv::bench::cli;
 use rewind::testenv::localcluster::{LocalCluster, Options, Role};
 use rewind::testenv::workload::FailedDag;
 use rewind::workflow::labels;
@@ -36,44 +37,25 @@ const WORKFLOW: &str = "wide";
 const NEIGHBOUR_EVERY: Duration = Duration::from_millis(20);
 const IDLE: Duration = Duration::from_secs(3);
 
+/// One DeleteCollection against the same split by node into k parallel ones, each run on a
+/// fresh control plane.
+#[derive(clap::Parser)]
 struct Args {
+    /// Failed pods to delete.
+    #[arg(long, default_value = "8000")]
     pods: usize,
+    /// Succeeded pods the selectors must keep.
+    #[arg(long, default_value = "100")]
     succeeded: usize,
+    /// Nodes the pods are spread over, round-robin.
+    #[arg(long, default_value = "32")]
     nodes: usize,
+    /// Repetitions, alternating the order of k.
+    #[arg(long, default_value = "3")]
     reps: usize,
+    /// Parallel requests to compare, comma-separated numbers >= 1.
+    #[arg(long = "k", value_delimiter = ',', value_parser = cli::at_least_one, default_value = "1,2,4,8")]
     ks: Vec<usize>,
-}
-
-fn parse() -> anyhow::Result<Option<Args>> {
-    let mut args = Args {
-        pods: 8000,
-        succeeded: 100,
-        nodes: 32,
-        reps: 3,
-        ks: vec![1, 2, 4, 8],
-    };
-    let mut benching = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
-            "--bench" => benching = true,
-            "--pods" => args.pods = value()?.parse()?,
-            "--succeeded" => args.succeeded = value()?.parse()?,
-            "--nodes" => args.nodes = value()?.parse()?,
-            "--reps" => args.reps = value()?.parse()?,
-            "--k" => {
-                args.ks = value()?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?
-            }
-            other => anyhow::bail!("unknown option {other}"),
-        }
-    }
-    ensure!(args.ks.iter().all(|&k| k >= 1), "--k takes numbers >= 1");
-    Ok(benching.then_some(args))
 }
 
 /// Latencies of one kind of neighbour request, in milliseconds.
@@ -325,18 +307,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Some(args) = parse()? else {
+    let Some((args, _)) = cli::parse::<Args>("bulk_parallelism") else {
         println!(
             "bulk_parallelism is a benchmark: cargo bench --bench bulk_parallelism -- --pods 8000 --nodes 32"
         );
         return Ok(());
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_logging();
     tokio::runtime::Runtime::new()?.block_on(bench(args))
 }

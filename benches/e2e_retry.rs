@@ -18,54 +18,53 @@ mod run;
 
 use std::time::Duration;
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::bench::cli;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::workflow::Workflow;
 
 use run::{Budgets, Retry, Scenario};
 
+/// A large DAG under Argo's workflow-controller, retried by rewind and by Argo's retry code.
+#[derive(clap::Parser)]
 struct Args {
+    /// Pods the DAG fans out to (every other one fails on the first run).
+    #[arg(long, default_value = "2000")]
     pods: usize,
-    budgets: Budgets,
+    /// rewind's write budget: qps.
+    #[arg(long, value_name = "QPS", default_value_t = Budgets::default().rewind_qps)]
+    rewind_qps: u32,
+    /// rewind's write budget: burst.
+    #[arg(long, value_name = "BURST", default_value_t = Budgets::default().rewind_burst)]
+    rewind_burst: u32,
+    /// Argo's retry client's qps (20 as the Argo Server, 5 as `argo retry` in kube mode).
+    #[arg(long, value_name = "QPS", default_value_t = Budgets::default().argo_qps)]
+    argo_qps: u32,
+    /// Argo's retry client's burst (30 as the Argo Server, 10 as `argo retry` in kube mode).
+    #[arg(long, value_name = "BURST", default_value_t = Budgets::default().argo_burst)]
+    argo_burst: u32,
+    /// Argo's workflow-controller's qps (as Argo ships it).
+    #[arg(long, value_name = "QPS", default_value = "20")]
     controller_qps: u32,
+    /// Argo's workflow-controller's burst (as Argo ships it).
+    #[arg(long, value_name = "BURST", default_value = "30")]
     controller_burst: u32,
+    /// Archive to PostgreSQL, delete the failed workflow and retry it from the archive.
+    #[arg(long)]
     archived: bool,
 }
 
-fn parse() -> anyhow::Result<Option<Args>> {
-    let mut args = Args {
-        pods: 2000,
-        budgets: Budgets::default(),
-        controller_qps: 20,
-        controller_burst: 30,
-        archived: false,
-    };
-    let mut benching = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || -> anyhow::Result<u32> {
-            it.next()
-                .with_context(|| format!("{flag} needs a value"))?
-                .parse()
-                .with_context(|| format!("{flag} takes a number"))
-        };
-        match flag.as_str() {
-            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
-            "--bench" => benching = true,
-            "--pods" => args.pods = value()? as usize,
-            "--rewind-qps" => args.budgets.rewind_qps = value()?,
-            "--rewind-burst" => args.budgets.rewind_burst = value()?,
-            "--argo-qps" => args.budgets.argo_qps = value()?,
-            "--argo-burst" => args.budgets.argo_burst = value()?,
-            "--controller-qps" => args.controller_qps = value()?,
-            "--controller-burst" => args.controller_burst = value()?,
-            "--archived" => args.archived = true,
-            other => anyhow::bail!("unknown option {other}"),
+impl Args {
+    fn budgets(&self) -> Budgets {
+        Budgets {
+            rewind_qps: self.rewind_qps,
+            rewind_burst: self.rewind_burst,
+            argo_qps: self.argo_qps,
+            argo_burst: self.argo_burst,
         }
     }
-    Ok(benching.then_some(args))
 }
 
 fn scenario(pods: usize, mode: run::Mode) -> Scenario {
@@ -142,14 +141,14 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if args.archived {
         scenario.argo_configmap = Some(controller.configmap());
     }
-    let outcome = run::run(&cluster, &peer, &scenario, args.budgets, true).await;
+    let outcome = run::run(&cluster, &peer, &scenario, args.budgets(), true).await;
     controller.stop().await?;
     if let Some(db) = db {
         db.stop();
     }
     cluster.stop().await?;
     let outcome = outcome?;
-    let b = args.budgets;
+    let b = args.budgets();
     println!(
         "{} pods ({} failed){}; Argo workflow-controller {}/{}",
         outcome.rewind.before.len(),
@@ -206,16 +205,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Some(args) = parse()? else {
+    let Some((args, _)) = cli::parse::<Args>("e2e_retry") else {
         println!("e2e_retry is a benchmark: cargo bench --bench e2e_retry -- --pods 2000");
         return Ok(());
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_logging();
     tokio::runtime::Runtime::new()?.block_on(bench(args))
 }

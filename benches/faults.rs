@@ -17,53 +17,89 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use rewind::testenv::bench::cli;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::db::argodb::{ArgoDb, ArgoLine};
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::testenv::trials::{Bench, Outcome, Target, kill_moment};
 
+/// Crash trials: the controller killed at a random moment of a large retry, restarted,
+/// the end checked.
+#[derive(clap::Parser)]
 struct Args {
+    /// Trials, each in a fresh namespace.
+    #[arg(long, default_value = "20")]
     trials: usize,
+    /// Failed pods of the workflow retried.
+    #[arg(long, default_value = "8000")]
     pods: usize,
+    /// Succeeded pods beside them, which must stay.
+    #[arg(long, default_value = "200")]
     succeeded: usize,
+    /// Retry an archived workflow (Argo's archive on PostgreSQL) through a WorkflowRetry.
+    #[arg(long)]
     archived: bool,
+    /// Trial i uses SEED+i (random by default); `--seed S+i --trials 1 --expected E` replays it.
+    #[arg(long, default_value_t = fastrand::u64(..1_000_000_000), hide_default_value = true)]
     seed: u64,
+    /// The span kills are drawn from; by default one retry without a kill measures it first.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     expected: Option<Duration>,
-    controller_args: Vec<String>,
+    #[command(flatten)]
+    controller_args: ControllerArgs,
 }
 
-fn parse() -> anyhow::Result<Option<Args>> {
-    let mut args = Args {
-        trials: 20,
-        pods: 8000,
-        succeeded: 200,
-        archived: false,
-        seed: fastrand::u64(..1_000_000_000),
-        expected: None,
-        controller_args: Vec::new(),
-    };
-    let mut benching = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
-            "--bench" => benching = true,
-            "--trials" => args.trials = value()?.parse()?,
-            "--pods" => args.pods = value()?.parse()?,
-            "--succeeded" => args.succeeded = value()?.parse()?,
-            "--archived" => args.archived = true,
-            "--seed" => args.seed = value()?.parse()?,
-            "--expected" => args.expected = Some(Duration::from_secs_f64(value()?.parse()?)),
-            "--qps" | "--burst" => {
-                let v = value()?;
-                args.controller_args.extend([flag.clone(), v]);
-            }
-            "--no-bulk" => args.controller_args.push(flag),
-            other => anyhow::bail!("unknown option {other}"),
-        }
+/// `--expected`: seconds, fractions allowed.
+fn seconds(s: &str) -> Result<Duration, String> {
+    let seconds: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{e}"))
+}
+
+/// The controller's own --qps, --burst and --no-bulk, passed on to it in the order given
+/// (derived clap arguments would lose the order).
+struct ControllerArgs(Vec<String>);
+
+impl clap::Args for ControllerArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let value = |name: &'static str| clap::Arg::new(name).long(name).value_name("N");
+        cmd.arg(value("qps").help("The controller's --qps"))
+            .arg(value("burst").help("The controller's --burst"))
+            .arg(
+                clap::Arg::new("no-bulk")
+                    .long("no-bulk")
+                    .action(clap::ArgAction::SetTrue)
+                    .help("The controller's --no-bulk"),
+            )
     }
-    Ok(benching.then_some(args))
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl clap::FromArgMatches for ControllerArgs {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        // Each flag given, with its place on the command line.
+        let mut given: Vec<(usize, Vec<String>)> = Vec::new();
+        for name in ["qps", "burst"] {
+            if let (Some(at), Some(v)) = (matches.index_of(name), matches.get_one::<String>(name)) {
+                given.push((at, vec![format!("--{name}"), v.clone()]));
+            }
+        }
+        if matches.get_flag("no-bulk") {
+            let at = matches.index_of("no-bulk").unwrap_or(usize::MAX);
+            given.push((at, vec!["--no-bulk".into()]));
+        }
+        given.sort_by_key(|&(at, _)| at);
+        Ok(ControllerArgs(
+            given.into_iter().flat_map(|(_, f)| f).collect(),
+        ))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
 }
 
 fn line(label: &str, o: &Outcome) -> String {
@@ -119,7 +155,7 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
     let bench = Bench {
         cluster,
         binary: env!("CARGO_BIN_EXE_rewind").into(),
-        controller_args: args.controller_args.clone(),
+        controller_args: args.controller_args.0.clone(),
         failed: args.pods,
         succeeded: args.succeeded,
         target: match args.archived {
@@ -139,7 +175,7 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
             true => "archived",
             false => "live",
         },
-        args.controller_args,
+        args.controller_args.0,
         args.seed,
         logs.display()
     );
@@ -207,17 +243,11 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
-    let Some(args) = parse()? else {
+    let Some((args, _)) = cli::parse::<Args>("faults") else {
         println!("faults is a benchmark: cargo bench --bench faults -- --trials 20 --pods 8000");
         return Ok(std::process::ExitCode::SUCCESS);
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    cli::init_logging();
     let passed = tokio::runtime::Runtime::new()?.block_on(bench(args))?;
     Ok(match passed {
         true => std::process::ExitCode::SUCCESS,

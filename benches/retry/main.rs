@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
@@ -56,6 +56,7 @@ use rewind::request::{self, RetryPhase, annotations};
 use rewind::testenv::argo;
 use rewind::testenv::bench::audit::{self, Audited};
 use rewind::testenv::bench::child::{RewindController, run_measured};
+use rewind::testenv::bench::cli;
 use rewind::testenv::bench::neighbours::{self, Neighbour};
 use rewind::testenv::bench::report::{self, Measured, Reference, RowSummary};
 use rewind::testenv::bench::usage::Usage;
@@ -135,6 +136,26 @@ impl Row {
     }
 }
 
+impl std::str::FromStr for Row {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Row, String> {
+        Row::ALL
+            .into_iter()
+            .find(|r| r.name() == name.trim())
+            .ok_or_else(|| {
+                let all: Vec<&str> = Row::ALL.iter().map(|r| r.name()).collect();
+                format!("unknown row {name:?}; rows: {}", all.join(","))
+            })
+    }
+}
+
+impl std::fmt::Display for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// The row a row's time is compared with: Argo's retry of the same kind at the same budget.
 fn peer_of(row: &str) -> Option<&'static str> {
     match row {
@@ -145,112 +166,58 @@ fn peer_of(row: &str) -> Option<&'static str> {
     }
 }
 
+/// Side by side retries of N failed pods, each run on a fresh control plane (the module docs
+/// of benches/retry/main.rs say what each row runs).
+#[derive(clap::Parser)]
 struct Args {
+    /// Failed pods, comma-separated: every row runs at each N.
+    #[arg(long, value_delimiter = ',', value_parser = number, default_value = "1000")]
     pods: Vec<usize>,
+    /// The rows to run, comma-separated; all by default.
+    #[arg(long, value_delimiter = ',', default_values_t = Row::ALL, hide_default_value = true)]
     rows: Vec<Row>,
+    /// Runs of each row at each N, in alternating order; at least 1.
+    #[arg(long, value_parser = cli::at_least_one, default_value = "3")]
     repetitions: usize,
+    /// Succeeded pods beside the failed ones, which must stay.
+    #[arg(long, default_value = "100")]
     succeeded: usize,
+    /// Run argo-cli at N >= 8000 too (it takes about N/5 seconds).
+    #[arg(long)]
     slow: bool,
-    idle: Duration,
+    /// Seconds of the neighbour's idle baseline before each retry.
+    #[arg(long, value_name = "SECONDS", default_value = "5")]
+    idle_seconds: u64,
+    /// The results' file name without a directory: bench/results/NAME.json, .md and .png.
+    #[arg(long, value_name = "NAME", value_parser = file_name)]
     out: Option<String>,
+    /// Summarise and draw again from saved runs (comma-separated JSON files; needs --out).
+    #[arg(long, value_delimiter = ',', value_name = "FILES")]
     render: Vec<PathBuf>,
+    /// Measure the controller among many workflows instead (scale.rs), e.g. 1000x1000.
+    #[arg(long, value_name = "WORKFLOWSxNODES", value_parser = parse_scale)]
     scale: Option<scale::Scale>,
+    /// The command line that reproduces the run, recorded in the results.
+    #[arg(skip)]
     command: String,
 }
 
-fn parse() -> anyhow::Result<Option<Args>> {
-    let mut args = Args {
-        pods: vec![1000],
-        rows: Row::ALL.to_vec(),
-        repetitions: 3,
-        succeeded: 100,
-        slow: false,
-        idle: Duration::from_secs(5),
-        out: None,
-        render: Vec::new(),
-        scale: None,
-        command: String::new(),
-    };
-    let mut benching = false;
-    let mut shown = Vec::new();
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            // cargo bench passes --bench; cargo test (--all-targets) does not: then only say how.
-            "--bench" => {
-                benching = true;
-                continue;
-            }
-            "--pods" => {
-                let v = value()?;
-                args.pods = v
-                    .split(',')
-                    .map(|n| n.trim().parse().with_context(|| format!("--pods {v}")))
-                    .collect::<anyhow::Result<_>>()?;
-                shown.push(format!("--pods {v}"));
-            }
-            "--rows" => {
-                let v = value()?;
-                args.rows = v
-                    .split(',')
-                    .map(|name| {
-                        Row::ALL
-                            .into_iter()
-                            .find(|r| r.name() == name.trim())
-                            .with_context(|| {
-                                let all: Vec<&str> = Row::ALL.iter().map(|r| r.name()).collect();
-                                format!("unknown row {name:?}; rows: {}", all.join(","))
-                            })
-                    })
-                    .collect::<anyhow::Result<_>>()?;
-                shown.push(format!("--rows {v}"));
-            }
-            "--repetitions" => {
-                let v = value()?;
-                args.repetitions = v.parse().context("--repetitions takes a number")?;
-                shown.push(format!("--repetitions {v}"));
-            }
-            "--succeeded" => {
-                let v = value()?;
-                args.succeeded = v.parse().context("--succeeded takes a number")?;
-                shown.push(format!("--succeeded {v}"));
-            }
-            "--idle-seconds" => {
-                let v = value()?;
-                args.idle =
-                    Duration::from_secs(v.parse().context("--idle-seconds takes a number")?);
-                shown.push(format!("--idle-seconds {v}"));
-            }
-            "--slow" => {
-                args.slow = true;
-                shown.push(flag.clone());
-            }
-            "--out" => {
-                let v = value()?;
-                ensure!(
-                    !v.is_empty() && !v.contains('/'),
-                    "--out takes a file name without a directory"
-                );
-                shown.push(format!("--out {v}"));
-                args.out = Some(v);
-            }
-            "--render" => {
-                let v = value()?;
-                args.render = v.split(',').map(PathBuf::from).collect();
-                shown.push(format!("--render {v}"));
-            }
-            "--scale" => {
-                let v = value()?;
-                args.scale = Some(v.parse()?);
-                shown.push(format!("--scale {v}"));
-            }
-            other => bail!("unknown option {other}"),
-        }
+/// One of `--pods`, spaces around it allowed.
+fn number(s: &str) -> Result<usize, std::num::ParseIntError> {
+    s.trim().parse()
+}
+
+/// `--scale`, its error with its cause (clap shows only the outermost context).
+fn parse_scale(s: &str) -> Result<scale::Scale, String> {
+    s.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+/// `--out`: results go to bench/results only.
+fn file_name(s: &str) -> Result<String, &'static str> {
+    match s.is_empty() || s.contains('/') {
+        true => Err("--out takes a file name without a directory"),
+        false => Ok(s.to_owned()),
     }
-    ensure!(args.repetitions > 0, "--repetitions must be at least 1");
-    args.command = format!("cargo bench --bench retry -- {}", shown.join(" "));
-    Ok(benching.then_some(args))
 }
 
 /// What one results file holds.
@@ -346,7 +313,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         peer,
         db,
         succeeded: args.succeeded,
-        idle: args.idle,
+        idle: Duration::from_secs(args.idle_seconds),
         logs,
     };
     println!(
@@ -1075,7 +1042,7 @@ async fn check_reset(
 }
 
 fn main() -> anyhow::Result<()> {
-    let Some(args) = parse()? else {
+    let Some((mut args, command)) = cli::parse::<Args>("retry") else {
         let checked = check_committed()?
             + scale::check_committed(&Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS))?;
         println!(
@@ -1083,17 +1050,8 @@ fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // kube logs every failed request, and the control plane's readiness checks fail
-                // until it is ready.
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
-                }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    args.command = command;
+    cli::init_logging();
     if !args.render.is_empty() {
         return render(&args);
     }

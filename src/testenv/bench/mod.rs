@@ -4,11 +4,13 @@
 //! ([`child`], [`usage`]), a neighbour whose latency is the retry's cost to
 //! others ([`neighbours`]) and the API server's account of its reads' waits
 //! ([`cache_wait`]), medians with their spread ([`stats`]) and the
-//! table of results ([`report`]).
+//! table of results ([`report`]). Every benchmark main parses its flags and
+//! starts its logging with [`cli`].
 
 pub mod audit;
 pub mod cache_wait;
 pub mod child;
+pub mod cli;
 pub mod neighbours;
 pub mod report;
 pub mod stats;
