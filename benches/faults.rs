@@ -45,61 +45,37 @@ struct Args {
     /// The span kills are drawn from; by default one retry without a kill measures it first.
     #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     expected: Option<Duration>,
-    #[command(flatten)]
-    controller_args: ControllerArgs,
+    /// The controller's --qps.
+    #[arg(long)]
+    qps: Option<String>,
+    /// The controller's --burst.
+    #[arg(long)]
+    burst: Option<String>,
+    /// The controller's --no-bulk.
+    #[arg(long)]
+    no_bulk: bool,
+}
+
+impl Args {
+    /// The flags passed on to the controller.
+    fn controller_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for (flag, value) in [("--qps", &self.qps), ("--burst", &self.burst)] {
+            if let Some(v) = value {
+                args.extend([flag.to_owned(), v.clone()]);
+            }
+        }
+        if self.no_bulk {
+            args.push("--no-bulk".into());
+        }
+        args
+    }
 }
 
 /// `--expected`: seconds, fractions allowed.
 fn seconds(s: &str) -> Result<Duration, String> {
     let seconds: f64 = s.parse().map_err(|e| format!("{e}"))?;
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{e}"))
-}
-
-/// The controller's own --qps, --burst and --no-bulk, passed on to it in the order given
-/// (derived clap arguments would lose the order).
-struct ControllerArgs(Vec<String>);
-
-impl clap::Args for ControllerArgs {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        let value = |name: &'static str| clap::Arg::new(name).long(name).value_name("N");
-        cmd.arg(value("qps").help("The controller's --qps"))
-            .arg(value("burst").help("The controller's --burst"))
-            .arg(
-                clap::Arg::new("no-bulk")
-                    .long("no-bulk")
-                    .action(clap::ArgAction::SetTrue)
-                    .help("The controller's --no-bulk"),
-            )
-    }
-
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Self::augment_args(cmd)
-    }
-}
-
-impl clap::FromArgMatches for ControllerArgs {
-    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
-        // Each flag given, with its place on the command line.
-        let mut given: Vec<(usize, Vec<String>)> = Vec::new();
-        for name in ["qps", "burst"] {
-            if let (Some(at), Some(v)) = (matches.index_of(name), matches.get_one::<String>(name)) {
-                given.push((at, vec![format!("--{name}"), v.clone()]));
-            }
-        }
-        if matches.get_flag("no-bulk") {
-            let at = matches.index_of("no-bulk").unwrap_or(usize::MAX);
-            given.push((at, vec!["--no-bulk".into()]));
-        }
-        given.sort_by_key(|&(at, _)| at);
-        Ok(ControllerArgs(
-            given.into_iter().flat_map(|(_, f)| f).collect(),
-        ))
-    }
-
-    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
-        *self = Self::from_arg_matches(matches)?;
-        Ok(())
-    }
 }
 
 fn line(label: &str, o: &Outcome) -> String {
@@ -155,7 +131,7 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
     let bench = Bench {
         cluster,
         binary: env!("CARGO_BIN_EXE_rewind").into(),
-        controller_args: args.controller_args.0.clone(),
+        controller_args: args.controller_args(),
         failed: args.pods,
         succeeded: args.succeeded,
         target: match args.archived {
@@ -175,7 +151,7 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
             true => "archived",
             false => "live",
         },
-        args.controller_args.0,
+        args.controller_args(),
         args.seed,
         logs.display()
     );
