@@ -429,7 +429,7 @@ fn write(
 }
 
 fn save(results: &Results, out: &str) -> anyhow::Result<()> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    let dir = results_dir();
     std::fs::create_dir_all(&dir)?;
     std::fs::write(
         dir.join(format!("{out}.json")),
@@ -443,23 +443,36 @@ fn save(results: &Results, out: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where results are written and committed.
+fn results_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS)
+}
+
+/// The results in `dir` whose name starts with `prefix`: (name without `.json`, JSON path).
+fn committed(dir: &Path, prefix: &str) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if let Some(out) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| n.starts_with(prefix))
+        {
+            found.push((out.to_owned(), path));
+        }
+    }
+    Ok(found)
+}
+
 /// Under `cargo test` (the tests run every target; `scale::check_committed` beside it): each
 /// committed `retry*.json` holds the summary of its own runs, and its `.md` is that summary
 /// rendered. A change to the summary or the table that leaves them stale fails here;
 /// `--render FILE.json --out NAME` renders them again. Returns how many were checked.
 fn check_committed() -> anyhow::Result<usize> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    let dir = results_dir();
     let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let Some(out) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".json"))
-            .filter(|n| n.starts_with("retry"))
-        else {
-            continue;
-        };
+    for (out, path) in committed(&dir, "retry")? {
         let text = std::fs::read_to_string(&path)?;
         let mut results: Results =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
@@ -470,16 +483,16 @@ fn check_committed() -> anyhow::Result<usize> {
             )
         };
         let md = dir.join(format!("{out}.md"));
-        let committed =
+        let rendered =
             std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?;
         ensure!(
-            committed == markdown(&results, out),
+            rendered == markdown(&results, &out),
             again("table is not its summary rendered")
         );
         // To the table's precision: the runs' floats were rounded when they were saved.
         results.summary = summarize(&results.runs, &results.pods);
         ensure!(
-            committed == markdown(&results, out),
+            rendered == markdown(&results, &out),
             again("summary is not that of its runs")
         );
         checked += 1;
@@ -1043,8 +1056,7 @@ async fn check_reset(
 
 fn main() -> anyhow::Result<()> {
     let Some((mut args, command)) = cli::parse::<Args>("retry") else {
-        let checked = check_committed()?
-            + scale::check_committed(&Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS))?;
+        let checked = check_committed()? + scale::check_committed()?;
         println!(
             "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs); the {checked} committed results in {RESULTS} match their runs"
         );

@@ -16,7 +16,7 @@ use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::testenv::workload::FailedDag;
 use rewind::workflow::Workflow;
 
-use super::{Context, NAMESPACE, RESULTS, Row, WORKFLOW, check, retry};
+use super::{Context, NAMESPACE, RESULTS, Row, WORKFLOW, check, committed, results_dir, retry};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -92,7 +92,7 @@ pub async fn run(
     };
     let md = markdown(&results, out);
     println!("\n{md}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(RESULTS);
+    let dir = results_dir();
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join(format!("{out}.md")), &md)?;
     std::fs::write(
@@ -135,27 +135,19 @@ fn markdown(results: &Results, out: &str) -> String {
     md
 }
 
-/// Each committed `scale-*.json` of `dir` parses, and its `.md` is it rendered; returns how
-/// many were checked.
-pub fn check_committed(dir: &std::path::Path) -> anyhow::Result<usize> {
+/// Each committed `scale-*.json` parses, and its `.md` is it rendered; returns how many were
+/// checked.
+pub fn check_committed() -> anyhow::Result<usize> {
+    let dir = results_dir();
     let mut checked = 0;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let Some(out) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".json"))
-            .filter(|n| n.starts_with("scale-"))
-        else {
-            continue;
-        };
+    for (out, path) in committed(&dir, "scale-")? {
         let results: Results = serde_json::from_str(&std::fs::read_to_string(&path)?)
             .with_context(|| format!("parsing {}", path.display()))?;
         let md = dir.join(format!("{out}.md"));
-        let committed =
+        let rendered =
             std::fs::read_to_string(&md).with_context(|| format!("reading {}", md.display()))?;
         anyhow::ensure!(
-            committed == markdown(&results, out),
+            rendered == markdown(&results, &out),
             "{} is not {} rendered; run the command it names again",
             md.display(),
             path.display()

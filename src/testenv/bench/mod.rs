@@ -33,10 +33,9 @@ pub enum Error {
     #[error("the audit log has a timestamp that is not RFC 3339: {0:?}")]
     AuditTimestamp(String),
 
-    #[error("reading /proc for pid {pid}'s {what}: {source}")]
+    #[error("reading {path}: {source}")]
     Proc {
-        pid: u32,
-        what: &'static str,
+        path: String,
         #[source]
         source: procfs::ProcError,
     },

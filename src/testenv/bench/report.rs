@@ -224,16 +224,9 @@ fn summarize_neighbour(runs: &[&Measured]) -> Option<NeighbourSummary> {
     if runs.is_empty() {
         return None;
     }
-    let of = |l: &Latency, f: &dyn Fn(&Latency) -> Option<f64>| f(l);
     let pair = |f: &dyn Fn(&Latency) -> Option<f64>| {
-        let idle: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| of(&r.neighbour_idle, f))
-            .collect();
-        let during: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| of(&r.neighbour_during, f))
-            .collect();
+        let idle: Vec<f64> = runs.iter().filter_map(|r| f(&r.neighbour_idle)).collect();
+        let during: Vec<f64> = runs.iter().filter_map(|r| f(&r.neighbour_during)).collect();
         (!idle.is_empty() && !during.is_empty()).then(|| (median(idle), median(during)))
     };
     let by_kind = |f: &dyn Fn(&Latency) -> Option<&BTreeMap<String, f64>>| {

@@ -17,7 +17,10 @@ pub struct Usage {
 
 /// `pid`'s usage so far, from /proc/PID/stat and /proc/PID/status (VmHWM).
 pub fn of_running(pid: u32) -> Result<Usage, Error> {
-    let proc_err = |what: &'static str| move |source| Error::Proc { pid, what, source };
+    let proc_err = |file: &str| {
+        let path = format!("/proc/{pid}/{file}");
+        move |source| Error::Proc { path, source }
+    };
     let process = procfs::process::Process::new(pid as i32).map_err(proc_err("stat"))?;
     let stat = process.stat().map_err(proc_err("stat"))?;
     let status = process.status().map_err(proc_err("status"))?;
@@ -62,8 +65,7 @@ impl Cpus {
     pub fn now(processes: &[(String, u32)]) -> Result<Cpus, Error> {
         let stat = <procfs::KernelStats as procfs::CurrentSI>::current().map_err(|source| {
             Error::Proc {
-                pid: 0,
-                what: "stat (the machine's)",
+                path: "/proc/stat".into(),
                 source,
             }
         })?;
@@ -119,7 +121,7 @@ mod tests {
         assert!(usage.peak_rss_bytes > 1024 * 1024, "{usage:?}");
         assert!(matches!(
             of_running(u32::MAX >> 1),
-            Err(Error::Proc { what: "stat", .. })
+            Err(Error::Proc { path, .. }) if path == format!("/proc/{}/stat", u32::MAX >> 1)
         ));
     }
 
