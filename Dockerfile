@@ -1,6 +1,7 @@
-# The controller image: a release build without the test machinery
-# (--no-default-features leaves out rewind::testenv), on a distroless base
-# that runs as the non-root user 65532.
+# The controller image: a release build without the test machinery (the
+# default features leave out rewind::testenv; --no-default-features says so
+# even if the defaults change), on a distroless base that runs as the
+# non-root user 65532.
 FROM rust:1.89-bookworm AS build
 WORKDIR /src
 COPY . .

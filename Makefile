@@ -17,7 +17,7 @@ controlplane:
 demo:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
-	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked -- demo $(DEMO_ARGS)
+	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked --features testenv -- demo $(DEMO_ARGS)
 
 # Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
@@ -29,4 +29,4 @@ test:
 	tools/helm/build.sh >/dev/null
 	tools/lint/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
-	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets
+	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv

@@ -1,10 +1,10 @@
 //! Beyond the serial floor: one exact DeleteCollection of a failed workflow's pods against
 //! the same request split by node into k parallel ones (`rewind controller
-//! --bulk-parallelism k`, the selectors [`rewind::delete::split_bulk`] builds), and what each
+//! --bulk-parallelism k`, the selectors [`rewind::engine::assess::split_bulk`] builds), and what each
 //! costs a neighbour. The API server deletes one request's pods one after another
 //! (`--delete-collection-workers` 1), so k requests may use k threads.
 //!
-//!     cargo bench --bench bulk_parallelism -- --pods 8000 --nodes 32 --reps 3 --k 1,2,4,8
+//!     cargo bench --features testenv --bench bulk_parallelism -- --pods 8000 --nodes 32 --reps 3 --k 1,2,4,8
 //!
 //! Each run starts a fresh control plane (no etcd history from the previous run), creates
 //! `--pods` failed Argo-shaped pods (and `--succeeded` succeeded ones the selectors must
@@ -23,12 +23,12 @@ use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, Resource as _};
-use rewind::delete::{DeleteWork, SUCCEEDED, bulk_selectors, split_bulk};
-use rewind::plan::{RetryOptions, plan_retry};
+use rewind::argo::plan::{RetryOptions, plan_retry};
+use rewind::argo::workflow::labels;
+use rewind::engine::assess::{DeleteWork, SUCCEEDED, bulk_selectors, split_bulk};
 use rewind::testenv::bench::cli;
 use rewind::testenv::localcluster::{LocalCluster, Options, Role};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::labels;
 
 const NAMESPACE: &str = "bench";
 const NEIGHBOUR: &str = "neighbour";
@@ -309,7 +309,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     let Some((args, _)) = cli::parse::<Args>("bulk_parallelism") else {
         println!(
-            "bulk_parallelism is a benchmark: cargo bench --bench bulk_parallelism -- --pods 8000 --nodes 32"
+            "bulk_parallelism is a benchmark: cargo bench --features testenv --bench bulk_parallelism -- --pods 8000 --nodes 32"
         );
         return Ok(());
     };

@@ -4,7 +4,7 @@
 //! RetryWorkflow), one after the other on the same control plane. Prints, per side, the time
 //! from the retry request to the reset workflow written and to the workflow Succeeded.
 //!
-//!     cargo bench --bench e2e_retry -- --pods 2000
+//!     cargo bench --features testenv --bench e2e_retry -- --pods 2000
 //!
 //! Options: --pods N (2000), --rewind-qps/--rewind-burst (20/30, rewind's default write
 //! budget), --argo-qps/--argo-burst (20/30 as the Argo Server; 5/10 as `argo retry` in kube
@@ -19,11 +19,11 @@ mod run;
 use std::time::Duration;
 
 use anyhow::ensure;
+use rewind::argo::workflow::Workflow;
 use rewind::testenv::argo::{self, ArgoController};
 use rewind::testenv::bench::cli;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
-use rewind::workflow::Workflow;
 
 use run::{Budgets, Retry, Scenario};
 
@@ -98,7 +98,7 @@ spec:
             .collect(),
         retry: Retry::default(),
         timeout: Duration::from_secs(3600),
-        argo_version: rewind::plan::ArgoVersion::V4,
+        argo_version: rewind::argo::plan::ArgoVersion::V4,
         instance_id: None,
         mode,
         // Set from the running controller's ConfigMap.
@@ -206,7 +206,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let Some((args, _)) = cli::parse::<Args>("e2e_retry") else {
-        println!("e2e_retry is a benchmark: cargo bench --bench e2e_retry -- --pods 2000");
+        println!(
+            "e2e_retry is a benchmark: cargo bench --features testenv --bench e2e_retry -- --pods 2000"
+        );
         return Ok(());
     };
     cli::init_logging();

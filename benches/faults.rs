@@ -4,7 +4,7 @@
 //! duration, is started again, and the end is checked (`rewind::testenv::trials`): exactly one
 //! reset (or create), the planner's workflow, every plan pod gone, every other pod kept.
 //!
-//!     cargo bench --bench faults -- --trials 20 --pods 8000 [--archived]
+//!     cargo bench --features testenv --bench faults -- --trials 20 --pods 8000 [--archived]
 //!
 //! Options: --trials N (20), --pods N (8000), --succeeded N (200), --archived (Argo's
 //! ArchiveWorkflow on PostgreSQL, the workflow deleted, retried through a WorkflowRetry),
@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use rewind::testenv::bench::cli;
 use rewind::testenv::db::DbServer;
-use rewind::testenv::db::argodb::{ArgoDb, ArgoLine};
+use rewind::testenv::db::argodb::{ArgoDbTool, ArgoLine};
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::testenv::trials::{Bench, Outcome, Target, kill_moment};
 
@@ -118,7 +118,7 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
     let db = match args.archived {
         true => {
             let db = DbServer::postgres().await?;
-            let argo = tokio::task::spawn_blocking(|| ArgoDb::locate(ArgoLine::V4)).await??;
+            let argo = tokio::task::spawn_blocking(|| ArgoDbTool::locate(ArgoLine::V4)).await??;
             let schema = db.argodb_request("migrate", serde_json::json!({}));
             let code = argo.clone();
             tokio::task::spawn_blocking(move || code.one(schema)).await??;
@@ -220,7 +220,9 @@ async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let Some((args, _)) = cli::parse::<Args>("faults") else {
-        println!("faults is a benchmark: cargo bench --bench faults -- --trials 20 --pods 8000");
+        println!(
+            "faults is a benchmark: cargo bench --features testenv --bench faults -- --trials 20 --pods 8000"
+        );
         return Ok(std::process::ExitCode::SUCCESS);
     };
     cli::init_logging();

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
-use rewind::plan::compress::{self, Nodes};
-use rewind::plan::{ArgoVersion, RetryOptions, plan_retry_at};
-use rewind::workflow::{NodeStatus, Workflow};
+use rewind::argo::plan::compress::{self, Nodes};
+use rewind::argo::plan::{ArgoVersion, RetryOptions, plan_retry_at};
+use rewind::argo::workflow::{NodeStatus, Workflow};
 use serde_json::json;
 
 const GROUPS: usize = 100;
@@ -42,7 +42,7 @@ fn node(
 
 fn big_nodes() -> Nodes {
     let wf = "big";
-    let id = |name: &str| rewind::plan::pod_name::node_id(wf, name);
+    let id = |name: &str| rewind::argo::plan::pod_name::node_id(wf, name);
     let mut nodes = BTreeMap::new();
     let mut groups = Vec::with_capacity(GROUPS);
     for g in 0..GROUPS {

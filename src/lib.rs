@@ -1,27 +1,32 @@
 //! rewind: retries failed Argo Workflows, live and archived, fast and politely.
 //!
 //! The library holds the logic; the `rewind` binary is a thin layer over it.
+//! Layers, each a folder, import only the layers above them in this list
+//! (`tests/layers.rs` checks it, and that no module imports in a cycle):
+//!
+//! - [`argo`]: Argo's semantics: workflow types, the retry planner, node
+//!   compression, the archive and offload tables. No controller knowledge.
+//! - [`protocol`]: the user contract: request annotations, status, the
+//!   WorkflowRetry resource, the hints refusals carry.
+//! - [`engine`]: the deletion engine: queue, API budget, assessment, delete
+//!   workers, and the one loop that deletes a plan's pods.
+//! - [`telemetry`]: metrics and logging.
+//! - [`retry`]: the request flows: a live retry, an archived retry, a
+//!   WorkflowRetry object, and how each reports its end.
+//! - [`controller`]: the wiring: watches, dispatch, pod GC, leader election,
+//!   HTTP endpoints.
+//! - [`client`]: what `rewind retry` and `rewind status` do, beside the
+//!   controller (it uses `argo`, `protocol` and `engine` only).
+//! - `testenv` (feature `testenv`, off by default): the local control plane,
+//!   databases, Argo fixtures and benchmark machinery for tests, benchmarks
+//!   and the demo. The product never carries it.
 
-pub mod archive;
-pub mod archived;
-pub mod budget;
+pub mod argo;
+pub mod client;
 pub mod controller;
-pub mod delete;
-pub mod follow;
-pub mod gc;
-pub mod hint;
-pub mod leader;
-pub mod metrics;
-pub mod offload;
-pub mod plan;
-pub mod queue;
-pub mod request;
+pub mod engine;
+pub mod protocol;
 pub mod retry;
-pub mod server;
 pub mod telemetry;
 #[cfg(feature = "testenv")]
 pub mod testenv;
-pub mod watch;
-pub mod workers;
-pub mod workflow;
-pub mod workflowretry;

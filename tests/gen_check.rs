@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use proptest::prelude::*;
-use rewind::workflow::{NodeStatus, Workflow};
+use rewind::argo::workflow::{NodeStatus, Workflow};
 use serde_json::Value;
 use support::r#gen::{Defect, GenCase, case_strategy, generate, generate_case};
 use support::oracle::{ArgoLine, OracleCase, run_oracle};

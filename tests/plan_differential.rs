@@ -29,12 +29,12 @@ use std::path::PathBuf;
 
 use base64::Engine;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use rewind::plan::compress::Compression;
-use rewind::plan::{
+use rewind::argo::plan::compress::Compression;
+use rewind::argo::plan::{
     ArgoVersion, ChooseParent, PlanError, RetryOptions, compress, last_listed,
     plan_retry_with_parents,
 };
-use rewind::workflow::Workflow;
+use rewind::argo::workflow::Workflow;
 use serde_json::{Value, json};
 use support::r#gen::{GenCase, case_from_seed, generate};
 use support::oracle::{ArgoLine, OracleCase, OracleResult, run_oracle};

@@ -24,9 +24,9 @@
 //! a ConfigMap, 20 a second) during the retry beside its idle baseline on the same control
 //! plane just before.
 //!
-//!     cargo bench --bench retry -- --pods 1000,8000 --repetitions 3 [--rows floor,rewind-bulk]
+//!     cargo bench --features testenv --bench retry -- --pods 1000,8000 --repetitions 3 [--rows floor,rewind-bulk]
 //!         [--slow] [--succeeded 100] [--idle-seconds 5] [--out NAME]
-//!     cargo bench --bench retry -- --render bench/results/a.json,bench/results/b.json --out NAME
+//!     cargo bench --features testenv --bench retry -- --render bench/results/a.json,bench/results/b.json --out NAME
 //!
 //! Writes bench/results/NAME.json (every run and the summary), NAME.md (the table) and
 //! NAME.png (the chart); `--render` summarises and draws again from saved runs.
@@ -49,10 +49,13 @@ use kube::runtime::wait::await_condition;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use rewind::delete::bulk_selectors;
-use rewind::plan::compress::DEFAULT_MAX_WORKFLOW_SIZE;
-use rewind::plan::{RetryOptions, plan_retry_at};
-use rewind::request::{self, RetryPhase, annotations};
+use rewind::argo::plan::compress::DEFAULT_MAX_WORKFLOW_SIZE;
+use rewind::argo::plan::{RetryOptions, plan_retry_at};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::engine::assess::bulk_selectors;
+use rewind::engine::pods::delete_collection;
+use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+use rewind::protocol::request::{self, RetryPhase, annotations};
 use rewind::testenv::argo;
 use rewind::testenv::bench::audit::{self, Audited};
 use rewind::testenv::bench::child::{RewindController, run_measured};
@@ -61,13 +64,10 @@ use rewind::testenv::bench::neighbours::{self, Neighbour};
 use rewind::testenv::bench::report::{self, Measured, Reference, RowSummary};
 use rewind::testenv::bench::usage::Usage;
 use rewind::testenv::db::DbServer;
-use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
+use rewind::testenv::db::argodb::{ArgoDbTool as ArgosCode, ArgoLine};
 use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::trials::{NOW, differences};
 use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
-use rewind::workers::delete_collection;
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
 const NAMESPACE: &str = "bench";
 const WORKFLOW: &str = "big-retry";
@@ -478,7 +478,7 @@ fn check_committed() -> anyhow::Result<usize> {
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let again = |what: &str| {
             format!(
-                "{} is stale: its {what}; run `cargo bench --bench retry -- --render {RESULTS}/{out}.json --out {out}`",
+                "{} is stale: its {what}; run `cargo bench --features testenv --bench retry -- --render {RESULTS}/{out}.json --out {out}`",
                 path.display()
             )
         };
@@ -1058,7 +1058,7 @@ fn main() -> anyhow::Result<()> {
     let Some((mut args, command)) = cli::parse::<Args>("retry") else {
         let checked = check_committed()? + scale::check_committed()?;
         println!(
-            "retry is a benchmark: cargo bench --bench retry -- --pods 1000 (see benches/retry/main.rs); the {checked} committed results in {RESULTS} match their runs"
+            "retry is a benchmark: cargo bench --features testenv --bench retry -- --pods 1000 (see benches/retry/main.rs); the {checked} committed results in {RESULTS} match their runs"
         );
         return Ok(());
     };

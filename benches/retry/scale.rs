@@ -11,10 +11,10 @@ use futures::{StreamExt as _, TryStreamExt as _, stream};
 use kube::api::{Api, PostParams};
 use serde::{Deserialize, Serialize};
 
+use rewind::argo::workflow::Workflow;
 use rewind::testenv::bench::child::RewindController;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::Workflow;
 
 use super::{Context, NAMESPACE, RESULTS, Row, WORKFLOW, check, committed, results_dir, retry};
 

@@ -27,9 +27,9 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event, watcher};
 use tokio::task::JoinHandle;
 
+use crate::argo::workflow::labels;
 use crate::testenv::db;
 use crate::testenv::localcluster::{self, LocalCluster, Role};
-use crate::workflow::labels;
 
 /// Set on a pod to `Succeeded` or `Failed`: kwok then finishes the running pod that way.
 pub const OUTCOME_ANNOTATION: &str = "e2e.rewind.dev/outcome";

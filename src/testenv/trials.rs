@@ -23,15 +23,15 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use crate::plan::compress::CompressError;
-use crate::plan::{Plan, PlanError, RetryOptions, plan_retry_at};
-use crate::request::{self, RetryPhase, annotations};
-use crate::testenv::db::argodb::ArgoDb;
+use crate::argo::plan::compress::CompressError;
+use crate::argo::plan::{Plan, PlanError, RetryOptions, plan_retry_at};
+use crate::argo::workflow::{Workflow, labels};
+use crate::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+use crate::protocol::request::{self, RetryPhase, annotations};
+use crate::testenv::db::argodb::ArgoDbTool;
 use crate::testenv::db::{CREDENTIALS_SECRET, DbError, DbServer, PASSWORD, USER};
 use crate::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
 use crate::testenv::workload::{FailedDag, delete_workflow, hydrated};
-use crate::workflow::{Workflow, labels};
-use crate::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
 const WORKFLOW: &str = "wf";
 /// A failed pod labelled with the workflow and owned by it, never in a plan: no node names it,
@@ -112,7 +112,7 @@ pub struct Bench<'a> {
     pub succeeded: usize,
     pub target: Target,
     /// Argo's database and its code, for archived trials.
-    pub archive: Option<(&'a DbServer, ArgoDb)>,
+    pub archive: Option<(&'a DbServer, ArgoDbTool)>,
     /// The cluster runs a garbage collector, which deletes the pods of a deleted workflow:
     /// they are created held by Argo's pod finalizer, as Argo does, so the archived
     /// workflow's pods stay behind.

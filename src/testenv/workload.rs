@@ -16,13 +16,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 
-use crate::plan::ArgoVersion;
-use crate::plan::compress::{
+use crate::argo::plan::ArgoVersion;
+use crate::argo::plan::compress::{
     CompressError, DEFAULT_MAX_WORKFLOW_SIZE, blob_to_hydrate, decode_nodes, dehydrate,
 };
-use crate::plan::pod_name::{PodNameFormat, node_id, pod_name};
-use crate::workers::{api_code, is_transient};
-use crate::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
+use crate::argo::plan::pod_name::{PodNameFormat, node_id, pod_name};
+use crate::argo::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
+use crate::engine::fault::{api_code, is_transient};
 
 const TEMPLATE: &str = "work";
 const TIME: &str = "2026-01-01T00:00:00Z";
@@ -141,7 +141,7 @@ impl FailedDag {
                 started_at: Some(TIME.into()),
                 finished_at: Some(TIME.into()),
                 nodes: Some(nodes),
-                conditions: Some(vec![crate::workflow::Condition {
+                conditions: Some(vec![crate::argo::workflow::Condition {
                     type_: Some("Completed".into()),
                     status: Some("True".into()),
                     ..Default::default()
@@ -389,7 +389,7 @@ pub async fn delete_workflow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{RetryOptions, plan_retry};
+    use crate::argo::plan::{RetryOptions, plan_retry};
 
     #[test]
     fn a_large_workflow_is_archived_with_its_nodes_decoded() {

@@ -4,14 +4,14 @@
 use std::sync::OnceLock;
 
 use rewind::testenv::db::DbServer;
-pub use rewind::testenv::db::argodb::{Answer, ArgoDb, ArgoLine as Line};
+pub use rewind::testenv::db::argodb::{Answer, ArgoDbTool, ArgoLine as Line};
 use serde_json::Value;
 
 /// The helper for `line`. Panics when it cannot be built: these tests never skip.
-fn helper(line: Line) -> &'static ArgoDb {
-    static HELPERS: OnceLock<[ArgoDb; 2]> = OnceLock::new();
+fn helper(line: Line) -> &'static ArgoDbTool {
+    static HELPERS: OnceLock<[ArgoDbTool; 2]> = OnceLock::new();
     let helpers = HELPERS.get_or_init(|| {
-        [Line::V4, Line::V3].map(|line| ArgoDb::locate(line).unwrap_or_else(|e| panic!("{e}")))
+        [Line::V4, Line::V3].map(|line| ArgoDbTool::locate(line).unwrap_or_else(|e| panic!("{e}")))
     });
     &helpers[match line {
         Line::V4 => 0,

@@ -10,7 +10,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::PostParams;
-use rewind::archive::{Archive, ArchiveError, Database, go_json, load_persistence};
+use rewind::argo::db::{ArgoDatabase, Database, DbError, Sql, go_json};
+use rewind::controller::argo_config::load_persistence;
 use rewind::testenv::db::{Kind, PASSWORD, USER};
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -84,7 +85,7 @@ fn archive_request(env: &Env, wf: &Value, cluster: &str, instance: &str) -> Valu
 }
 
 pub async fn archived_workflow_reads_the_row_argo_wrote(env: Arc<Env>) -> anyhow::Result<()> {
-    let archive = Archive::connect(&env.db.persistence()).await?;
+    let archive = Sql::connect(&env.db.persistence()).await?;
     for line in [Line::V4, Line::V3] {
         let uid = new_uid("read");
         let wf = workflow("wf-read", &uid);
@@ -97,7 +98,7 @@ pub async fn archived_workflow_reads_the_row_argo_wrote(env: Arc<Env>) -> anyhow
             .await?
             .with_context(|| format!("{line:?}: the archived row is not found"))?;
         // Compared through rewind's type, which is how rewind sees either.
-        let argo: rewind::workflow::Workflow = serde_json::from_value(argo)?;
+        let argo: rewind::argo::workflow::Workflow = serde_json::from_value(argo)?;
         assert_eq!(ours, argo, "{line:?}");
         assert_eq!(
             ours.annotation("note"),
@@ -136,19 +137,19 @@ pub async fn archived_rows_are_scoped_to_cluster_and_instance(env: Arc<Env>) -> 
         Line::V4,
         archive_request(&env, &workflow("wf-i", &other_instance), "", "i2"),
     )?;
-    let default = Archive::connect(&env.db.persistence()).await?;
+    let default = Sql::connect(&env.db.persistence()).await?;
     assert!(default.archived_workflow(&other_cluster).await?.is_none());
     assert!(default.archived_workflow(&other_instance).await?.is_none());
 
     let mut east = env.db.persistence();
     east.cluster_name = "east".into();
-    let east = Archive::connect(&east).await?;
+    let east = Sql::connect(&east).await?;
     assert!(east.archived_workflow(&other_cluster).await?.is_some());
     assert!(east.archived_workflow(&other_instance).await?.is_none());
 
     let mut i2 = env.db.persistence();
     i2.instance_id = "i2".into();
-    let i2 = Archive::connect(&i2).await?;
+    let i2 = Sql::connect(&i2).await?;
     assert_eq!(
         i2.archived_workflow(&other_instance)
             .await?
@@ -181,10 +182,10 @@ pub async fn a_corrupt_archived_row_is_a_clear_permanent_error(
                 .bind(&bad_nodes).execute(&mut conn).await?;
         }
     }
-    let archive = Archive::connect(&env.db.persistence()).await?;
+    let archive = Sql::connect(&env.db.persistence()).await?;
     let err = archive.archived_workflow(&bad_wf).await.unwrap_err();
     assert!(
-        matches!(err, ArchiveError::CorruptArchivedWorkflow { .. }),
+        matches!(err, DbError::CorruptArchivedWorkflow { .. }),
         "{err:?}"
     );
     assert!(!err.is_transient());
@@ -203,7 +204,7 @@ pub async fn a_corrupt_archived_row_is_a_clear_permanent_error(
         .await
         .unwrap_err();
     assert!(
-        matches!(err, ArchiveError::CorruptOffloadedNodes { .. }),
+        matches!(err, DbError::CorruptOffloadedNodes { .. }),
         "{err:?}"
     );
     assert!(!err.is_transient());
@@ -212,7 +213,7 @@ pub async fn a_corrupt_archived_row_is_a_clear_permanent_error(
         .await
         .unwrap_err();
     assert!(
-        matches!(err, ArchiveError::OffloadedNodesMissing { .. }),
+        matches!(err, DbError::OffloadedNodesMissing { .. }),
         "{err:?}"
     );
     assert!(!err.is_transient(), "{err}");
@@ -227,7 +228,7 @@ pub async fn a_database_that_is_down_is_a_transient_error(env: Arc<Env>) -> anyh
     let mut down = env.db.persistence();
     down.port = Some(port);
     down.connect_timeout = std::time::Duration::from_secs(1);
-    let archive = Archive::connect(&down).await?;
+    let archive = Sql::connect(&down).await?;
     let err = archive.archived_workflow("x").await.unwrap_err();
     assert!(err.is_transient(), "{err:?}");
     let message = err.to_string();
@@ -244,7 +245,7 @@ pub async fn a_database_that_is_down_is_a_transient_error(env: Arc<Env>) -> anyh
     // A wrong password is no passing fault.
     let mut wrong = env.db.persistence();
     wrong.password = "wrong".into();
-    let err = Archive::connect(&wrong)
+    let err = Sql::connect(&wrong)
         .await?
         .archived_workflow("x")
         .await
@@ -258,7 +259,7 @@ pub async fn offloaded_nodes_written_by_rewind_are_read_back_by_argo(
 ) -> anyhow::Result<()> {
     let uid = new_uid("offload");
     let nodes = nodes("wf-offload");
-    let archive = Archive::connect(&env.db.persistence()).await?;
+    let archive = Sql::connect(&env.db.persistence()).await?;
     let version = archive.offload_nodes(&uid, "argo", &nodes).await?;
     // Writing the same nodes again is no error, as in Argo.
     assert_eq!(archive.offload_nodes(&uid, "argo", &nodes).await?, version);
@@ -324,7 +325,7 @@ pub async fn offloaded_nodes_written_by_argo_are_read_by_rewind(
             json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
         ),
     )?;
-    let archive = Archive::connect(&env.db.persistence()).await?;
+    let archive = Sql::connect(&env.db.persistence()).await?;
     let ours = archive.offloaded_nodes(&uid, &saved.version).await?;
     assert_eq!(ours, go_value(&nodes));
     // And rewind writing what it read (e.g. under a new UID) gives Argo's version.
@@ -424,7 +425,7 @@ pub async fn load_persistence_reads_argos_configmap_and_secrets(
         Line::V4,
         archive_request(&env, &workflow("wf-configured", &uid), "east", ""),
     )?;
-    let archive = Archive::connect(&loaded).await?;
+    let archive = Sql::connect(&loaded).await?;
     assert!(archive.archived_workflow(&uid).await?.is_some());
     Ok(())
 }
@@ -460,7 +461,7 @@ pub async fn tls_settings_are_honoured(env: Arc<Env>) -> anyhow::Result<()> {
         ),
     };
     for (what, p) in [("no TLS", plain), ("an unverifiable certificate", verified)] {
-        let err = Archive::connect(&p)
+        let err = Sql::connect(&p)
             .await?
             .archived_workflow("x")
             .await
@@ -469,7 +470,7 @@ pub async fn tls_settings_are_honoured(env: Arc<Env>) -> anyhow::Result<()> {
         ensure!(!err.is_transient(), "{what}: {err:?} is called transient");
     }
     // While TLS without verification (the fixture's setting) gets in.
-    let archive = Archive::connect(&env.db.persistence()).await?;
+    let archive = Sql::connect(&env.db.persistence()).await?;
     ensure!(archive.archived_workflow("x").await?.is_none());
     Ok(())
 }

@@ -9,10 +9,10 @@ use futures::{StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::SignedDuration;
 use kube::api::{Api, PostParams};
-use rewind::request::RetryPhase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 
 use crate::support::controller::{self as ctl, Audited};
 

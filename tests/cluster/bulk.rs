@@ -10,10 +10,10 @@ use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use rewind::request::RetryPhase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 
 use crate::support::controller::{self as ctl, Audited};
 

@@ -10,10 +10,10 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use rewind::request::RetryPhase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 
 use crate::support::controller as ctl;
 

@@ -17,12 +17,12 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use rewind::archived::ArgoDatabase;
-use rewind::request::{RetryPhase, annotations};
+use rewind::argo::db::ArgoDatabase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
+use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{LocalCluster, Role as ClusterRole, USER_NAME};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::{CREATED_BY, WorkflowRetry};
 use serde_json::Value;
 
 use crate::support::controller as ctl;

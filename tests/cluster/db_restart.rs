@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, PostParams};
-use rewind::archived::{ArgoDatabase, ArgoDb};
-use rewind::request::RetryPhase;
+use rewind::argo::db::{ArgoDatabase, Sql};
+use rewind::argo::workflow::Workflow;
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::db::{DbServer, Kind};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::{FailedDag, delete_workflow};
-use rewind::workflow::Workflow;
-use rewind::workflowretry::WorkflowRetry;
 use serde_json::json;
 
 use crate::argodb;
@@ -165,7 +165,7 @@ async fn start(
 ) -> anyhow::Result<ctl::Running> {
     let mut persistence = db.persistence();
     persistence.connect_timeout = Duration::from_secs(1);
-    let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&persistence).await?);
+    let database: Arc<dyn ArgoDatabase> = Arc::new(Sql::connect(&persistence).await?);
     let mut options = ctl::options(10, 10, false);
     options.retry.always_offload_node_status = true;
     ctl::start_with_archive(cluster, namespace, options, Some(database)).await

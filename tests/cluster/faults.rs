@@ -13,13 +13,13 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use rewind::archived::ArgoDatabase;
-use rewind::delete::bulk_selectors;
-use rewind::request::{RetryPhase, RetryStatus, annotations};
+use rewind::argo::db::ArgoDatabase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::engine::assess::bulk_selectors;
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::request::{RetryPhase, RetryStatus, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::workload::{FailedDag, through_transient};
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::WorkflowRetry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
-use rewind::request::{RetryPhase, annotations};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 

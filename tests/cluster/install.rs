@@ -21,10 +21,10 @@ use kube::api::{
     PatchParams, PostParams,
 };
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
-use rewind::request::{RetryPhase, annotations};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 use tokio::process::Command;
 
 use crate::support::controller as ctl;

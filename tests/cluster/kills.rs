@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::ensure;
 use rewind::testenv::db::Kind;
-use rewind::testenv::db::argodb::{ArgoDb, ArgoLine};
+use rewind::testenv::db::argodb::{ArgoDbTool, ArgoLine};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::trials::{Bench, Target, kill_moment};
 
@@ -38,7 +38,7 @@ pub async fn an_archived_retry_killed_at_random_moments_creates_once_as_planned(
     namespace: String,
 ) -> anyhow::Result<()> {
     let db = argo_db(Kind::Postgres).await?;
-    let argo = tokio::task::spawn_blocking(|| ArgoDb::locate(ArgoLine::V4)).await??;
+    let argo = tokio::task::spawn_blocking(|| ArgoDbTool::locate(ArgoLine::V4)).await??;
     let bench = Bench {
         cluster: &cluster,
         binary: env!("CARGO_BIN_EXE_rewind").into(),

@@ -23,6 +23,7 @@ mod lifecycle;
 #[allow(dead_code)]
 #[path = "../support/oracle.rs"]
 mod oracle;
+mod permissions;
 mod pods;
 mod rbac;
 mod retry;
@@ -63,6 +64,7 @@ fn main() -> ExitCode {
     let tests = tests![
         pods::delete_collection_removes_exactly_the_unsucceeded_pods_at_once,
         rbac::user_can_patch_workflows_but_not_touch_pods,
+        permissions::a_controller_without_pod_delete_fails_each_request_at_once_and_deletes_nothing,
         workflow_roundtrip::typed_replace_loses_nothing_of_a_large_workflow,
         scheduling::a_pod_is_scheduled_onto_a_fake_node_and_runs,
         scheduling::audit_log_has_one_line_per_request,

@@ -8,8 +8,8 @@ use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use rewind::argo::workflow::labels;
 use rewind::testenv::localcluster::LocalCluster;
-use rewind::workflow::labels;
 use serde_json::json;
 
 /// Enough requests in flight to be quick, few enough to be polite to a shared API server.

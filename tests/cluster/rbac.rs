@@ -8,8 +8,8 @@ use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use rewind::argo::workflow::Workflow;
 use rewind::testenv::localcluster::{LocalCluster, USER_NAME};
-use rewind::workflow::Workflow;
 use serde_json::json;
 
 fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {

@@ -15,12 +15,12 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
     WatchParams,
 };
-use rewind::plan::ArgoVersion;
-use rewind::plan::pod_name::{PodNameFormat, node_id, pod_name};
-use rewind::request::{RetryPhase, annotations};
+use rewind::argo::plan::ArgoVersion;
+use rewind::argo::plan::pod_name::{PodNameFormat, node_id, pod_name};
+use rewind::argo::workflow::{NodeFlag, NodeStatus, Workflow, labels};
+use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{NodeFlag, NodeStatus, Workflow, labels};
 
 use crate::support::controller::{self as ctl, Audited};
 

@@ -42,13 +42,13 @@ pub mod controller {
     use k8s_openapi::api::events::v1::Event;
     use k8s_openapi::jiff::Timestamp;
     use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+    use rewind::argo::plan::{RetryOptions, plan_retry_at};
+    use rewind::argo::workflow::{Workflow, labels};
     use rewind::controller::{Controller, Options};
-    use rewind::plan::{RetryOptions, plan_retry_at};
-    use rewind::request::{self, RetryStatus, annotations};
+    use rewind::protocol::request::{self, RetryStatus, annotations};
+    use rewind::retry::Scope;
     use rewind::testenv::localcluster::{LocalCluster, Role};
     use rewind::testenv::workload::through_transient;
-    use rewind::watch::Scope;
-    use rewind::workflow::{Workflow, labels};
     use serde_json::Value;
     use tokio::task::JoinHandle;
     use tokio_util::sync::CancellationToken;
@@ -73,7 +73,7 @@ pub mod controller {
         cluster: &LocalCluster,
         namespace: &str,
         options: Options,
-        archive: Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>,
+        archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
     ) -> anyhow::Result<Running> {
         Ok(start_observed(cluster, namespace, options, archive)
             .await?
@@ -84,14 +84,25 @@ pub mod controller {
     pub async fn start_observed(
         cluster: &LocalCluster,
         namespace: &str,
+        options: Options,
+        archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
+    ) -> anyhow::Result<(Running, std::sync::Arc<rewind::telemetry::metrics::Metrics>)> {
+        let config = cluster.config(Role::Controller).await?;
+        start_as(config, namespace, options, archive).await
+    }
+
+    /// [`start_observed`] with the credentials of `config`.
+    pub async fn start_as(
+        config: kube::Config,
+        namespace: &str,
         mut options: Options,
-        archive: Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>,
-    ) -> anyhow::Result<(Running, std::sync::Arc<rewind::metrics::Metrics>)> {
+        archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
+    ) -> anyhow::Result<(Running, std::sync::Arc<rewind::telemetry::metrics::Metrics>)> {
         options.scope = Scope {
             namespaces: vec![namespace.to_owned()],
             instance_id: None,
         };
-        let mut controller = Controller::new(cluster.config(Role::Controller).await?, options)?;
+        let mut controller = Controller::new(config, options)?;
         if let Some(archive) = archive {
             controller = controller.with_database(archive);
         }
@@ -135,7 +146,8 @@ pub mod controller {
     /// Options with a write budget of `qps`/`burst` and the bulk path on or off.
     pub fn options(qps: u32, burst: u32, allow_bulk: bool) -> Options {
         let mut options = Options::default();
-        options.budget.writes = rewind::budget::Rate::new(qps, burst).expect("non-zero rate");
+        options.budget.writes =
+            rewind::engine::budget::Rate::new(qps, burst).expect("non-zero rate");
         options.retry.allow_bulk = allow_bulk;
         options
     }
@@ -259,7 +271,7 @@ pub mod controller {
 
     /// What the planner says the retry must produce from `before`, with every
     /// timestamp Argo sets to "now" replaced by [`NOW`].
-    pub fn expected_plan(before: &Workflow) -> anyhow::Result<rewind::plan::Plan> {
+    pub fn expected_plan(before: &Workflow) -> anyhow::Result<rewind::argo::plan::Plan> {
         let now: Timestamp = NOW.parse().expect("a valid timestamp");
         Ok(plan_retry_at(before, &RetryOptions::default(), now)?)
     }

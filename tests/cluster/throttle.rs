@@ -20,11 +20,11 @@ use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use rewind::queue::QueueDepths;
-use rewind::request::RetryPhase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::engine::queue::QueueDepths;
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role, USER_NAME};
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
 use serde_json::{Value, json};
 
 use crate::support::controller as ctl;

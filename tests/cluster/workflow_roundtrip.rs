@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, ensure};
 use kube::api::{Api, PostParams};
+use rewind::argo::workflow::Workflow;
 use rewind::testenv::localcluster::LocalCluster;
-use rewind::workflow::Workflow;
 use serde_json::{Map, Value, json};
 
 /// Retry nodes in the fan-out; with their pods and retries the status has about 2,200 nodes.

@@ -18,13 +18,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource as _, ResourceExt as _};
-use rewind::archived::{ArgoDatabase, DatabaseError};
-use rewind::request::{RetryPhase, annotations};
+use rewind::argo::db::{ArgoDatabase, DbError};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+use rewind::protocol::request::workflowretry_token;
+use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::serve::live_token;
-use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
 use crate::support::controller as ctl;
 
@@ -46,7 +46,7 @@ impl ArgoDatabase for Rows {
     fn archived_workflow<'a>(
         &'a self,
         uid: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Workflow>, DatabaseError>> {
+    ) -> BoxFuture<'a, Result<Option<Workflow>, DbError>> {
         Box::pin(async move { Ok(self.0.get(uid).cloned()) })
     }
 
@@ -54,7 +54,7 @@ impl ArgoDatabase for Rows {
         &'a self,
         _uid: &'a str,
         _version: &'a str,
-    ) -> BoxFuture<'a, Result<serde_json::Value, DatabaseError>> {
+    ) -> BoxFuture<'a, Result<serde_json::Value, DbError>> {
         Box::pin(async { Err(no_offload_table()) })
     }
 
@@ -63,16 +63,16 @@ impl ArgoDatabase for Rows {
         _uid: &'a str,
         _namespace: &'a str,
         _nodes: &'a serde_json::Value,
-    ) -> BoxFuture<'a, Result<String, DatabaseError>> {
+    ) -> BoxFuture<'a, Result<String, DbError>> {
         Box::pin(async { Err(no_offload_table()) })
     }
 }
 
 /// These tests' workflows are small: nothing is offloaded.
-fn no_offload_table() -> DatabaseError {
-    DatabaseError {
-        message: "the test's archive has no offload table".into(),
-        transient: false,
+fn no_offload_table() -> DbError {
+    DbError::Config {
+        configmap: "none".into(),
+        problem: "the test's archive has no offload table".into(),
     }
 }
 
@@ -205,7 +205,7 @@ pub async fn a_live_workflowretry_resets_the_workflow_reports_and_expires(
         "expected the workflow's name and UID, the generation and a Complete condition: {status:?}"
     );
     let after = workflows.get(&dag.name).await?;
-    let token = live_token(&object.uid().unwrap_or_default());
+    let token = workflowretry_token(&object.uid().unwrap_or_default());
     ensure!(
         after.annotation(annotations::OBSERVED) == Some(token.as_str()),
         "expected the workflow's {} to be {token}, found {:?}",

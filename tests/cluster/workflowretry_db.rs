@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, PostParams};
-use rewind::archived::{ArgoDatabase, ArgoDb};
-use rewind::request::RetryPhase;
+use rewind::argo::db::{ArgoDatabase, Sql};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::db::{DbServer, Kind};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::{FailedDag, delete_workflow};
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::WorkflowRetry;
 use serde_json::json;
 
 use crate::argodb::{self, Line};
@@ -117,7 +117,7 @@ async fn archived_retry_on(
             .port(),
     );
     down.connect_timeout = Duration::from_secs(1);
-    let unreachable: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&down).await?);
+    let unreachable: Arc<dyn ArgoDatabase> = Arc::new(Sql::connect(&down).await?);
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
@@ -157,7 +157,7 @@ async fn archived_retry_on(
     }
 
     // The database is up: the next controller finishes the request.
-    let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+    let database: Arc<dyn ArgoDatabase> = Arc::new(Sql::connect(&db.persistence()).await?);
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     let controller = ctl::start_with_archive(
         &cluster,
@@ -327,7 +327,7 @@ async fn offloaded_live_retry_on(
     hydrated.status.nodes = created.status.nodes.clone();
     hydrated.status.offload_node_status_version = None;
 
-    let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+    let database: Arc<dyn ArgoDatabase> = Arc::new(Sql::connect(&db.persistence()).await?);
     let mut options = ctl::options(50, 50, true);
     options.retry.always_offload_node_status = true;
     let controller = ctl::start_with_archive(&cluster, &namespace, options, Some(database)).await?;

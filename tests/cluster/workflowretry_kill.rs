@@ -18,13 +18,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use rewind::request::RetryPhase;
+use rewind::argo::workflow::Workflow;
+use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::db::Kind;
 use rewind::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::trials::{CONFIGMAP, install_argo_config};
 use rewind::testenv::workload::{FailedDag, delete_workflow};
-use rewind::workflow::Workflow;
-use rewind::workflowretry::{CREATED_BY, WorkflowRetry};
 use serde_json::json;
 use tokio::process::{Child, Command};
 

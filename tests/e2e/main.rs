@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use anyhow::ensure;
 use libtest_mimic::{Arguments, Failed, Trial};
-use rewind::plan::ArgoVersion;
+use rewind::argo::plan::ArgoVersion;
+use rewind::argo::workflow::Workflow;
 use rewind::testenv::argo::{self, ArgoController};
 use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
-use rewind::workflow::Workflow;
 use tracing_subscriber::EnvFilter;
 
 use run::{Budgets, Mode, Retry, Scenario};

@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use rewind::archived::{ArgoDatabase, ArgoDb};
+use rewind::argo::db::{ArgoDatabase, Sql};
+use rewind::argo::plan::ArgoVersion;
+use rewind::argo::workflow::{Workflow, labels};
 use rewind::controller::{Controller, Options};
-use rewind::plan::ArgoVersion;
-use rewind::request::{RetryPhase, annotations};
+use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
+use rewind::protocol::request::{RetryPhase, annotations};
+use rewind::retry::Scope;
 use rewind::testenv::argo::Outcomes;
 use rewind::testenv::localcluster::{LocalCluster, Role};
-use rewind::watch::Scope;
-use rewind::workflow::{Workflow, labels};
-use rewind::workflowretry::{WorkflowRetry, WorkflowRetrySpec};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -295,10 +295,11 @@ async fn argo_database(
     cluster: &LocalCluster,
     configmap: &str,
 ) -> anyhow::Result<Arc<dyn ArgoDatabase>> {
-    let persistence = rewind::archive::load_persistence(&cluster.admin_client(), configmap)
-        .await?
-        .with_context(|| format!("Argo's ConfigMap {configmap} has no persistence block"))?;
-    Ok(Arc::new(ArgoDb::connect(&persistence).await?))
+    let persistence =
+        rewind::controller::argo_config::load_persistence(&cluster.admin_client(), configmap)
+            .await?
+            .with_context(|| format!("Argo's ConfigMap {configmap} has no persistence block"))?;
+    Ok(Arc::new(Sql::connect(&persistence).await?))
 }
 
 /// Replaces offloaded nodes with the ones Argo saved; whether they were offloaded.
@@ -515,8 +516,9 @@ async fn start_rewind(
     database: Option<Arc<dyn ArgoDatabase>>,
 ) -> anyhow::Result<Running> {
     let mut options = Options::default();
-    options.budget.writes = rewind::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
-        .context("a non-zero rewind budget")?;
+    options.budget.writes =
+        rewind::engine::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
+            .context("a non-zero rewind budget")?;
     options.retry.argo_version = scenario.argo_version;
     options.retry.always_offload_node_status = scenario.mode == Mode::Offloaded;
     options.scope = Scope {

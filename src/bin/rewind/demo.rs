@@ -20,13 +20,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use tokio_util::sync::CancellationToken;
 
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::client::ask;
 use rewind::controller::Controller;
-use rewind::follow;
-use rewind::request::RequestOptions;
+use rewind::protocol::request::RequestOptions;
+use rewind::retry::Scope;
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
-use rewind::watch::Scope;
-use rewind::workflow::{Workflow, labels};
 
 use crate::Tuning;
 
@@ -143,7 +143,7 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<Dur
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     // What a user types; the demo runs the same code in-process.
     println!("\nrewind retry {} -n {NAMESPACE}", dag.name);
-    let asked = follow::ask(&workflows, NAMESPACE, &dag.name, &RequestOptions::default()).await?;
+    let asked = ask::ask(&workflows, NAMESPACE, &dag.name, &RequestOptions::default()).await?;
     let followed =
         crate::retry::follow_asked(&workflows, vec![asked], Duration::from_secs(15)).await;
     let used = metrics.api_requests() - before;
@@ -225,16 +225,16 @@ mod archived {
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
-    use rewind::archived::{ArgoDatabase, ArgoDb};
+    use rewind::argo::db::{ArgoDatabase, Sql};
+    use rewind::argo::workflow::{Workflow, labels};
     use rewind::controller::Controller;
-    use rewind::request::RetryPhase;
+    use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
+    use rewind::protocol::request::RetryPhase;
+    use rewind::retry::Scope;
     use rewind::testenv::db::DbServer;
-    use rewind::testenv::db::argodb::{ArgoDb as ArgosCode, ArgoLine};
+    use rewind::testenv::db::argodb::{ArgoDbTool as ArgosCode, ArgoLine};
     use rewind::testenv::localcluster::{LocalCluster, Role};
     use rewind::testenv::workload::{FailedDag, delete_workflow, hydrated};
-    use rewind::watch::Scope;
-    use rewind::workflow::{Workflow, labels};
-    use rewind::workflowretry::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 
     use super::{DemoArgs, NAMESPACE, progress};
 
@@ -313,7 +313,7 @@ mod archived {
         );
 
         // Argo's database as the workflowretry_db tests give it to the controller.
-        let database: Arc<dyn ArgoDatabase> = Arc::new(ArgoDb::connect(&db.persistence()).await?);
+        let database: Arc<dyn ArgoDatabase> = Arc::new(Sql::connect(&db.persistence()).await?);
         let scope = Scope {
             namespaces: vec![NAMESPACE.into()],
             instance_id: None,
@@ -436,16 +436,16 @@ mod bench {
     use kube::api::{Api, GetParams, Patch, PatchParams};
     use tokio_util::sync::CancellationToken;
 
+    use rewind::argo::workflow::Workflow;
     use rewind::controller::Controller;
-    use rewind::delete::bulk_selectors;
-    use rewind::request::{self, RetryPhase, annotations};
+    use rewind::engine::assess::bulk_selectors;
+    use rewind::engine::pods::delete_collection;
+    use rewind::protocol::request::{self, RequestOptions, RetryPhase};
+    use rewind::retry::Scope;
     use rewind::testenv::bench::audit::{self, Audited, seconds};
     use rewind::testenv::bench::stats::median;
     use rewind::testenv::localcluster::{ADMIN_NAME, CONTROLLER_NAME, LocalCluster, Options, Role};
     use rewind::testenv::workload::FailedDag;
-    use rewind::watch::Scope;
-    use rewind::workers::delete_collection;
-    use rewind::workflow::Workflow;
 
     use super::{DemoArgs, NAMESPACE};
 
@@ -598,7 +598,7 @@ mod bench {
         }
         let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), NAMESPACE);
         let token = "bench";
-        let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+        let patch = request::patch(token, &RequestOptions::default());
         workflows
             .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;

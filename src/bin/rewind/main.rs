@@ -8,17 +8,16 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use rewind::budget::{BudgetConfig, Rate};
-use rewind::controller::{Controller, Options};
-use rewind::leader::LeaseConfig;
-use rewind::plan::compress::{
+use rewind::argo::plan::compress::{
     Algorithm, Compression, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
 };
-use rewind::plan::{ArgoVersion, RetryOptions};
-use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig};
-use rewind::telemetry::{self, LogFormat};
-use rewind::watch::Scope;
-use rewind::workflow::Workflow;
+use rewind::argo::plan::{ArgoVersion, RetryOptions};
+use rewind::argo::workflow::Workflow;
+use rewind::controller::leader::LeaseConfig;
+use rewind::controller::{Controller, Options};
+use rewind::engine::budget::{BudgetConfig, Rate};
+use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
+use rewind::telemetry::logging::{self, LogFormat};
 
 mod connect;
 #[cfg(feature = "testenv")]
@@ -296,15 +295,15 @@ fn main() -> anyhow::Result<()> {
             let path = demo::log_file();
             let file = std::fs::File::create(&path)
                 .with_context(|| format!("creating the log file {}", path.display()))?;
-            telemetry::init_with(cli.log_format, filter, false, std::sync::Arc::new(file));
+            logging::init_with(cli.log_format, filter, false, std::sync::Arc::new(file));
         }
-        _ => telemetry::init(cli.log_format, filter),
+        _ => logging::init(cli.log_format, filter),
     }
     match cli.command {
         // Offline: no runtime needed.
         Command::Plan(args) => plan(args),
         Command::Crd => {
-            print!("{}", rewind::workflowretry::crd_yaml());
+            print!("{}", rewind::protocol::crd::crd_yaml());
             Ok(())
         }
         command => tokio::runtime::Runtime::new()?.block_on(async {
@@ -351,7 +350,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 async fn argo_database(
     config: kube::Config,
     configmap: &str,
-) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::archived::ArgoDatabase>>> {
+) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>> {
     if configmap.is_empty() {
         tracing::info!(
             "--argo-configmap is empty: archived retries and offloaded nodes are not served"
@@ -359,7 +358,9 @@ async fn argo_database(
         return Ok(None);
     }
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    let persistence = match rewind::archive::load_persistence(&client, configmap).await {
+    let persistence = match rewind::controller::argo_config::load_persistence(&client, configmap)
+        .await
+    {
         Ok(Some(p)) => p,
         Ok(None) => {
             tracing::info!(%configmap, "Argo's ConfigMap has no persistence block: archived retries and offloaded nodes are not served");
@@ -370,7 +371,7 @@ async fn argo_database(
             return Ok(None);
         }
     };
-    let database = rewind::archived::ArgoDb::connect(&persistence)
+    let database = rewind::argo::db::Sql::connect(&persistence)
         .await
         .with_context(|| format!("configuring Argo's database from {configmap}"))?;
     tracing::info!(%configmap, archive = persistence.archive, node_status_offload = persistence.node_status_offload, "using Argo's database");
@@ -402,7 +403,7 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
         max_workflow_size: args.max_workflow_size,
         compression: args.compression.settings(),
     };
-    match rewind::plan::plan_retry(&workflow, &options) {
+    match rewind::argo::plan::plan_retry(&workflow, &options) {
         Ok(plan) => {
             println!("{}", serde_json::to_string_pretty(&plan)?);
             Ok(())

@@ -11,14 +11,15 @@ use anyhow::{Context as _, bail};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kube::api::{Api, ListParams};
 
-use rewind::follow::{self, Asked, Follower, Observed, Preview, Source};
-use rewind::hint;
-use rewind::plan::selector::Selector;
-use rewind::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
-use rewind::request::{RequestOptions, RetryPhase, RetryStatus};
-use rewind::retry::RetryError;
-use rewind::workflow::Workflow;
-use rewind::workflowretry::WorkflowRetry;
+use rewind::argo::plan::selector::Selector;
+use rewind::argo::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFLOW_SIZE};
+use rewind::argo::workflow::Workflow;
+use rewind::client::follow::{self, Follower, Observed};
+use rewind::client::preview::{self, Preview};
+use rewind::client::{Asked, Source, ask};
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::hint::{self, Refusal};
+use rewind::protocol::request::{RequestOptions, RetryPhase, RetryStatus};
 
 use crate::connect::KubeArgs;
 use crate::parse_duration;
@@ -111,8 +112,9 @@ impl Outcome {
 pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
     // As `argo retry`, refuse a selector that does not parse before asking anything.
     if let Err(e) = Selector::parse(&args.node_field_selector) {
-        let error = RetryError::Plan(e.clone().into());
-        let hint = hint::explain(&error, "WORKFLOW", &Default::default()).unwrap_or_default();
+        let error = e.clone().into();
+        let hint = hint::explain(Refusal::Plan(&error), "WORKFLOW", &Default::default())
+            .unwrap_or_default();
         bail!(
             "unable to parse node field selector '{}': {e} — {hint}",
             args.node_field_selector
@@ -134,7 +136,7 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
     }
     let mut asked = Vec::new();
     for name in &names {
-        asked.push(follow::ask(&workflows, &namespace, name, &options).await?);
+        asked.push(ask::ask(&workflows, &namespace, name, &options).await?);
     }
     if args.no_wait {
         for a in &asked {
@@ -179,7 +181,7 @@ async fn archived(
 ) -> anyhow::Result<()> {
     let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
     let (asked, created) =
-        follow::ask_archived(&retries, namespace, uid, options, args.dry_run).await?;
+        ask::ask_archived(&retries, namespace, uid, options, args.dry_run).await?;
     let name = &asked.token;
     if args.dry_run {
         match args.output {
@@ -294,32 +296,33 @@ async fn dry_run(
             .get(name)
             .await
             .with_context(|| format!("reading workflow {namespace}/{name}"))?;
-        let plan = match rewind::plan::plan_retry(&wf, &options) {
+        let plan = match rewind::argo::plan::plan_retry(&wf, &options) {
             Ok(plan) => plan,
             Err(e) => {
                 let empty = Default::default();
                 let annotations = wf.metadata.annotations.as_ref().unwrap_or(&empty);
                 eprintln!(
                     "{namespace}/{name}: cannot retry: {}",
-                    hint::message(&RetryError::Plan(e), name, annotations)
+                    hint::message(Refusal::Plan(&e), name, annotations)
                 );
                 refused += 1;
                 continue;
             }
         };
         let planned = plan.pods_to_delete.iter().cloned().collect();
-        let listed = match rewind::workers::list_workflow_pods(client, namespace, name, &planned)
-            .await
-        {
-            Ok(listed) => Some(listed),
-            // Users may ask for retries without the right to list pods.
-            Err(kube::Error::Api(s)) if s.code == 403 => None,
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("listing the pods of workflow {namespace}/{name}"));
-            }
-        };
-        previews.push(follow::preview(
+        let listed =
+            match rewind::engine::pods::list_workflow_pods(client, namespace, name, &planned).await
+            {
+                Ok(listed) => Some(listed),
+                // Users may ask for retries without the right to list pods.
+                Err(kube::Error::Api(s)) if s.code == 403 => None,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("listing the pods of workflow {namespace}/{name}")
+                    });
+                }
+            };
+        previews.push(preview::preview(
             name,
             &plan,
             listed.as_deref(),
@@ -524,7 +527,7 @@ fn show(display: &mut Display, i: usize, asked: &Asked, observed: &Observed, ela
             let eta = left.map_or_else(|| "-".to_owned(), |d| format!("{}s", d.as_secs()));
             eprintln!(
                 "{} {}/{} {:?} {}/{} pods deleted, {rate:.1}/s, ETA {eta}",
-                k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                rewind::protocol::request::now(),
                 asked.namespace,
                 asked.workflow,
                 status.phase,

@@ -9,9 +9,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 
-use rewind::follow::{self, Row};
-use rewind::workflow::Workflow;
-use rewind::workflowretry::WorkflowRetry;
+use rewind::argo::workflow::Workflow;
+use rewind::client::rows::{self, Row};
+use rewind::protocol::crd::WorkflowRetry;
 
 use crate::connect::KubeArgs;
 
@@ -117,7 +117,7 @@ async fn rows(sources: &mut Sources, name: Option<&str>) -> anyhow::Result<Vec<R
         }
         Err(e) => return Err(e).context("listing WorkflowRetry objects"),
     };
-    Ok(follow::rows(&workflows, &retries, name, Timestamp::now()))
+    Ok(rows::rows(&workflows, &retries, name, Timestamp::now()))
 }
 
 // WORKFLOW fits an archived UID (36 characters) while the controller has not named the workflow yet.

@@ -1,11 +1,11 @@
 //! The command line and logging shared by the benchmark mains (benches/*, `harness = false`).
 //!
-//! `cargo bench --bench NAME -- FLAGS` runs a main with its flags and `--bench`;
-//! `cargo test --all-targets` runs the same binary with neither, and a main then only says
+//! `cargo bench --features testenv --bench NAME -- FLAGS` runs a main with its flags and `--bench`;
+//! `cargo test --all-targets --features testenv` runs the same binary with neither, and a main then only says
 //! how to run it (or checks committed results): [`parse`] tells the two apart.
 
 /// The flags of benchmark `name` when `cargo bench` runs it, and the command line that
-/// reproduces the run (`cargo bench --bench NAME -- FLAGS`, the flags as given); `None`
+/// reproduces the run (`cargo bench --features testenv --bench NAME -- FLAGS`, the flags as given); `None`
 /// without `--bench`, when `cargo test` runs it. Exits with clap's message on a bad flag
 /// or `--help`.
 pub fn parse<A: clap::Parser>(name: &str) -> Option<(A, String)> {
@@ -27,9 +27,12 @@ pub fn parse_from<A: clap::Parser>(
     if flags.len() == before {
         return Ok(None);
     }
-    let command = format!("cargo bench --bench {name} -- {}", flags.join(" "));
+    let command = format!(
+        "cargo bench --features testenv --bench {name} -- {}",
+        flags.join(" ")
+    );
     // The program's name as usage shows it: how to pass the flags, not the hashed binary.
-    let program = format!("cargo bench --bench {name} --");
+    let program = format!("cargo bench --features testenv --bench {name} --");
     let args = A::try_parse_from(std::iter::once(program).chain(flags))?;
     Ok(Some((args, command)))
 }
@@ -103,7 +106,10 @@ mod tests {
                 out: Some("retry-neighbour".into()),
             }
         );
-        assert_eq!(command, format!("cargo bench --bench retry -- {given}"));
+        assert_eq!(
+            command,
+            format!("cargo bench --features testenv --bench retry -- {given}")
+        );
         let (args, _) = parsed(&["--bench", "--slow"]).unwrap().unwrap();
         assert_eq!(
             (args.pods, args.repetitions, args.slow),

@@ -19,9 +19,9 @@ use super::audit::{Audited, seconds};
 use super::cache_wait::{self, CacheWait};
 use super::stats::percentile;
 use super::usage::{CpuShare, Cpus};
+use crate::argo::workflow::Workflow;
 use crate::testenv::localcluster::{LocalCluster, USER_NAME};
 use crate::testenv::workload::FailedDag;
-use crate::workflow::Workflow;
 
 /// The neighbour's namespace, apart from the retried workflow's.
 pub const NAMESPACE: &str = "neighbours";

@@ -37,13 +37,13 @@ pub struct Answer {
 
 /// A built helper binary.
 #[derive(Clone, Debug)]
-pub struct ArgoDb {
+pub struct ArgoDbTool {
     binary: PathBuf,
 }
 
-impl ArgoDb {
+impl ArgoDbTool {
     /// Builds (once, cached under ~/.cache/rewind) and locates the helper.
-    pub fn locate(line: ArgoLine) -> Result<ArgoDb, DbError> {
+    pub fn locate(line: ArgoLine) -> Result<ArgoDbTool, DbError> {
         let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join(BUILD_SCRIPT);
         let script = if compiled_in.is_file() {
             compiled_in
@@ -70,7 +70,7 @@ impl ArgoDb {
                 output.status
             )));
         }
-        Ok(ArgoDb {
+        Ok(ArgoDbTool {
             binary: binary.into(),
         })
     }
@@ -141,7 +141,7 @@ impl ArgoDb {
 impl DbServer {
     /// The request that archives `workflow` with Argo's `ArchiveWorkflow`,
     /// as Argo's controller does (cluster name and instance ID unset).
-    pub fn archive_request(&self, workflow: &crate::workflow::Workflow) -> Value {
+    pub fn archive_request(&self, workflow: &crate::argo::workflow::Workflow) -> Value {
         self.argodb_request(
             "archive",
             json!({"workflow": workflow, "clusterName": "", "instanceID": ""}),

@@ -22,7 +22,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
-use crate::archive::{ConnectionPool, Database, Persistence};
+use crate::argo::db::{ConnectionPool, Database, Persistence};
 use process::{RunAs, Server};
 
 /// The database and user every fixture creates.
@@ -369,7 +369,7 @@ impl DbServer {
             password: PASSWORD.into(),
             pool: ConnectionPool::default(),
             connect_timeout: Duration::from_secs(5),
-            cluster_name: crate::archive::DEFAULT_CLUSTER_NAME.into(),
+            cluster_name: crate::argo::db::DEFAULT_CLUSTER_NAME.into(),
             instance_id: String::new(),
             node_status_offload: true,
             archive: true,
@@ -445,7 +445,7 @@ impl DbServer {
     /// Creates Argo's tables with Argo's own migration (v4.1.4, which v3.7.6
     /// reads and writes too).
     pub fn create_argo_schema(&self) -> Result<(), DbError> {
-        argodb::ArgoDb::locate(argodb::ArgoLine::V4)?
+        argodb::ArgoDbTool::locate(argodb::ArgoLine::V4)?
             .one(self.argodb_request("migrate", json!({})))
             .map(drop)
     }

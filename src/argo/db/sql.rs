@@ -1,0 +1,446 @@
+//! Argo's tables in SQL (v4.1.4 `persist/sqldb`), on PostgreSQL or
+//! MySQL/MariaDB: read an archived workflow, read offloaded nodes, and
+//! offload nodes the way Argo's offload repo does, so Argo reads them back.
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+use sqlx::Executor;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgSslMode};
+
+use super::{ArgoDatabase, Database, DbError, Persistence, go_json};
+use crate::argo::workflow::{Workflow, labels};
+
+/// Argo's archive table (fixed name).
+pub const ARCHIVE_TABLE: &str = "argo_archived_workflows";
+/// What Argo writes for `\u0000` on PostgreSQL, whose jsonb cannot hold it.
+const POSTGRES_NULL_REPLACEMENT: &str = "ARGO_POSTGRES_NULL_REPLACEMENT";
+/// A small pool: rewind reads one row per archived retry.
+const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+
+/// Whether a database error may pass: no connection, a connection lost,
+/// a server shutting down or overloaded, a deadlock.
+fn is_transient(error: &sqlx::Error) -> bool {
+    match error {
+        // sqlx reports a rejected TLS certificate as invalid data: a setting
+        // to fix, not a fault that passes.
+        sqlx::Error::Io(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+        ),
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // PostgreSQL SQLSTATE: connection exceptions, insufficient
+            // resources, operator intervention (shutdown), serialization
+            // failure, deadlock.
+            Some(code) if code.starts_with("08") || code.starts_with("53") => true,
+            Some("57P01" | "57P02" | "57P03" | "40001" | "40P01") => true,
+            // MySQL: too many connections, lock wait timeout, deadlock,
+            // server gone away, connection lost.
+            _ => db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| matches!(e.number(), 1040 | 1205 | 1213 | 2006 | 2013)),
+        },
+        _ => false,
+    }
+}
+
+fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// Argo's database as its `persistence` block configures it: a (lazy)
+/// connection pool and what Argo keeps there.
+#[derive(Clone, Debug)]
+pub struct Sql {
+    archives: bool,
+    offloads: bool,
+    pool: Pool,
+    cluster_name: String,
+    instance_id: String,
+    table_name: String,
+    target: String,
+}
+
+#[derive(Clone, Debug)]
+enum Pool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
+/// go-sql-driver/mysql options that configure the driver rather than the
+/// server session; those rewind has no equivalent for are ignored.
+const MYSQL_DRIVER_OPTIONS: &[&str] = &[
+    "allowAllFiles",
+    "allowCleartextPasswords",
+    "allowFallbackToPlaintext",
+    "allowNativePasswords",
+    "allowOldPasswords",
+    "charset",
+    "checkConnLiveness",
+    "clientFoundRows",
+    "collation",
+    "columnsWithAlias",
+    "compress",
+    "connectionAttributes",
+    "interpolateParams",
+    "loc",
+    "maxAllowedPacket",
+    "multiStatements",
+    "parseTime",
+    "readTimeout",
+    "rejectReadOnly",
+    "serverPubKey",
+    "timeTruncate",
+    "timeout",
+    "tls",
+    "writeTimeout",
+];
+
+impl Sql {
+    /// A pool on the database `p` names. Lazy: no connection is made until the
+    /// first query, so an unreachable database shows as a transient error there.
+    pub async fn connect(p: &Persistence) -> Result<Sql, DbError> {
+        let target = p.target();
+        let config_error = |problem: String| DbError::Settings {
+            target: target.clone(),
+            problem,
+        };
+        if !is_identifier(&p.table_name) {
+            return Err(config_error(format!(
+                "tableName {:?} is not a plain SQL table name (letters, digits, _)",
+                p.table_name
+            )));
+        }
+        let max = match p.pool.max_open_conns {
+            0 => DEFAULT_MAX_CONNECTIONS,
+            n => n,
+        };
+        let pool = match &p.database {
+            Database::Postgres { ssl_mode } => {
+                let ssl_mode: PgSslMode = ssl_mode.parse().map_err(|_| {
+                    config_error(format!(
+                        "postgresql.sslMode {ssl_mode:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
+                    ))
+                })?;
+                let mut options = PgConnectOptions::new_without_pgpass()
+                    .host(&p.host)
+                    .username(&p.username)
+                    .password(&p.password)
+                    .database(&p.database_name)
+                    .ssl_mode(ssl_mode);
+                if let Some(port) = p.port {
+                    options = options.port(port);
+                }
+                Pool::Postgres(pool_options::<sqlx::Postgres>(p, max).connect_lazy_with(options))
+            }
+            Database::MySql { options: mysql } => {
+                let mut options = MySqlConnectOptions::new()
+                    .host(&p.host)
+                    .username(&p.username)
+                    .password(&p.password)
+                    .database(&p.database_name)
+                    .ssl_mode(mysql_ssl_mode(mysql.get("tls").map(String::as_str)).ok_or_else(
+                        || {
+                            config_error(format!(
+                                "mysql.options.tls {:?} is not one of true, false, skip-verify, preferred",
+                                mysql["tls"]
+                            ))
+                        },
+                    )?);
+                if let Some(port) = p.port {
+                    options = options.port(port);
+                }
+                if let Some(charset) = mysql.get("charset") {
+                    // go-sql-driver takes a comma-separated preference list.
+                    options = options.charset(charset.split(',').next().unwrap_or(charset));
+                }
+                if let Some(collation) = mysql.get("collation") {
+                    options = options.collation(collation);
+                }
+                let mut session = Vec::new();
+                for (key, value) in mysql {
+                    if MYSQL_DRIVER_OPTIONS.contains(&key.as_str()) {
+                        continue;
+                    }
+                    if !is_identifier(key) {
+                        return Err(config_error(format!(
+                            "mysql.options key {key:?} is not a server variable name"
+                        )));
+                    }
+                    // As go-sql-driver does: the value is sent as written.
+                    session.push(format!("SET {key}={value}"));
+                }
+                let pool = pool_options::<sqlx::MySql>(p, max).after_connect(move |conn, _| {
+                    let session = session.clone();
+                    Box::pin(async move {
+                        for statement in &session {
+                            conn.execute(statement.as_str()).await?;
+                        }
+                        Ok(())
+                    })
+                });
+                Pool::MySql(pool.connect_lazy_with(options))
+            }
+        };
+        tracing::debug!(%target, table = %p.table_name, cluster = %p.cluster_name, "archive pool ready");
+        Ok(Sql {
+            archives: p.archive,
+            offloads: p.node_status_offload,
+            pool,
+            cluster_name: p.cluster_name.clone(),
+            instance_id: p.instance_id.clone(),
+            table_name: p.table_name.clone(),
+            target,
+        })
+    }
+
+    fn db_error(&self, what: String) -> impl FnOnce(sqlx::Error) -> DbError + '_ {
+        move |source| DbError::Database {
+            what,
+            target: self.target.clone(),
+            transient: is_transient(&source),
+            source,
+        }
+    }
+
+    /// The archived workflow (fully hydrated, as Argo stored it), scoped to
+    /// clustername and instanceid; None if no row.
+    async fn read_archived(&self, uid: &str) -> Result<Option<Workflow>, DbError> {
+        let what = || format!("reading archived workflow {uid}");
+        let row: Option<String> = match &self.pool {
+            Pool::Postgres(pool) => sqlx::query_scalar(
+                "SELECT workflow::text FROM argo_archived_workflows \
+                 WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
+            )
+            .bind(&self.cluster_name)
+            .bind(&self.instance_id)
+            .bind(uid)
+            .fetch_optional(pool)
+            .await
+            .map_err(self.db_error(what()))?
+            .map(|text: String| text.replace(POSTGRES_NULL_REPLACEMENT, "\\u0000")),
+            Pool::MySql(pool) => sqlx::query_scalar(
+                "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
+                 WHERE clustername = ? AND instanceid = ? AND uid = ?",
+            )
+            .bind(&self.cluster_name)
+            .bind(&self.instance_id)
+            .bind(uid)
+            .fetch_optional(pool)
+            .await
+            .map_err(self.db_error(what()))?,
+        };
+        let Some(text) = row else {
+            return Ok(None);
+        };
+        let mut wf: Workflow =
+            serde_json::from_str(&text).map_err(|source| DbError::CorruptArchivedWorkflow {
+                uid: uid.to_owned(),
+                target: self.target.clone(),
+                source,
+            })?;
+        // As Argo's GetWorkflow: a workflow read from the archive is Persisted.
+        wf.metadata.labels.get_or_insert_default().insert(
+            labels::WORKFLOW_ARCHIVING_STATUS.to_owned(),
+            "Persisted".to_owned(),
+        );
+        Ok(Some(wf))
+    }
+
+    /// Offloaded nodes (status.offloadNodeStatusVersion) of a live or archived workflow.
+    async fn read_offloaded(&self, uid: &str, version: &str) -> Result<Value, DbError> {
+        let what = || format!("reading offloaded nodes of workflow {uid} version {version}");
+        let row: Option<String> = match &self.pool {
+            Pool::Postgres(pool) => sqlx::query_scalar(&format!(
+                "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
+                self.table_name
+            ))
+            .bind(&self.cluster_name)
+            .bind(uid)
+            .bind(version)
+            .fetch_optional(pool)
+            .await
+            .map_err(self.db_error(what()))?,
+            Pool::MySql(pool) => sqlx::query_scalar(&format!(
+                "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
+                 WHERE clustername = ? AND uid = ? AND version = ?",
+                self.table_name
+            ))
+            .bind(&self.cluster_name)
+            .bind(uid)
+            .bind(version)
+            .fetch_optional(pool)
+            .await
+            .map_err(self.db_error(what()))?,
+        };
+        let text = row.ok_or_else(|| DbError::OffloadedNodesMissing {
+            uid: uid.to_owned(),
+            version: version.to_owned(),
+            table: self.table_name.clone(),
+            target: self.target.clone(),
+        })?;
+        let corrupt = |source| DbError::CorruptOffloadedNodes {
+            uid: uid.to_owned(),
+            version: version.to_owned(),
+            table: self.table_name.clone(),
+            target: self.target.clone(),
+            source,
+        };
+        let nodes: Value = serde_json::from_str(&text).map_err(corrupt)?;
+        if nodes.is_object() {
+            Ok(nodes)
+        } else {
+            Err(corrupt(serde::de::Error::custom(
+                "expected a map of node ID to node status",
+            )))
+        }
+    }
+
+    /// Writes nodes as Argo's offload repo Save does (an insert; an existing
+    /// row of the same version is the same nodes, so a duplicate is fine);
+    /// returns the version string Argo would.
+    async fn write_offloaded(
+        &self,
+        uid: &str,
+        namespace: &str,
+        nodes: &Value,
+    ) -> Result<String, DbError> {
+        let marshalled = go_json::marshal_nodes(nodes);
+        let version = go_json::offload_version(&marshalled);
+        // Go's encoder writes only valid UTF-8 (it substitutes U+FFFD), and
+        // so does ours, from Rust strings.
+        let text = String::from_utf8(marshalled).expect("Go-style JSON is UTF-8");
+        let what = format!("offloading nodes of workflow {uid} version {version}");
+        let result = match &self.pool {
+            Pool::Postgres(pool) => sqlx::query(&format!(
+                "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES ($1, $2, $3, $4, CAST($5 AS json))",
+                self.table_name
+            ))
+            .bind(&self.cluster_name)
+            .bind(uid)
+            .bind(&version)
+            .bind(namespace)
+            .bind(&text)
+            .execute(pool)
+            .await
+            .map(drop),
+            Pool::MySql(pool) => sqlx::query(&format!(
+                "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES (?, ?, ?, ?, ?)",
+                self.table_name
+            ))
+            .bind(&self.cluster_name)
+            .bind(uid)
+            .bind(&version)
+            .bind(namespace)
+            .bind(&text)
+            .execute(pool)
+            .await
+            .map(drop),
+        };
+        match result {
+            Err(e) if is_duplicate_key(&e) => {
+                tracing::debug!(%uid, %version, "offloaded nodes already written");
+                Ok(version)
+            }
+            Err(e) => Err(self.db_error(what)(e)),
+            Ok(()) => Ok(version),
+        }
+    }
+
+    /// Closes the pool's connections.
+    pub async fn close(&self) {
+        match &self.pool {
+            Pool::Postgres(pool) => pool.close().await,
+            Pool::MySql(pool) => pool.close().await,
+        }
+    }
+}
+
+impl ArgoDatabase for Sql {
+    fn archives(&self) -> bool {
+        self.archives
+    }
+
+    fn offloads(&self) -> bool {
+        self.offloads
+    }
+
+    fn archived_workflow<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Workflow>, DbError>> {
+        Box::pin(self.read_archived(uid))
+    }
+
+    fn offloaded_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        version: &'a str,
+    ) -> BoxFuture<'a, Result<Value, DbError>> {
+        Box::pin(self.read_offloaded(uid, version))
+    }
+
+    fn offload_nodes<'a>(
+        &'a self,
+        uid: &'a str,
+        namespace: &'a str,
+        nodes: &'a Value,
+    ) -> BoxFuture<'a, Result<String, DbError>> {
+        Box::pin(self.write_offloaded(uid, namespace, nodes))
+    }
+}
+
+/// Argo's `connectionPool`: maxOpenConns and connMaxLifetime map onto
+/// sqlx's pool; maxIdleConns has no counterpart (sqlx closes a connection
+/// idle for 10 minutes, and rewind's pool is small anyway).
+fn pool_options<DB: sqlx::Database>(p: &Persistence, max: u32) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(max)
+        .min_connections(0)
+        .acquire_timeout(p.connect_timeout)
+        .max_lifetime(p.pool.conn_max_lifetime)
+}
+
+/// go-sql-driver/mysql's `tls` option: absent or "false" is no TLS, "true"
+/// verifies the server's certificate and name, "skip-verify" encrypts without
+/// verifying, "preferred" uses TLS when the server offers it.
+fn mysql_ssl_mode(tls: Option<&str>) -> Option<MySqlSslMode> {
+    match tls {
+        None | Some("false") => Some(MySqlSslMode::Disabled),
+        Some("true") => Some(MySqlSslMode::VerifyIdentity),
+        Some("skip-verify") => Some(MySqlSslMode::Required),
+        Some("preferred") => Some(MySqlSslMode::Preferred),
+        Some(_) => None,
+    }
+}
+
+fn is_identifier(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_tls_options_as_go_sql_driver_reads_them() {
+        assert!(matches!(mysql_ssl_mode(None), Some(MySqlSslMode::Disabled)));
+        assert!(matches!(
+            mysql_ssl_mode(Some("true")),
+            Some(MySqlSslMode::VerifyIdentity)
+        ));
+        assert!(matches!(
+            mysql_ssl_mode(Some("skip-verify")),
+            Some(MySqlSslMode::Required)
+        ));
+        assert!(mysql_ssl_mode(Some("custom")).is_none());
+    }
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        assert!(is_identifier("argo_workflows"));
+        assert!(!is_identifier("x; drop table y"));
+        assert!(!is_identifier(""));
+    }
+}

@@ -1,0 +1,237 @@
+//! Starting and tracking the requests the watches see: one task per
+//! workflow with a pending request, one per WorkflowRetry object. Every task
+//! is tracked, stops at shutdown (its request stays pending and resumes at
+//! the next start), and is awaited before the controller returns.
+
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, info_span, warn};
+
+use crate::argo::workflow::Workflow;
+use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::request;
+use crate::retry::Context;
+use crate::retry::live::{self, Target};
+use crate::retry::workflowretry;
+
+/// Wait before trying a request again after a transient error, doubling up to
+/// [`RETRY_BACKOFF_MAX`].
+const RETRY_BACKOFF_START: Duration = Duration::from_secs(1);
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// The keys of the requests being served: one task per key at a time.
+struct Active<K>(Mutex<HashSet<K>>);
+
+impl<K: Eq + Hash> Active<K> {
+    fn new() -> Arc<Self> {
+        Arc::new(Active(Mutex::new(HashSet::new())))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<K>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts the requests the watches see, until shutdown; clones share it.
+#[derive(Clone)]
+pub struct Dispatcher {
+    ctx: Arc<Context>,
+    /// Workflows (namespace, UID) whose requests are being served: one at a
+    /// time per workflow, as two would wait on the same queued pods.
+    workflows: Arc<Active<(String, String)>>,
+    /// WorkflowRetry objects (UID) being served.
+    objects: Arc<Active<String>>,
+    stores: Arc<Vec<Store<PartialObjectMeta<Workflow>>>>,
+    /// Stops the requests in progress.
+    shutdown: CancellationToken,
+    /// Every request's task, awaited at shutdown.
+    tasks: TaskTracker,
+}
+
+impl Dispatcher {
+    pub fn new(
+        ctx: Arc<Context>,
+        stores: Arc<Vec<Store<PartialObjectMeta<Workflow>>>>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Dispatcher {
+            ctx,
+            workflows: Active::new(),
+            objects: Active::new(),
+            stores,
+            shutdown,
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Waits for every request's task to stop (after shutdown was asked).
+    pub async fn stopped(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// Starts serving the request `meta` carries, unless none is pending or
+    /// the workflow's requests are being served already: that task takes the
+    /// newest token from the cache when its current request ends.
+    pub fn workflow(&self, meta: &PartialObjectMeta<Workflow>) {
+        let Some(target) = pending_target(meta) else {
+            return;
+        };
+        let key = (target.namespace.clone(), target.uid.clone());
+        if !self.workflows.lock().insert(key.clone()) {
+            return;
+        }
+        let this = self.clone();
+        self.tasks
+            .spawn(async move { this.serve_workflow(target, key).await });
+    }
+
+    /// Serves `target`, then each newer request of the same workflow.
+    async fn serve_workflow(&self, mut target: Target, key: (String, String)) {
+        loop {
+            let span = info_span!(
+                "retry",
+                workflow = target.name,
+                namespace = target.namespace,
+                token = target.token
+            );
+            self.serve_request(&target).instrument(span).await;
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            // Under the lock, so that an event handled after this check finds
+            // the workflow inactive and starts its request itself (the cache
+            // is updated before its event is handled).
+            let mut active = self.workflows.lock();
+            let reference = ObjectRef::new(&target.name).within(&target.namespace);
+            let next = self
+                .stores
+                .iter()
+                .find_map(|s| s.get(&reference))
+                .and_then(|meta| pending_target(&meta))
+                .filter(|next| next.uid == target.uid && next.token != target.token);
+            match next {
+                Some(next) => target = next,
+                None => {
+                    active.remove(&key);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs one request to its end. Errors were reported to the user and
+    /// logged by `live::run`; transient ones are tried again, so no request
+    /// is lost.
+    async fn serve_request(&self, target: &Target) {
+        let mut delay = RETRY_BACKOFF_START;
+        while let Err(e) = live::run(&self.ctx, target, &self.shutdown).await {
+            if !e.is_transient() || !self.pause(&mut delay).await {
+                break;
+            }
+        }
+    }
+
+    /// Starts serving a WorkflowRetry object, unless it is finished without
+    /// a TTL to wait out or served already.
+    pub fn object(&self, object: WorkflowRetry) {
+        let Some(uid) = object.uid() else {
+            return;
+        };
+        if object.is_finished() && workflowretry::expires_at(&object).is_none() {
+            return;
+        }
+        if !self.objects.lock().insert(uid.clone()) {
+            return;
+        }
+        let this = self.clone();
+        self.tasks.spawn(async move {
+            let span = info_span!(
+                "workflowretry",
+                name = object.name_any(),
+                namespace = object.namespace()
+            );
+            this.serve_object(object, &uid).instrument(span).await;
+            this.objects.lock().remove(&uid);
+        });
+    }
+
+    /// Serves a WorkflowRetry to its end, then deletes it after its TTL. A
+    /// request that is not finished after being served (a transient error,
+    /// or its end could not be recorded) is served again after a backoff.
+    async fn serve_object(&self, mut object: WorkflowRetry, uid: &str) {
+        let mut delay = RETRY_BACKOFF_START;
+        let mut served = false;
+        loop {
+            let Some(now) = self.fresh(&object, uid).await else {
+                return;
+            };
+            object = now;
+            if object.is_finished() {
+                break;
+            }
+            if served && !self.pause(&mut delay).await {
+                return;
+            }
+            // Its end is reported (status, Event) by `serve`.
+            let _ = workflowretry::serve(&self.ctx, &object, &self.shutdown).await;
+            served = true;
+        }
+        tokio::select! {
+            _ = self.shutdown.cancelled() => {}
+            _ = workflowretry::delete_when_expired(self.ctx.client(), &object) => {}
+        }
+    }
+
+    /// The object as the API server has it now; `None` if it is gone or
+    /// replaced, or at shutdown. A watch event can be older than our own last
+    /// status write.
+    async fn fresh(&self, object: &WorkflowRetry, uid: &str) -> Option<WorkflowRetry> {
+        let api: Api<WorkflowRetry> = Api::namespaced(self.ctx.client(), &object.namespace()?);
+        let mut delay = RETRY_BACKOFF_START;
+        loop {
+            match api.get_opt(&object.name_any()).await {
+                Ok(found) => return found.filter(|o| o.uid().as_deref() == Some(uid)),
+                Err(error) => {
+                    warn!(workflowretry = object.name_any(), %error, "reading the WorkflowRetry failed; trying again");
+                    if !self.pause(&mut delay).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits `delay` (doubled for next time, up to [`RETRY_BACKOFF_MAX`]);
+    /// false if shutdown came first.
+    async fn pause(&self, delay: &mut Duration) -> bool {
+        let wait = *delay;
+        *delay = (*delay * 2).min(RETRY_BACKOFF_MAX);
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
+        }
+    }
+}
+
+/// The request `meta` carries that is not finished yet, if any.
+fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
+    // A request with bad options is pending too: serving it answers it.
+    let _ = request::pending(meta.annotations())?;
+    Some(Target {
+        namespace: meta.namespace()?,
+        name: meta.name_any(),
+        uid: meta.uid()?,
+        token: meta.annotations()[request::annotations::RETRY]
+            .trim()
+            .to_owned(),
+    })
+}

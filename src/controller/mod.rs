@@ -1,0 +1,265 @@
+//! The controller: wires the watches (workflows and WorkflowRetry objects),
+//! the workflow archive, the queue, the delete workers, the API
+//! budget, garbage collection and the HTTP endpoints together.
+
+pub mod argo_config;
+pub mod dispatch;
+pub mod gc;
+pub mod http;
+pub mod leader;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::events::{Recorder, Reporter};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::argo::db::ArgoDatabase;
+use crate::controller::leader::{LeaderError, LeaseConfig, Role};
+use crate::controller::watch::State;
+use crate::engine::Engine;
+use crate::engine::budget::{self, Budget, BudgetConfig};
+use crate::engine::queue::{QueueConfig, WorkQueue};
+use crate::engine::workers::{self, Outcomes};
+use crate::retry::{Context, RetryConfig, Scope};
+use crate::telemetry::metrics::Metrics;
+
+/// Everything the controller can be told.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub scope: Scope,
+    pub budget: BudgetConfig,
+    /// Delete workers (each sends one request at a time).
+    pub workers: usize,
+    pub queue: QueueConfig,
+    pub retry: RetryConfig,
+    /// Sweep for orphan pods this often; `None` turns garbage collection off.
+    pub pod_gc: Option<Duration>,
+    /// Where to serve /healthz, /readyz and /metrics; `None` serves nothing.
+    pub http_addr: Option<SocketAddr>,
+    /// Names this controller in Events (`reportingController`).
+    pub reporter: String,
+    /// Work only while holding this lease; `None` works at once, alone.
+    pub leader_election: Option<LeaseConfig>,
+}
+
+/// Why the controller stopped other than by a requested shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("serving HTTP on {addr}: {source}")]
+    Http {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            scope: Scope::default(),
+            budget: BudgetConfig::default(),
+            workers: BudgetConfig::default().workers.get(),
+            queue: QueueConfig::default(),
+            retry: RetryConfig::default(),
+            pod_gc: None,
+            http_addr: None,
+            reporter: "rewind".into(),
+            leader_election: None,
+        }
+    }
+}
+
+/// A configured controller; [`Controller::run`] starts it.
+pub struct Controller {
+    options: Options,
+    budget: Budget,
+    ctx: Context,
+    /// The delete workers' client for DeleteCollection (see [`workers::bulk_client`]).
+    bulk_client: kube::Client,
+    state: State,
+    /// The lease's own client: outside the budget (renewals never wait for
+    /// pod deletions) and with short timeouts (fencing, see `leader`).
+    lease_client: Option<kube::Client>,
+}
+
+impl Controller {
+    /// Builds the budgeted client. Must be called inside a tokio runtime.
+    pub fn new(config: kube::Config, options: Options) -> Result<Self, kube::Error> {
+        let metrics = Arc::new(Metrics::default());
+        let lease_client = match &options.leader_election {
+            Some(lease) => {
+                let mut config = config.clone();
+                config.connect_timeout = Some(lease.request_timeout());
+                config.read_timeout = Some(lease.request_timeout());
+                config.write_timeout = Some(lease.request_timeout());
+                Some(kube::Client::try_from(config)?)
+            }
+            None => None,
+        };
+        let budget = Budget::with_observer(&options.budget, metrics.clone());
+        let bulk_client = workers::bulk_client(config.clone(), &budget)?;
+        let client = budget::client(config, &budget)?;
+        let reporter = Reporter {
+            controller: options.reporter.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let ctx = Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            engine: Engine {
+                client,
+                queue: WorkQueue::new(options.queue),
+                outcomes: Outcomes::default(),
+                observer: metrics.clone(),
+            },
+            config: options.retry.clone(),
+            scope: options.scope.clone(),
+            metrics,
+            database: None,
+        };
+        Ok(Controller {
+            options,
+            budget,
+            ctx,
+            bulk_client,
+            state: State::default(),
+            lease_client,
+        })
+    }
+
+    /// Uses Argo's database: archived retries (WorkflowRetry
+    /// `archivedWorkflowUID`) and offloaded node status. Without it, those
+    /// requests fail with a message saying so.
+    pub fn with_database(mut self, database: Arc<dyn ArgoDatabase>) -> Self {
+        self.ctx.database = Some(database);
+        self
+    }
+
+    /// The metrics this controller updates (for the demo's report).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.ctx.metrics.clone()
+    }
+
+    /// True once the workflow cache has synced.
+    pub fn state(&self) -> State {
+        self.state.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled. Requests in progress stay pending
+    /// in their annotations and resume at the next start. With leader
+    /// election, it stands by (ready) until it holds the lease, works while it
+    /// holds it, releases it at shutdown, and returns an error as soon as it
+    /// can no longer renew it.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let role = match self.options.leader_election {
+            Some(_) => Role::standby(),
+            None => Role::leader(),
+        };
+        self.ctx.metrics.set_leader(!role.is_standby());
+        let server = match self.options.http_addr {
+            Some(addr) => {
+                let http = |source| RunError::Http { addr, source };
+                let listener = tokio::net::TcpListener::bind(addr).await.map_err(http)?;
+                info!(addr = %listener.local_addr().map_err(http)?, "serving /healthz, /readyz and /metrics");
+                let endpoints = http::Endpoints {
+                    state: self.state.clone(),
+                    metrics: self.ctx.metrics.clone(),
+                    queue: self.ctx.engine.queue.clone(),
+                    role: role.clone(),
+                };
+                Some((
+                    addr,
+                    tokio::spawn(http::serve(listener, endpoints, shutdown.clone())),
+                ))
+            }
+            None => None,
+        };
+        let result = match (&self.options.leader_election, &self.lease_client) {
+            (Some(lease), Some(client)) => {
+                let (lease, client) = (lease.clone(), client.clone());
+                match leader::acquire(&client, &lease, &role, &shutdown).await {
+                    Ok(Some(leadership)) => {
+                        self.ctx.metrics.set_leader(true);
+                        // Work stops at shutdown or as soon as the lease
+                        // cannot be renewed; at shutdown the lease is
+                        // released once the work has stopped.
+                        let work = shutdown.child_token();
+                        let worked = CancellationToken::new();
+                        let (stop_working, until) = (work.clone(), worked.clone());
+                        let metrics = self.ctx.metrics.clone();
+                        let holding = tokio::spawn(async move {
+                            let held = leadership.hold(until).await;
+                            metrics.set_leader(false);
+                            stop_working.cancel();
+                            held
+                        });
+                        self.work(work).await;
+                        worked.cancel();
+                        holding.await.expect("holding the lease does not panic")
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            _ => {
+                self.work(shutdown.clone()).await;
+                Ok(())
+            }
+        };
+        if let Some((addr, server)) = server {
+            // After a lost lease the caller has not asked to stop; the
+            // process ends, so stop serving too.
+            shutdown.cancel();
+            server
+                .await
+                .expect("the HTTP server does not panic")
+                .map_err(|source| RunError::Http { addr, source })?;
+        }
+        Ok(result?)
+    }
+
+    /// Watches and works until `shutdown` is cancelled.
+    async fn work(self, shutdown: CancellationToken) {
+        let Controller {
+            options,
+            budget,
+            ctx,
+            bulk_client,
+            state,
+            ..
+        } = self;
+        let engine = ctx.engine.clone();
+        let clients = workers::Clients {
+            client: engine.client.clone(),
+            bulk: bulk_client,
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        let turn = workers::Turn::default();
+        for _ in 0..options.workers.max(1) {
+            tasks.spawn(workers::run(
+                clients.clone(),
+                budget.clone(),
+                turn.clone(),
+                engine.queue.clone(),
+                engine.outcomes.clone(),
+                engine.observer.clone(),
+            ));
+        }
+        if let Some(interval) = options.pod_gc {
+            tasks.spawn(gc::run(
+                engine.clone(),
+                options.scope.namespaces.clone(),
+                interval,
+                shutdown.clone(),
+            ));
+        }
+        watch::run(ctx, state, shutdown.clone()).await;
+        engine.queue.shutdown();
+        while tasks.join_next().await.is_some() {}
+    }
+}

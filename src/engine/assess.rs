@@ -1,0 +1,916 @@
+//! Deciding how to delete a plan's pods exactly: one bulk DeleteCollection
+//! where it provably selects nothing outside the plan, single deletes with a
+//! UID precondition for the rest.
+//!
+//! Pure: it reads a fresh list of the workflow's pods and returns the work.
+//! Rule 3 of the design lives here: no pod outside the plan is ever deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::argo::workflow::labels;
+
+/// A pod as the assessment sees it: its metadata (name, UID, labels,
+/// annotations, deletion timestamp, finalizers) and the one fact of its status
+/// that matters here, whether it succeeded (the bulk field selector's term).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listed {
+    pub meta: ObjectMeta,
+    pub succeeded: bool,
+}
+
+/// The pod phase the bulk field selector excludes.
+pub const SUCCEEDED: &str = "Succeeded";
+
+/// One unit of deletion work, each one API request.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeleteWork {
+    /// DeleteCollection of the pods these selectors pick (see [`bulk_selectors`]).
+    Bulk {
+        workflow: String,
+        label_selector: String,
+        field_selector: String,
+        pods: Vec<String>,
+    },
+    /// Delete one pod, only if it still has this UID.
+    Pod { name: String, uid: String },
+    /// Remove Argo's `workflows.argoproj.io/status` finalizer (at `index` in
+    /// the pod's finalizers) from a pod that is already being deleted, only if
+    /// the pod still has this UID and the finalizer is still at that index.
+    Finalizer {
+        name: String,
+        uid: String,
+        index: usize,
+    },
+}
+
+impl DeleteWork {
+    /// The pod names this work deletes or releases.
+    pub fn pods(&self) -> Vec<&str> {
+        match self {
+            DeleteWork::Bulk { pods, .. } => pods.iter().map(String::as_str).collect(),
+            DeleteWork::Pod { name, .. } | DeleteWork::Finalizer { name, .. } => {
+                vec![name.as_str()]
+            }
+        }
+    }
+}
+
+/// What a fresh list says about the plan's pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assessment {
+    /// Requests to send now.
+    pub work: Vec<DeleteWork>,
+    /// Plan pods that no longer exist.
+    pub gone: BTreeSet<String>,
+    /// Plan pods being deleted (deletionTimestamp set) that hold no finalizer
+    /// of Argo's: the kubelet or the API server will remove them; wait.
+    pub terminating: BTreeSet<String>,
+}
+
+impl Assessment {
+    /// True once every plan pod is gone: the reset workflow may be written.
+    pub fn all_gone(&self, plan_len: usize) -> bool {
+        self.gone.len() == plan_len
+    }
+}
+
+/// A plan pod that came back: after the tracker saw it gone, or under a new
+/// UID. Someone else created it; deleting it would break rule 3 and resetting
+/// the workflow over it would break rule 2, so the request must stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "pod {pod} was recreated (new UID {uid}) while its workflow was being retried; rewind deletes only the pods it planned to delete, so it stopped: find out what recreates it, then request the retry again"
+)]
+pub struct Recreated {
+    pub pod: String,
+    pub uid: String,
+}
+
+/// Follows one request's plan pods across successive lists: the UID each had
+/// when first seen, and which are gone.
+#[derive(Clone, Debug, Default)]
+pub struct Tracker {
+    plan: BTreeSet<String>,
+    /// Plan pods by name: `Some(uid)` as first seen, `None` once seen gone.
+    seen: BTreeMap<String, Option<String>>,
+}
+
+impl Tracker {
+    pub fn new(plan: impl IntoIterator<Item = String>) -> Self {
+        Tracker {
+            plan: plan.into_iter().collect(),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    pub fn plan(&self) -> &BTreeSet<String> {
+        &self.plan
+    }
+
+    /// True when the last list showed every plan pod gone.
+    pub fn all_seen_gone(&self) -> bool {
+        self.plan
+            .iter()
+            .all(|name| matches!(self.seen.get(name), Some(None)))
+    }
+
+    /// Adds pods a re-plan found (after the workflow changed under us).
+    pub fn extend(&mut self, pods: impl IntoIterator<Item = String>) {
+        self.plan.extend(pods);
+    }
+
+    /// Assesses a fresh list (see [`assess`]), first checking that no plan
+    /// pod was recreated since an earlier list.
+    pub fn assess(
+        &mut self,
+        workflow: &str,
+        listed: &[Listed],
+        allow_bulk: bool,
+    ) -> Result<Assessment, Recreated> {
+        let assessment = assess(workflow, &self.plan, listed, allow_bulk);
+        let uids: BTreeMap<&str, &str> = listed
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    p.meta.name.as_deref()?,
+                    p.meta.uid.as_deref().unwrap_or_default(),
+                ))
+            })
+            .collect();
+        let now: Vec<(&String, Option<&str>)> = self
+            .plan
+            .iter()
+            .map(|name| {
+                (
+                    name,
+                    if assessment.gone.contains(name) {
+                        None
+                    } else {
+                        uids.get(name.as_str()).copied()
+                    },
+                )
+            })
+            .collect();
+        for &(name, uid) in &now {
+            let came_back = match (self.seen.get(name), uid) {
+                (Some(None), Some(_)) => true,
+                (Some(Some(before)), Some(uid)) => before != uid,
+                _ => false,
+            };
+            if came_back {
+                return Err(Recreated {
+                    pod: name.clone(),
+                    uid: uid.unwrap_or_default().to_owned(),
+                });
+            }
+        }
+        for (name, uid) in now {
+            self.seen.insert(name.clone(), uid.map(str::to_owned));
+        }
+        Ok(assessment)
+    }
+}
+
+/// A request's count of deleted plan pods, for its status: the pods fresh
+/// lists show gone, and those of each answered work item (removed, released,
+/// already gone, or replaced by a pod that is not ours). Kept as names, so it
+/// counts no pod twice, never goes back (a pod whose delete was accepted may
+/// still be listed while it terminates) and never passes the plan's size.
+/// A bulk request cut short says nothing of its pods; the next list does.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    deleted: BTreeSet<String>,
+    /// Pods of the bulk requests cut short since the last list.
+    cut: BTreeSet<String>,
+}
+
+impl Progress {
+    /// Plan pods counted as deleted.
+    pub fn deleted(&self) -> usize {
+        self.deleted.len()
+    }
+
+    /// Counts the plan pods a fresh list found `gone`. Returns, if bulk
+    /// requests were cut short since the previous list, how many of their
+    /// pods are gone now.
+    pub fn listed(&mut self, gone: &BTreeSet<String>) -> Option<usize> {
+        self.deleted.extend(gone.iter().cloned());
+        if self.cut.is_empty() {
+            return None;
+        }
+        let removed = self.cut.intersection(gone).count();
+        self.cut.clear();
+        Some(removed)
+    }
+
+    /// Counts the pods of `work`, answered: none of them is the plan's pod
+    /// any more.
+    pub fn answered(&mut self, plan: &BTreeSet<String>, work: &DeleteWork) {
+        for pod in work.pods() {
+            if plan.contains(pod) {
+                self.deleted.insert(pod.to_owned());
+            }
+        }
+    }
+
+    /// Notes bulk `work` cut short: some of its pods may be gone.
+    pub fn cut_short(&mut self, work: &DeleteWork) {
+        self.cut.extend(work.pods().into_iter().map(str::to_owned));
+    }
+}
+
+/// Decides the work for `plan_pods` given `listed`, every pod currently
+/// labelled with the workflow's name (from one list, not a cache).
+///
+/// `allow_bulk` lets the caller turn off DeleteCollection (tests, benchmarks,
+/// or clusters that forbid it).
+pub fn assess(
+    workflow: &str,
+    plan_pods: &BTreeSet<String>,
+    listed: &[Listed],
+    allow_bulk: bool,
+) -> Assessment {
+    let listed: BTreeMap<&str, &Listed> = listed
+        .iter()
+        .filter(|p| label(p, labels::WORKFLOW) == Some(workflow))
+        .filter_map(|p| Some((p.meta.name.as_deref()?, p)))
+        .collect();
+
+    let mut out = Assessment::default();
+    let mut deletable: Vec<(&str, &str, &Listed)> = Vec::new();
+    for name in plan_pods {
+        let Some(pod) = listed.get(name.as_str()) else {
+            out.gone.insert(name.clone());
+            continue;
+        };
+        let uid = pod.meta.uid.as_deref().unwrap_or_default();
+        if pod.meta.deletion_timestamp.is_some() {
+            if let Some(index) = status_finalizer_index(pod) {
+                out.work.push(DeleteWork::Finalizer {
+                    name: name.clone(),
+                    uid: uid.to_owned(),
+                    index,
+                });
+            } else {
+                out.terminating.insert(name.clone());
+            }
+        } else {
+            deletable.push((name.as_str(), uid, pod));
+        }
+    }
+
+    // The bulk request selects only pods Argo has finished with
+    // (completed=true). Argo v4.1.4 creates every pod with completed=false
+    // (workflowpod.go) and relabels it true only after it has written the
+    // workflow (pod/queue.go, operator.go), so a pod created or recreated after
+    // this list never matches: the request is exact when every listed pod it
+    // may select is a plan pod. A listed outsider whose relabelling Argo may
+    // still have queued (it carries Argo's node annotations) counts as
+    // selected; any other unfinished outsider cannot match and does not
+    // stop the bulk path.
+    let outsiders = listed
+        .iter()
+        .any(|(name, p)| may_become_selected(p) && !plan_pods.contains(*name));
+    let in_bulk: Vec<String> = deletable
+        .iter()
+        .filter(|(_, _, p)| bulk_selects(p))
+        .map(|(n, _, _)| n.to_string())
+        .collect();
+    // One request for one pod gains nothing over a precise single delete.
+    let use_bulk = allow_bulk && !outsiders && in_bulk.len() > 1;
+    if use_bulk {
+        let (label_selector, field_selector) = bulk_selectors(workflow);
+        out.work.push(DeleteWork::Bulk {
+            workflow: workflow.to_owned(),
+            label_selector,
+            field_selector,
+            pods: in_bulk,
+        });
+    }
+    for (name, uid, pod) in deletable {
+        if !(use_bulk && bulk_selects(pod)) {
+            out.work.push(DeleteWork::Pod {
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+            });
+        }
+    }
+    out
+}
+
+/// The label and field selectors of a bulk delete of `workflow`'s pods:
+/// finished with by Argo, and not succeeded.
+pub fn bulk_selectors(workflow: &str) -> (String, String) {
+    (
+        format!("{}={workflow},{}=true", labels::WORKFLOW, labels::COMPLETED),
+        format!("status.phase!={SUCCEEDED}"),
+    )
+}
+
+/// The longest node selector one part of a split bulk request may carry: a
+/// URL of a few tens of KiB is fine for the API server; past it (hundreds of
+/// nodes) the bulk request stays whole.
+const MAX_NODE_SELECTOR: usize = 32 * 1024;
+
+/// The field that spreads one workflow's pods: the node each ran on.
+const NODE_FIELD: &str = "spec.nodeName";
+
+/// One part of a bulk request split by node: `node_selector` (field selector
+/// terms on `spec.nodeName`, empty for "all") and the pods the hint places
+/// in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePart {
+    pub node_selector: String,
+    pub pods: Vec<String>,
+}
+
+/// Splits a bulk request of `pods` into at most `parallelism` parts by the
+/// node each pod ran on (`nodes`, a hint: Argo's `hostNodeName`), so the API
+/// server deletes them on that many threads instead of one.
+///
+/// Exactness needs no hint: every part is the exact bulk request narrowed by
+/// one more field selector term, so it selects a subset of what the whole one
+/// would. The hint only balances the parts and names their pods. The parts
+/// cover every pod the whole request would select: a field selector term can
+/// name one node (`=`) or exclude some (`!=`), never a set, so a part of one
+/// node is `spec.nodeName=X`, a part of several excludes every known node
+/// outside it (and the empty node), and the last part excludes the nodes of
+/// all the others: it takes its own nodes, pods never scheduled, and nodes the
+/// hint does not know. A pod on an unknown node may be selected by more than
+/// one part; the second delete finds it gone, which DeleteCollection ignores.
+pub fn split_by_node(
+    pods: &[String],
+    parallelism: usize,
+    nodes: &BTreeMap<String, String>,
+) -> Vec<NodePart> {
+    let whole = || {
+        vec![NodePart {
+            node_selector: String::new(),
+            pods: pods.to_vec(),
+        }]
+    };
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in pods {
+        if let Some(node) = nodes.get(pod).filter(|n| !n.is_empty()) {
+            *load.entry(node.as_str()).or_default() += 1;
+        }
+    }
+    let k = parallelism.min(load.len());
+    if k < 2 {
+        return whole();
+    }
+    // Largest nodes first, each to the lightest group: balanced within the
+    // largest node's size.
+    let mut by_size: Vec<(&str, usize)> = load.iter().map(|(n, c)| (*n, *c)).collect();
+    by_size.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut groups: Vec<(usize, BTreeSet<&str>)> = vec![(0, BTreeSet::new()); k];
+    for (node, count) in by_size {
+        let lightest = (0..k).min_by_key(|&g| (groups[g].0, g)).unwrap_or(0);
+        groups[lightest].0 += count;
+        groups[lightest].1.insert(node);
+    }
+    // The lightest group is the catch-all, last: it also takes what the hint
+    // misses.
+    let rest = (0..k)
+        .min_by_key(|&g| (groups[g].0, std::cmp::Reverse(g)))
+        .unwrap_or(k - 1);
+    let rest_group = groups.remove(rest);
+    groups.push(rest_group);
+    let not = |node: &str| format!("{NODE_FIELD}!={node}");
+    let mut parts: Vec<NodePart> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, (_, members))| {
+            let terms: Vec<String> = if g == k - 1 {
+                groups[..g]
+                    .iter()
+                    .flat_map(|(_, m)| m.iter().map(|n| not(n)))
+                    .collect()
+            } else if let [node] = Vec::from_iter(members.iter()).as_slice() {
+                vec![format!("{NODE_FIELD}={node}")]
+            } else {
+                // The empty node first: pods never scheduled belong to the last part.
+                std::iter::once(not(""))
+                    .chain(
+                        load.keys()
+                            .filter(|n| !members.contains(*n))
+                            .map(|n| not(n)),
+                    )
+                    .collect()
+            };
+            NodePart {
+                node_selector: terms.join(","),
+                pods: Vec::new(),
+            }
+        })
+        .collect();
+    if parts
+        .iter()
+        .any(|p| p.node_selector.len() > MAX_NODE_SELECTOR)
+    {
+        return whole();
+    }
+    for pod in pods {
+        let node = nodes.get(pod).map(String::as_str).unwrap_or_default();
+        let g = groups
+            .iter()
+            .position(|(_, m)| m.contains(node))
+            .unwrap_or(k - 1);
+        parts[g].pods.push(pod.clone());
+    }
+    parts
+}
+
+/// `work` with each bulk request split by node (see [`split_by_node`]).
+pub fn split_bulk(
+    work: Vec<DeleteWork>,
+    parallelism: usize,
+    nodes: &BTreeMap<String, String>,
+) -> Vec<DeleteWork> {
+    let mut out = Vec::with_capacity(work.len());
+    for item in work {
+        let DeleteWork::Bulk {
+            workflow,
+            label_selector,
+            field_selector,
+            pods,
+        } = item
+        else {
+            out.push(item);
+            continue;
+        };
+        for part in split_by_node(&pods, parallelism, nodes) {
+            let field_selector = match part.node_selector.as_str() {
+                "" => field_selector.clone(),
+                nodes => format!("{field_selector},{nodes}"),
+            };
+            out.push(DeleteWork::Bulk {
+                workflow: workflow.clone(),
+                label_selector: label_selector.clone(),
+                field_selector,
+                pods: part.pods,
+            });
+        }
+    }
+    out
+}
+
+/// What the bulk request's selectors pick now (the workflow label aside).
+fn bulk_selects(pod: &Listed) -> bool {
+    label(pod, labels::COMPLETED) == Some("true") && !pod.succeeded
+}
+
+/// What the bulk request may pick by the time the server lists: what it picks
+/// now, and Argo's own unfinished pods, which Argo may be relabelling.
+fn may_become_selected(pod: &Listed) -> bool {
+    let argos = [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
+        pod.meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(*key))
+    });
+    bulk_selects(pod) || (argos && !pod.succeeded)
+}
+
+fn label<'p>(pod: &'p Listed, key: &str) -> Option<&'p str> {
+    pod.meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+fn status_finalizer_index(pod: &Listed) -> Option<usize> {
+    pod.meta
+        .finalizers
+        .as_ref()?
+        .iter()
+        .position(|f| f == labels::POD_STATUS_FINALIZER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn pod(wf: &str, name: &str, phase: &str) -> Listed {
+        Listed {
+            meta: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(format!("uid-{name}")),
+                labels: Some(
+                    [
+                        (labels::WORKFLOW.to_string(), wf.to_string()),
+                        (labels::COMPLETED.to_string(), "true".to_string()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            succeeded: phase == SUCCEEDED,
+        }
+    }
+
+    /// A pod Argo has not relabelled completed=true (yet), made by Argo
+    /// (with its node annotations) or by someone else.
+    fn unfinished(mut p: Listed, argos: bool) -> Listed {
+        p.meta
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::COMPLETED.into(), "false".into());
+        if argos {
+            p.meta.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
+        }
+        p
+    }
+
+    fn bulk(wf: &str, pods: &[&str]) -> DeleteWork {
+        DeleteWork::Bulk {
+            workflow: wf.into(),
+            label_selector: format!("{}={wf},{}=true", labels::WORKFLOW, labels::COMPLETED),
+            field_selector: "status.phase!=Succeeded".into(),
+            pods: pods.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn terminating(mut p: Listed, finalizer: bool) -> Listed {
+        p.meta.deletion_timestamp = Some(Time(Default::default()));
+        if finalizer {
+            p.meta.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
+        }
+        p
+    }
+
+    fn names(v: &[&str]) -> BTreeSet<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn bulk_when_the_selector_selects_only_plan_pods() {
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            pod("wf", "ok", "Succeeded"),
+        ];
+        let got = assess("wf", &names(&["a", "b", "gone"]), &listed, true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        assert_eq!(got.gone, names(&["gone"]));
+    }
+
+    #[test]
+    fn unrelabelled_plan_pods_are_deleted_singly_and_unfinished_outsiders_do_not_block() {
+        // "late" is planned but Argo never marked it completed: the bulk
+        // selector cannot reach it. "other" is someone else's pod with the
+        // workflow's label, also unfinished: the bulk selector cannot reach it
+        // either, so it does not stop the bulk path.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "late", "Failed"), true),
+            unfinished(pod("wf", "other", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["a", "b", "late"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![
+                bulk("wf", &["a", "b"]),
+                DeleteWork::Pod {
+                    name: "late".into(),
+                    uid: "uid-late".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_outsider_argo_may_still_relabel_blocks_bulk() {
+        // Argo relabels its pods after it writes the finished workflow: this
+        // failed attempt outside the plan may match by the time the server lists.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            unfinished(pod("wf", "kept", "Failed"), true),
+            unfinished(pod("wf", "ok", "Succeeded"), true),
+        ];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert!(
+            got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })),
+            "{:?}",
+            got.work
+        );
+        // A succeeded one never matches the field selector: bulk is fine.
+        let got = assess("wf", &names(&["a", "b"]), &listed[..2], true);
+        assert_eq!(got.work, vec![bulk("wf", &["a", "b"])]);
+        let mut with_ok = listed[..2].to_vec();
+        with_ok.push(listed[3].clone());
+        assert_eq!(
+            assess("wf", &names(&["a", "b"]), &with_ok, true).work,
+            vec![bulk("wf", &["a", "b"])]
+        );
+    }
+
+    #[test]
+    fn an_outsider_matching_the_selector_forces_single_deletes() {
+        // "keep" failed but is not in the plan (e.g. a retried attempt whose retry succeeded).
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Error"),
+            pod("wf", "keep", "Failed"),
+        ];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![
+                DeleteWork::Pod {
+                    name: "a".into(),
+                    uid: "uid-a".into()
+                },
+                DeleteWork::Pod {
+                    name: "b".into(),
+                    uid: "uid-b".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn succeeded_plan_pods_are_deleted_singly_beside_a_bulk() {
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            pod("wf", "s", "Succeeded"),
+        ];
+        let got = assess("wf", &names(&["a", "b", "s"]), &listed, true);
+        assert!(matches!(&got.work[0], DeleteWork::Bulk { pods, .. } if pods == &["a", "b"]));
+        assert_eq!(
+            got.work[1],
+            DeleteWork::Pod {
+                name: "s".into(),
+                uid: "uid-s".into()
+            }
+        );
+        assert_eq!(got.work.len(), 2);
+    }
+
+    #[test]
+    fn pods_of_other_workflows_are_ignored() {
+        // Only the label decides membership: a similar name in another workflow is not ours.
+        let listed = [pod("wf", "wf-1", "Failed"), pod("wf-2", "wf-1x", "Failed")];
+        let got = assess("wf", &names(&["wf-1"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![DeleteWork::Pod {
+                name: "wf-1".into(),
+                uid: "uid-wf-1".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn terminating_pods_are_released_or_awaited() {
+        let listed = [
+            terminating(pod("wf", "held", "Failed"), true),
+            terminating(pod("wf", "going", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["held", "going"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![DeleteWork::Finalizer {
+                name: "held".into(),
+                uid: "uid-held".into(),
+                index: 1
+            }]
+        );
+        assert_eq!(got.terminating, names(&["going"]));
+        assert!(!got.all_gone(2));
+    }
+
+    #[test]
+    fn a_terminating_outsider_still_blocks_bulk() {
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            terminating(pod("wf", "x", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["a", "b"]), &listed, true);
+        assert!(
+            got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })),
+            "{:?}",
+            got.work
+        );
+    }
+
+    #[test]
+    fn bulk_can_be_disabled() {
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed")];
+        let got = assess("wf", &names(&["a", "b"]), &listed, false);
+        assert!(got.work.iter().all(|w| matches!(w, DeleteWork::Pod { .. })));
+    }
+
+    #[test]
+    fn tracker_stops_on_a_recreated_pod() {
+        let mut t = Tracker::new(names(&["a", "b"]));
+        let first = t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        assert_eq!(first.gone, names(&["b"]));
+        // Same pod again: fine.
+        t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        // "b" was gone and is back.
+        let err = t
+            .assess(
+                "wf",
+                &[pod("wf", "a", "Failed"), pod("wf", "b", "Failed")],
+                true,
+            )
+            .unwrap_err();
+        assert_eq!(err.pod, "b");
+        // "a" under a new UID.
+        let mut t = Tracker::new(names(&["a"]));
+        t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
+        let mut again = pod("wf", "a", "Failed");
+        again.meta.uid = Some("new".into());
+        assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
+    }
+
+    #[test]
+    fn progress_counts_each_plan_pod_once_and_never_goes_back() {
+        let plan = names(&["a", "b", "c", "d"]);
+        let mut p = Progress::default();
+        assert_eq!(p.listed(&names(&["a"])), None);
+        // "b" deleted singly (accepted, terminating), then a bulk of "c", "d".
+        let single = DeleteWork::Pod {
+            name: "b".into(),
+            uid: "u".into(),
+        };
+        p.answered(&plan, &single);
+        p.answered(&plan, &bulk("wf", &["c", "d", "outsider"]));
+        assert_eq!(p.deleted(), 4);
+        // A later list still shows "b" terminating and "a" gone again: no change, no double count.
+        assert_eq!(p.listed(&names(&["a", "c", "d"])), None);
+        p.answered(&plan, &single);
+        assert_eq!(p.deleted(), 4);
+    }
+
+    #[test]
+    fn a_bulk_cut_short_is_counted_from_the_next_list() {
+        let plan = names(&["a", "b", "c", "d"]);
+        let mut p = Progress::default();
+        p.listed(&names(&["a"]));
+        let work = bulk("wf", &["b", "c", "d"]);
+        p.cut_short(&work);
+        // Cut short: nothing counted until a list says which went.
+        assert_eq!(p.deleted(), 1);
+        assert_eq!(p.listed(&names(&["a", "b"])), Some(1));
+        assert_eq!(p.deleted(), 2);
+        // The list after the next bulk, cut short without removing anything.
+        p.cut_short(&bulk("wf", &["c", "d"]));
+        assert_eq!(p.listed(&names(&["a", "b"])), Some(0));
+        // Only the cut since the last list counts.
+        assert_eq!(p.listed(&names(&["a", "b", "c"])), None);
+        p.answered(&plan, &bulk("wf", &["d"]));
+        assert_eq!(p.deleted(), 4);
+    }
+
+    /// What a part's node selector selects, as the API server reads it:
+    /// every term must hold.
+    fn part_selects(part: &NodePart, node: &str) -> bool {
+        part.node_selector
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .all(|term| match term.split_once("!=") {
+                Some((field, value)) => field == NODE_FIELD && node != value,
+                None => term.split_once('=') == Some((NODE_FIELD, node)),
+            })
+    }
+
+    /// `pods` spread round-robin over `nodes` nodes.
+    fn spread(pods: usize, nodes: usize) -> (Vec<String>, BTreeMap<String, String>) {
+        let names: Vec<String> = (0..pods).map(|i| format!("p{i:03}")).collect();
+        let hint = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), format!("node-{}", i % nodes)))
+            .collect();
+        (names, hint)
+    }
+
+    #[test]
+    fn a_split_selects_each_known_node_once_and_balances() {
+        let (pods, hint) = spread(80, 8);
+        let parts = split_by_node(&pods, 4, &hint);
+        assert_eq!(parts.len(), 4);
+        for part in &parts {
+            assert_eq!(part.pods.len(), 20, "{part:?}");
+            // The pods the hint places in a part are the ones it selects.
+            for pod in &part.pods {
+                assert!(part_selects(part, &hint[pod]), "{pod} {part:?}");
+            }
+        }
+        for node in (0..8).map(|i| format!("node-{i}")) {
+            let selecting = parts.iter().filter(|p| part_selects(p, &node)).count();
+            assert_eq!(selecting, 1, "{node}");
+        }
+        let named: BTreeSet<&String> = parts.iter().flat_map(|p| &p.pods).collect();
+        assert_eq!(named.len(), 80);
+    }
+
+    #[test]
+    fn unscheduled_pods_and_unknown_nodes_fall_to_the_last_part() {
+        let (mut pods, mut hint) = spread(40, 4);
+        pods.push("unscheduled".into());
+        pods.push("no-hint".into());
+        hint.insert("unscheduled".into(), String::new());
+        let parts = split_by_node(&pods, 2, &hint);
+        let last = parts.last().unwrap();
+        assert!(last.pods.contains(&"unscheduled".into()));
+        assert!(last.pods.contains(&"no-hint".into()));
+        // An unscheduled pod: only the last part selects it.
+        let selecting: Vec<bool> = parts.iter().map(|p| part_selects(p, "")).collect();
+        assert_eq!(selecting, [false, true]);
+        // A node the hint never named: the last part selects it, so no pod
+        // the whole request would delete is left out.
+        assert!(part_selects(last, "node-elsewhere"));
+    }
+
+    #[test]
+    fn a_one_node_part_names_its_node_and_several_exclude_the_others() {
+        let (pods, hint) = spread(30, 3);
+        let parts = split_by_node(&pods, 3, &hint);
+        assert_eq!(parts[0].node_selector, "spec.nodeName=node-0");
+        assert_eq!(parts[1].node_selector, "spec.nodeName=node-1");
+        assert_eq!(
+            parts[2].node_selector,
+            "spec.nodeName!=node-0,spec.nodeName!=node-1"
+        );
+        let (pods, hint) = spread(40, 4);
+        let parts = split_by_node(&pods, 2, &hint);
+        assert_eq!(
+            parts[0].node_selector,
+            "spec.nodeName!=,spec.nodeName!=node-1,spec.nodeName!=node-3"
+        );
+        assert_eq!(
+            parts[1].node_selector,
+            "spec.nodeName!=node-0,spec.nodeName!=node-2"
+        );
+    }
+
+    #[test]
+    fn no_split_for_one_part_one_node_no_hint_or_a_huge_selector() {
+        let whole = |pods: &[String]| {
+            vec![NodePart {
+                node_selector: String::new(),
+                pods: pods.to_vec(),
+            }]
+        };
+        let (pods, hint) = spread(20, 4);
+        assert_eq!(split_by_node(&pods, 1, &hint), whole(&pods));
+        assert_eq!(split_by_node(&pods, 4, &BTreeMap::new()), whole(&pods));
+        let (pods, hint) = spread(20, 1);
+        assert_eq!(split_by_node(&pods, 4, &hint), whole(&pods));
+        // Thousands of long node names: the URL would be too long.
+        let hint: BTreeMap<String, String> = (0..2000)
+            .map(|i| (format!("p{i}"), format!("{i}-{}", "n".repeat(60))))
+            .collect();
+        let pods: Vec<String> = hint.keys().cloned().collect();
+        assert_eq!(split_by_node(&pods, 4, &hint), whole(&pods));
+    }
+
+    #[test]
+    fn split_bulk_narrows_the_exact_request_and_keeps_single_work() {
+        let (pods, hint) = spread(4, 2);
+        let single = DeleteWork::Pod {
+            name: "s".into(),
+            uid: "u".into(),
+        };
+        let names: Vec<&str> = pods.iter().map(String::as_str).collect();
+        let work = split_bulk(vec![bulk("wf", &names), single.clone()], 2, &hint);
+        let (labels, fields) = bulk_selectors("wf");
+        assert_eq!(
+            work,
+            vec![
+                DeleteWork::Bulk {
+                    workflow: "wf".into(),
+                    label_selector: labels.clone(),
+                    field_selector: format!("{fields},spec.nodeName=node-0"),
+                    pods: vec!["p000".into(), "p002".into()],
+                },
+                DeleteWork::Bulk {
+                    workflow: "wf".into(),
+                    label_selector: labels,
+                    field_selector: format!("{fields},spec.nodeName!=node-0"),
+                    pods: vec!["p001".into(), "p003".into()],
+                },
+                single,
+            ]
+        );
+    }
+
+    #[test]
+    fn everything_gone_means_commit() {
+        let got = assess("wf", &names(&["a", "b"]), &[], true);
+        assert!(got.work.is_empty());
+        assert!(got.all_gone(2));
+    }
+}

@@ -1,0 +1,437 @@
+//! The one loop that deletes a plan's pods, for every request: list the
+//! workflow's pods, assess them against the plan, queue the exact requests,
+//! await their answers, count, and list again until every plan pod is gone
+//! (rule 2: only then may the reset be written).
+//!
+//! A [`Deletion`] keeps what it learned across passes and across re-plans
+//! (the UID each plan pod had, which are gone), so a pod recreated under a
+//! planned name is never deleted (rule 3) and progress never goes back. What
+//! the request tells its user in between is its [`Sink`]'s business.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::engine::Engine;
+use crate::engine::assess::{Listed, Progress, Recreated, Tracker, split_bulk};
+use crate::engine::fault;
+use crate::engine::pods::list_workflow_pods;
+use crate::engine::queue::Class;
+use crate::engine::workers::{Done, Outcome, RequestKey, WorkError, WorkItem};
+
+/// How a deletion goes about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriveConfig {
+    /// Use DeleteCollection where it is provably exact.
+    pub allow_bulk: bool,
+    /// Split a bulk delete into this many DeleteCollections by node.
+    pub bulk_parallelism: usize,
+    /// How often to look again at plan pods terminating gracefully.
+    pub terminating_poll: Duration,
+    /// How often the sink hears of progress while requests are out.
+    pub tick: Duration,
+}
+
+impl Default for DriveConfig {
+    fn default() -> Self {
+        DriveConfig {
+            allow_bulk: true,
+            bulk_parallelism: 1,
+            terminating_poll: Duration::from_millis(500),
+            tick: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why the plan's pods could not all be deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("listing the pods of workflow {workflow} in namespace {namespace} failed: {}", fault::explain(.source))]
+    List {
+        namespace: String,
+        workflow: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Recreated(#[from] Recreated),
+    #[error(transparent)]
+    Work(#[from] WorkError),
+    #[error(transparent)]
+    Foreign(#[from] ForeignPods),
+    #[error("the controller is shutting down; the request stays pending and resumes on restart")]
+    Stopped,
+}
+
+impl DeleteError {
+    /// Whether a later attempt may succeed (see [`fault::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            DeleteError::List { source, .. } => fault::is_transient(source),
+            DeleteError::Work(e) => fault::is_transient(&e.source),
+            DeleteError::Stopped => true,
+            DeleteError::Recreated(_) | DeleteError::Foreign(_) => false,
+        }
+    }
+}
+
+/// Plan pods owned by another object than the workflow whose pods the
+/// request deletes (see [`Deletion::owned_by`]): deleting them is not
+/// rewind's to do, and Argo would adopt them, so the request stops.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{}; rewind deletes only the archived workflow's pods and Argo would adopt these: delete them (kubectl delete pod -n {namespace} {}), then create a new WorkflowRetry",
+    strangers(pods, owners, uid), pods.join(" ")
+)]
+pub struct ForeignPods {
+    /// Every such pod, sorted, so one message says all there is to delete.
+    pub pods: Vec<String>,
+    pub namespace: String,
+    pub uid: String,
+    /// Their owners' UIDs, sorted and deduplicated; empty when orphaned.
+    pub owners: Vec<String>,
+}
+
+/// The first clause of [`ForeignPods`]' message.
+fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
+    let owners = if owners.is_empty() {
+        "nothing (orphaned)".to_owned()
+    } else {
+        owners.join(", ")
+    };
+    match pods {
+        [one] => format!(
+            "pod {one} has the name of a pod the retry recreates, but is owned by {owners}, not by the archived workflow {uid}"
+        ),
+        many => format!(
+            "pods {} have the names of pods the retry recreates, but are owned by {owners}, not by the archived workflow {uid}",
+            many.join(", ")
+        ),
+    }
+}
+
+/// Where a deletion stands, for its sink.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    /// Plan pods.
+    pub total: usize,
+    /// Plan pods gone, counted by name (never twice, never backwards).
+    pub deleted: usize,
+    /// Something the user should know about the way the pods go (a bulk
+    /// delete cut short), if anything happened.
+    pub note: Option<String>,
+}
+
+/// What a request does with a deletion's progress.
+pub trait Sink: Send {
+    /// The request's error, which a [`DeleteError`] becomes.
+    type Error: From<DeleteError> + Send;
+
+    /// Requests are about to be queued (the first pass that has any): the
+    /// request is now deleting pods.
+    fn deleting(&mut self, count: &Count) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Every [`DriveConfig::tick`] while requests are out: progress, and the
+    /// sink's chance to stop the deletion (with an error).
+    fn tick(&mut self, count: &Count) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// One request's deletion of its plan's pods. Registered with the engine
+/// for its answers while it lives; dropping it withdraws what it queued.
+pub struct Deletion {
+    engine: Engine,
+    key: RequestKey,
+    namespace: String,
+    workflow: String,
+    /// Only pods owned by this UID are the plan's (an archived workflow's
+    /// leftovers); `None` takes every pod labelled with the workflow.
+    owner: Option<String>,
+    config: DriveConfig,
+    outcomes: UnboundedReceiver<Outcome>,
+    tracker: Tracker,
+    progress: Progress,
+    /// The node each plan pod ran on, as the workflow records it (a hint for
+    /// splitting a bulk delete).
+    pod_nodes: BTreeMap<String, String>,
+    /// Pods this deletion's requests removed.
+    removed: usize,
+    note: Option<String>,
+}
+
+impl Deletion {
+    pub fn new(
+        engine: &Engine,
+        key: RequestKey,
+        namespace: &str,
+        workflow: &str,
+        config: DriveConfig,
+    ) -> Self {
+        Deletion {
+            outcomes: engine.outcomes.register(key.clone()),
+            engine: engine.clone(),
+            key,
+            namespace: namespace.to_owned(),
+            workflow: workflow.to_owned(),
+            owner: None,
+            config,
+            tracker: Tracker::default(),
+            progress: Progress::default(),
+            pod_nodes: BTreeMap::new(),
+            removed: 0,
+            note: None,
+        }
+    }
+
+    /// Takes as the plan's only the pods owned by `uid`; a pod of another
+    /// owner under a plan pod's name stops the deletion ([`ForeignPods`]),
+    /// and while any other pod carries the workflow's label, no bulk delete
+    /// is sent (it could select that pod).
+    pub fn owned_by(mut self, uid: &str) -> Self {
+        self.owner = Some(uid.to_owned());
+        self
+    }
+
+    /// Adds pods to delete (a first plan, or a re-plan after the workflow
+    /// changed), with the node each ran on.
+    pub fn plan(
+        &mut self,
+        pods: impl IntoIterator<Item = String>,
+        pod_nodes: &BTreeMap<String, String>,
+    ) {
+        self.tracker.extend(pods);
+        self.pod_nodes
+            .extend(pod_nodes.iter().map(|(p, n)| (p.clone(), n.clone())));
+    }
+
+    /// Plan pods, and how many are gone.
+    pub fn count(&self) -> Count {
+        Count {
+            total: self.tracker.plan().len(),
+            deleted: self.progress.deleted(),
+            note: self.note.clone(),
+        }
+    }
+
+    /// True when the last list showed every plan pod gone: nothing to do
+    /// unless the plan grows.
+    pub fn confirmed(&self) -> bool {
+        self.tracker.all_seen_gone()
+    }
+
+    /// Pods this deletion's requests removed (some may have gone otherwise).
+    pub fn removed(&self) -> usize {
+        self.removed
+    }
+
+    /// Deletes the plan's pods until a fresh list shows every one gone, or
+    /// the sink or `stop` ends it.
+    pub async fn run<S: Sink>(
+        &mut self,
+        sink: &mut S,
+        stop: &CancellationToken,
+    ) -> Result<(), S::Error> {
+        let mut next_tick = Instant::now() + self.config.tick;
+        let mut announced = false;
+        loop {
+            let listed = tokio::select! {
+                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                listed = self.list() => listed?,
+            };
+            let assessment = self.assess(&listed)?;
+            let total = self.tracker.plan().len();
+            if assessment.all_gone(total) {
+                return Ok(());
+            }
+            if !announced {
+                announced = true;
+                sink.deleting(&self.count()).await?;
+            }
+            let work = split_bulk(
+                assessment.work,
+                self.config.bulk_parallelism,
+                &self.pod_nodes,
+            );
+            let mut pending = work.len();
+            for work in work {
+                let item = WorkItem {
+                    namespace: self.namespace.clone(),
+                    work,
+                };
+                self.engine
+                    .queue
+                    .add(self.key.clone(), Class::Interactive, item);
+            }
+            let mut wait_terminating = !assessment.terminating.is_empty();
+            while pending > 0 || wait_terminating {
+                let outcome = tokio::select! {
+                    _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                    o = self.outcomes.recv(), if pending > 0 => o.ok_or(DeleteError::Stopped)?,
+                    // Pods on a node shut down gracefully; look again shortly.
+                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 => {
+                        wait_terminating = false;
+                        continue;
+                    }
+                    _ = tokio::time::sleep_until(next_tick) => {
+                        next_tick = Instant::now() + self.config.tick;
+                        sink.tick(&self.count()).await?;
+                        continue;
+                    }
+                };
+                pending -= 1;
+                self.answered(outcome)?;
+            }
+        }
+    }
+
+    /// A fresh list of the workflow's pods: with an owner, only its pods,
+    /// and bulk deletes off while any other carries the label.
+    async fn list(&mut self) -> Result<(Vec<Listed>, bool), DeleteError> {
+        let listed = list_workflow_pods(
+            &self.engine.client,
+            &self.namespace,
+            &self.workflow,
+            self.tracker.plan(),
+        )
+        .await
+        .map_err(|source| DeleteError::List {
+            namespace: self.namespace.clone(),
+            workflow: self.workflow.clone(),
+            source,
+        })?;
+        let Some(owner) = &self.owner else {
+            return Ok((listed, false));
+        };
+        let owned = |p: &Listed| {
+            p.meta
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| &r.uid == owner)
+        };
+        let (ours, theirs): (Vec<Listed>, Vec<Listed>) = listed.into_iter().partition(owned);
+        let mut strangers: Vec<&Listed> = theirs
+            .iter()
+            .filter(|p| {
+                p.meta
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| self.tracker.plan().contains(n))
+            })
+            .collect();
+        if !strangers.is_empty() {
+            strangers.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
+            let owners: BTreeSet<String> = strangers
+                .iter()
+                .flat_map(|p| p.meta.owner_references.iter().flatten())
+                .map(|r| r.uid.clone())
+                .collect();
+            return Err(ForeignPods {
+                pods: strangers
+                    .iter()
+                    .filter_map(|p| p.meta.name.clone())
+                    .collect(),
+                namespace: self.namespace.clone(),
+                uid: owner.clone(),
+                owners: owners.into_iter().collect(),
+            }
+            .into());
+        }
+        Ok((ours, !theirs.is_empty()))
+    }
+
+    /// Assesses a fresh list; after a bulk request cut short, counts what it
+    /// removed, and if nothing, goes on pod by pod (another bulk request
+    /// would likely meet the same end).
+    fn assess(
+        &mut self,
+        (listed, strangers): &(Vec<Listed>, bool),
+    ) -> Result<crate::engine::assess::Assessment, DeleteError> {
+        let bulk = self.config.allow_bulk && !strangers;
+        let mut assessment = self.tracker.assess(&self.workflow, listed, bulk)?;
+        if let Some(removed) = self.progress.listed(&assessment.gone) {
+            self.removed += removed;
+            self.engine.observer.pods_deleted(removed);
+            self.note = Some(if removed > 0 {
+                format!(
+                    "a bulk delete was cut short (by the API server's request timeout or an error) after it removed {removed} pods; rewind listed the pods again and deletes the rest"
+                )
+            } else {
+                self.config.allow_bulk = false;
+                assessment = self.tracker.assess(&self.workflow, listed, false)?;
+                "a bulk delete was cut short (by the API server's request timeout or an error) before it removed any pod; rewind deletes the rest one by one".to_owned()
+            });
+            warn!(
+                namespace = self.namespace,
+                workflow = self.workflow,
+                removed,
+                bulk = self.config.allow_bulk,
+                left = self.tracker.plan().len() - assessment.gone.len(),
+                "bulk delete cut short; pods listed again"
+            );
+        }
+        Ok(assessment)
+    }
+
+    /// Counts what a work item's answer says.
+    fn answered(&mut self, outcome: Outcome) -> Result<(), DeleteError> {
+        let work = &outcome.item.work;
+        match outcome.result? {
+            Done::Unfinished => self.progress.cut_short(work),
+            done => {
+                if let Done::Deleted(n) = done {
+                    self.removed += n;
+                }
+                self.progress.answered(self.tracker.plan(), work);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Deletion {
+    fn drop(&mut self) {
+        self.engine.outcomes.unregister(&self.key);
+        self.engine.queue.cancel(&self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_every_foreign_pod_and_how_to_delete_them() {
+        let one = ForeignPods {
+            pods: vec!["wf-a-1".into()],
+            namespace: "argo".into(),
+            uid: "old".into(),
+            owners: vec![],
+        }
+        .to_string();
+        assert!(
+            one.starts_with("pod wf-a-1 has the name of a pod the retry recreates, but is owned by nothing (orphaned), not by the archived workflow old;"),
+            "{one}"
+        );
+        assert!(one.contains("kubectl delete pod -n argo wf-a-1)"), "{one}");
+        let two = ForeignPods {
+            pods: vec!["wf-a-1".into(), "wf-b-2".into()],
+            namespace: "argo".into(),
+            uid: "old".into(),
+            owners: vec!["new".into()],
+        }
+        .to_string();
+        assert!(
+            two.starts_with("pods wf-a-1, wf-b-2 have the names of pods the retry recreates, but are owned by new, not by the archived workflow old;"),
+            "{two}"
+        );
+        assert!(
+            two.contains("kubectl delete pod -n argo wf-a-1 wf-b-2)"),
+            "{two}"
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! The two requests the engine makes about a workflow's pods besides single
+//! deletes: listing them for an assessment, and deleting them in bulk.
+//!
+//! Both ask the API server for metadata only, and lists come in pages, so
+//! what rewind holds grows with the pods' names and labels, not with the
+//! pods.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, VersionMatch};
+use kube::{Client, Resource as _};
+
+use crate::argo::workflow::labels;
+use crate::engine::assess::{Listed, SUCCEEDED};
+
+/// The media type that asks the API server for a list of object metadata only.
+const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
+/// Pods per page of a list, as client-go's pager: a page is one read of the
+/// budget and a bounded answer to hold.
+const PAGE: u32 = 500;
+
+/// Lists the pods labelled with `workflow` for an assessment of the plan
+/// `plan` (see [`crate::engine::assess`]).
+///
+/// The assessment needs each pod's metadata and whether it succeeded; a
+/// metadata list carries no phase, so metadata lists split by the bulk field
+/// selector's own term give exactly that. First the pods not succeeded; a
+/// succeeded pod matters only if it is planned (a bulk request never selects
+/// one), so the succeeded ones are listed only when a plan pod is missing from
+/// the first list. That second list is read from the API server's cache at
+/// the first's revision or later: succeeded is a final phase, so a plan pod in
+/// neither list was gone at one of the two revisions, which is all one list
+/// could say. Full pods would carry their spec and status too, several times
+/// the bytes to send and decode.
+pub async fn list_workflow_pods(
+    client: &Client,
+    namespace: &str,
+    workflow: &str,
+    plan: &BTreeSet<String>,
+) -> Result<Vec<Listed>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let unsucceeded = by_workflow
+        .clone()
+        .fields(&format!("status.phase!={SUCCEEDED}"));
+    let (mut listed, revision) = list_pages(&pods, unsucceeded, false).await?;
+    let seen: BTreeSet<&str> = listed
+        .iter()
+        .filter_map(|p| p.meta.name.as_deref())
+        .collect();
+    if plan.iter().all(|name| seen.contains(name.as_str())) {
+        return Ok(listed);
+    }
+    let mut succeeded = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
+    if let Some(rv) = revision.as_deref() {
+        succeeded = succeeded.at(rv).matching(VersionMatch::NotOlderThan);
+    }
+    listed.extend(list_pages(&pods, succeeded, true).await?.0);
+    Ok(listed)
+}
+
+/// Every page of a metadata list (one consistent snapshot: a continue token
+/// pins the first page's revision), each pod kept as [`Listed`]; also that
+/// revision.
+async fn list_pages(
+    pods: &Api<Pod>,
+    params: ListParams,
+    succeeded: bool,
+) -> Result<(Vec<Listed>, Option<String>), kube::Error> {
+    let mut listed = Vec::new();
+    let mut revision = None;
+    let mut page = params.clone().limit(PAGE);
+    loop {
+        let answer = pods.list_metadata(&page).await?;
+        revision.get_or_insert(answer.metadata.resource_version);
+        listed.extend(answer.items.into_iter().map(|p| Listed {
+            meta: kept(p.metadata),
+            succeeded,
+        }));
+        match answer.metadata.continue_.filter(|c| !c.is_empty()) {
+            // A continued list may not name a revision: its token carries one.
+            Some(token) => {
+                page = ListParams {
+                    resource_version: None,
+                    version_match: None,
+                    ..params.clone()
+                }
+                .limit(PAGE)
+                .continue_token(&token)
+            }
+            None => return Ok((listed, revision.flatten())),
+        }
+    }
+}
+
+/// What the assessment reads of a pod's metadata, and nothing else: no
+/// managed fields, and of the labels and annotations only Argo's own.
+fn kept(meta: ObjectMeta) -> ObjectMeta {
+    let argos = |map: Option<std::collections::BTreeMap<String, String>>, keys: &[&str]| {
+        map.map(|m| {
+            m.into_iter()
+                .filter(|(k, _)| keys.contains(&k.as_str()))
+                .collect()
+        })
+    };
+    ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        uid: meta.uid,
+        labels: argos(meta.labels, &[labels::WORKFLOW, labels::COMPLETED]),
+        annotations: argos(meta.annotations, &[labels::NODE_ID, labels::NODE_NAME]),
+        deletion_timestamp: meta.deletion_timestamp,
+        finalizers: meta.finalizers,
+        owner_references: meta.owner_references,
+        ..ObjectMeta::default()
+    }
+}
+
+/// The part of a DeleteCollection response rewind reads: how many pods it removed.
+#[derive(serde::Deserialize)]
+struct DeletedPods {
+    #[serde(default)]
+    items: Vec<serde::de::IgnoredAny>,
+}
+
+/// Sends one DeleteCollection of the pods in `namespace` that the selectors
+/// pick; returns how many the server deleted. The benchmark's and the demo's
+/// floor send it too, so they measure the very request rewind sends.
+pub async fn delete_collection(
+    client: &Client,
+    namespace: &str,
+    label_selector: &str,
+    field_selector: &str,
+) -> Result<usize, kube::Error> {
+    let lp = ListParams::default()
+        .labels(label_selector)
+        .fields(field_selector);
+    let mut request = kube::core::Request::new(Pod::url_path(&(), Some(namespace)))
+        .delete_collection(&DeleteParams::default(), &lp)
+        .map_err(kube::Error::BuildRequest)?;
+    // The server answers with every deleted pod; their metadata is plenty (a
+    // count), a fraction of full pods to encode and decode.
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(METADATA_LIST),
+    );
+    let deleted: DeletedPods = client.request(request).await?;
+    Ok(deleted.items.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_the_assessment_reads_is_kept() {
+        let meta: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "p", "uid": "u", "namespace": "ns",
+            "labels": {labels::WORKFLOW: "wf", labels::COMPLETED: "true", "team": "ml"},
+            "annotations": {labels::NODE_ID: "n", "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+            "finalizers": [labels::POD_STATUS_FINALIZER],
+            "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "w"}],
+            "managedFields": [{"manager": "argo", "operation": "Update"}],
+        }))
+        .unwrap();
+        let kept = kept(meta);
+        let json = serde_json::to_value(&kept).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "name": "p", "uid": "u", "namespace": "ns",
+                "labels": {labels::WORKFLOW: "wf", labels::COMPLETED: "true"},
+                "annotations": {labels::NODE_ID: "n"},
+                "finalizers": [labels::POD_STATUS_FINALIZER],
+                "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "w"}],
+            })
+        );
+    }
+}

@@ -1,0 +1,337 @@
+//! Delete workers: take items from the queue, send one API request each, and
+//! report the outcome to the request that queued the item.
+//!
+//! Every request goes through the budgeted client, so the number of workers
+//! bounds concurrency while the token bucket bounds the rate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::client::retry::RetryPolicy;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::argo::workflow::labels;
+use crate::engine::Observer;
+use crate::engine::assess::DeleteWork;
+use crate::engine::budget::Budget;
+use crate::engine::fault::{api_code, is_transient};
+use crate::engine::pods::delete_collection;
+use crate::engine::queue::{Lease, WorkQueue};
+
+/// A queued unit of work: one API request in one namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkItem {
+    pub namespace: String,
+    pub work: DeleteWork,
+}
+
+/// Identifies the request (a retry, or a GC sweep) that queued an item: the
+/// queue is fair between keys, and a key's outcomes go back to it. One
+/// scheme for every request, so no two requests can share a key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestKey(Arc<str>);
+
+impl RequestKey {
+    /// A retry request: `token` asked on the object with UID `uid` (the
+    /// workflow, or the WorkflowRetry) in `namespace`.
+    pub fn retry(namespace: &str, uid: &str, token: &str) -> Self {
+        RequestKey(format!("retry/{namespace}/{uid}/{token}").into())
+    }
+
+    /// Pod garbage collection's sweeps.
+    pub fn gc() -> Self {
+        RequestKey("gc".into())
+    }
+}
+
+impl std::fmt::Display for RequestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub type Queue = WorkQueue<WorkItem, RequestKey>;
+
+/// What happened to one item.
+#[derive(Debug)]
+pub struct Outcome {
+    pub item: WorkItem,
+    pub result: Result<Done, WorkError>,
+}
+
+/// An item that needs no more work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// The request removed this many pods (or released their finalizers).
+    Deleted(usize),
+    /// The pod was already gone.
+    AlreadyGone,
+    /// The pod under that name has another UID now: the planned pod is gone
+    /// and the new one must not be touched.
+    Replaced,
+    /// A bulk request ended without an answer naming what it removed: the API
+    /// server cut it at its request timeout (504), failed part way (500), or
+    /// the connection broke. Some of its pods may be gone. It is not sent
+    /// again as it was: the request lists the pods again and decides anew.
+    Unfinished,
+}
+
+/// An item that failed for good (after retries, or at once for errors that
+/// retrying cannot fix, such as missing RBAC).
+#[derive(Debug, thiserror::Error)]
+#[error("{action} in namespace {namespace} failed: {}", crate::engine::fault::explain(.source))]
+pub struct WorkError {
+    pub action: String,
+    pub namespace: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Where workers send outcomes: one channel per request.
+#[derive(Clone, Default)]
+pub struct Outcomes {
+    senders: Arc<Mutex<HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>>>,
+}
+
+impl Outcomes {
+    /// Registers a request; its outcomes arrive on the returned receiver
+    /// until [`Outcomes::unregister`].
+    pub fn register(&self, key: RequestKey) -> mpsc::UnboundedReceiver<Outcome> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().insert(key, tx);
+        rx
+    }
+
+    pub fn unregister(&self, key: &RequestKey) {
+        self.lock().remove(key);
+    }
+
+    fn send(&self, key: &RequestKey, outcome: Outcome) {
+        if let Some(tx) = self.lock().get(key) {
+            // A request that stopped listening has nothing left to learn.
+            let _ = tx.send(outcome);
+        }
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<RequestKey, mpsc::UnboundedSender<Outcome>>> {
+        self.senders.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Attempts per item before a transient error is reported as a failure.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// Whose turn it is to take an item: one worker at a time leases an item and then waits for
+/// its write token, so an interactive item queued meanwhile waits behind at most that one
+/// item, not one per worker, and other writes (events, status, commits) queue behind at
+/// most one worker in the budget's line.
+pub type Turn = Arc<tokio::sync::Mutex<()>>;
+
+/// Queued items per buffer in front of kube's HTTP service, as in [`crate::engine::budget::client`].
+const BUFFER: usize = 1024;
+
+/// The client for DeleteCollection: the budget's ([`crate::engine::budget::client`]),
+/// whose retry of 429, 503 and 504 leaves out 504. A bulk request cut by the
+/// API server's request timeout may have removed part of its pods and was
+/// proven exact against a list that is now old, so it is never resent as is
+/// (see [`Done::Unfinished`]).
+pub fn bulk_client(mut config: kube::Config, budget: &Budget) -> Result<Client, kube::Error> {
+    config.default_retry = false;
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&tower::buffer::BufferLayer::new(BUFFER))
+        .with_layer(&budget.layer())
+        .with_layer(&tower::retry::RetryLayer::new(NotOnTimeout(
+            RetryPolicy::server_retry(),
+        )))
+        .build())
+}
+
+/// kube's retry policy, except for a 504 (Gateway Timeout).
+#[derive(Clone)]
+struct NotOnTimeout(RetryPolicy);
+
+impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B>, tower::BoxError>
+    for NotOnTimeout
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        request: &mut http::Request<kube::client::Body>,
+        result: &mut Result<http::Response<B>, tower::BoxError>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(response) if response.status() == http::StatusCode::GATEWAY_TIMEOUT => None,
+            _ => self.0.retry(request, result),
+        }
+    }
+
+    fn clone_request(
+        &mut self,
+        request: &http::Request<kube::client::Body>,
+    ) -> Option<http::Request<kube::client::Body>> {
+        tower::retry::Policy::<_, http::Response<B>, _>::clone_request(&mut self.0, request)
+    }
+}
+
+/// The clients a worker sends with: `client` for single pods, `bulk` (see
+/// [`bulk_client`]) for DeleteCollection.
+#[derive(Clone)]
+pub struct Clients {
+    pub client: Client,
+    pub bulk: Client,
+}
+
+/// Runs one worker until the queue shuts down.
+pub async fn run(
+    clients: Clients,
+    budget: Budget,
+    turn: Turn,
+    queue: Queue,
+    outcomes: Outcomes,
+    observer: Arc<dyn Observer>,
+) {
+    loop {
+        let (lease, token) = {
+            let _turn = turn.lock().await;
+            let Some(lease) = queue.next().await else {
+                break;
+            };
+            (lease, budget.take_write_token().await)
+        };
+        let result = match token.spend_on(execute(&clients, &lease.item)).await {
+            Err(e) if cut_short(&lease.item.work, &e) => {
+                warn!(namespace = lease.item.namespace, work = %describe(&lease.item.work), error = %e, "bulk delete cut short; its pods will be listed again");
+                Ok(Done::Unfinished)
+            }
+            result => result,
+        };
+        match result {
+            Err(e) if is_transient(&e) && lease.failures + 1 < MAX_ATTEMPTS => {
+                debug!(namespace = lease.item.namespace, work = ?lease.item.work, error = %e, "transient failure; requeued");
+                queue.requeue(lease);
+            }
+            result => {
+                if let Ok(Done::Deleted(n)) = result {
+                    observer.pods_deleted(n);
+                }
+                queue.forget(&lease.item);
+                let Lease { item, request, .. } = &lease;
+                let result = result.map_err(|source| WorkError {
+                    action: describe(&item.work),
+                    namespace: item.namespace.clone(),
+                    source,
+                });
+                if let Err(e) = &result {
+                    warn!(error = %e, "delete work failed");
+                }
+                outcomes.send(
+                    request,
+                    Outcome {
+                        item: item.clone(),
+                        result,
+                    },
+                );
+                queue.done(lease);
+            }
+        }
+    }
+}
+
+async fn execute(clients: &Clients, item: &WorkItem) -> Result<Done, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(clients.client.clone(), &item.namespace);
+    match &item.work {
+        DeleteWork::Bulk {
+            label_selector,
+            field_selector,
+            ..
+        } => {
+            let deleted = delete_collection(
+                &clients.bulk,
+                &item.namespace,
+                label_selector,
+                field_selector,
+            )
+            .await?;
+            Ok(Done::Deleted(deleted))
+        }
+        DeleteWork::Pod { name, uid } => {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match pods.delete(name, &dp).await {
+                Ok(_) => Ok(Done::Deleted(1)),
+                Err(e) => gone_or(e),
+            }
+        }
+        DeleteWork::Finalizer { name, uid, index } => {
+            // JSON patch `test` ops make this exact: only this pod, and only
+            // Argo's finalizer, even if others were added or removed meanwhile.
+            let path = format!("/metadata/finalizers/{index}");
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": path, "value": labels::POD_STATUS_FINALIZER},
+                {"op": "remove", "path": path},
+            ]))
+            .expect("a well-formed JSON patch");
+            match pods
+                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+            {
+                Ok(_) => Ok(Done::Deleted(1)),
+                Err(e) => gone_or(e),
+            }
+        }
+    }
+}
+
+/// NotFound means done; a failed UID precondition (409) or `test` op (422)
+/// means the pod under that name is not the one planned.
+fn gone_or(e: kube::Error) -> Result<Done, kube::Error> {
+    match api_code(&e) {
+        Some(404) => Ok(Done::AlreadyGone),
+        Some(409 | 422) => Ok(Done::Replaced),
+        _ => Err(e),
+    }
+}
+
+/// Whether `e` ended bulk `work` in a way that may have removed part of its
+/// pods: the request timeout (504), a server error (500), a broken
+/// connection. Throttling (429, 503) refuses a request before it runs.
+fn cut_short(work: &DeleteWork, e: &kube::Error) -> bool {
+    let cut = match e {
+        kube::Error::Api(status) => matches!(status.code, 500 | 504),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    };
+    cut && matches!(work, DeleteWork::Bulk { .. })
+}
+
+fn describe(work: &DeleteWork) -> String {
+    match work {
+        DeleteWork::Bulk {
+            workflow,
+            label_selector,
+            field_selector,
+            pods,
+        } => format!(
+            "deleting the {} pods of workflow {workflow} with labels {label_selector} and fields {field_selector}",
+            pods.len()
+        ),
+        DeleteWork::Pod { name, .. } => format!("deleting pod {name}"),
+        DeleteWork::Finalizer { name, .. } => format!(
+            "removing finalizer {} from pod {name}",
+            labels::POD_STATUS_FINALIZER
+        ),
+    }
+}

@@ -1,0 +1,349 @@
+//! The retry of an archived workflow (one no longer in the cluster), in the
+//! order of Argo's server (v4.1.4 `RetryArchivedWorkflow`): read the archived
+//! row, refuse if a workflow of that name exists live, plan, delete the
+//! leftover pods, create the workflow. rewind's rules on top:
+//!
+//! - Deletions go through the shared queue (interactive class) and budget,
+//!   and only pods whose owner reference is the archived workflow's UID are
+//!   leftovers: a pod of another workflow of the same name is never touched.
+//! - The workflow is created only once every plan pod is gone (rule 2:
+//!   Argo's controller would adopt a stale pod of the same name).
+//! - Exactly once (rule 4): the created workflow carries
+//!   [`CREATED_BY`] naming the WorkflowRetry's UID; a restarted controller
+//!   that finds it is done.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::argo::db::{ArgoDatabase, DbError};
+use crate::argo::offload::{self, OffloadError};
+use crate::argo::plan::PlanError;
+use crate::argo::workflow::Workflow;
+use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
+use crate::engine::fault;
+use crate::engine::workers::RequestKey;
+use crate::protocol::crd::CREATED_BY;
+use crate::protocol::request::RetryPhase;
+use crate::retry::object::ObjectStatus;
+
+/// Why an archived retry did not (yet) create its workflow.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchivedError {
+    #[error(
+        "this controller has no workflow archive: configure Argo's persistence (archive: true) in the ConfigMap given by --argo-configmap"
+    )]
+    NoArchive,
+    #[error("reading archived workflow {uid}: {source}")]
+    Read {
+        uid: String,
+        #[source]
+        source: DbError,
+    },
+    #[error("copying the offloaded nodes of archived workflow {uid}: {source}")]
+    CopyOffloaded {
+        uid: String,
+        #[source]
+        source: DbError,
+    },
+    #[error(
+        "no archived workflow with UID {uid} in Argo's workflow archive (check it with `argo archive list`); nothing was deleted"
+    )]
+    UnknownUid { uid: String },
+    #[error(
+        "archived workflow {uid} is in namespace {archived}, not {requested}; create the WorkflowRetry in {archived}"
+    )]
+    OtherNamespace {
+        uid: String,
+        archived: String,
+        requested: String,
+    },
+    /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
+    #[error("Workflow already exists on cluster, use argo retry {name} instead")]
+    ExistsLive { name: String },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Offload(#[from] OffloadError),
+    #[error(transparent)]
+    Delete(#[from] DeleteError),
+    #[error("{what} failed: {}", fault::explain(.source))]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ArchivedError {
+    /// Whether a later attempt may succeed (see [`fault::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ArchivedError::Read { source, .. } | ArchivedError::CopyOffloaded { source, .. } => {
+                source.is_transient()
+            }
+            ArchivedError::Offload(e) => e.is_transient(),
+            ArchivedError::Delete(e) => e.is_transient(),
+            ArchivedError::Api { source, .. } => fault::is_transient(source),
+            _ => false,
+        }
+    }
+}
+
+/// `ArchivedError::Api` for `what`, as a `map_err` argument.
+fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ArchivedError {
+    let what = what.into();
+    move |source| ArchivedError::Api { what, source }
+}
+
+/// The steps of an archived retry, as the status and the metric name them.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Read,
+    Plan,
+    Delete,
+    Create,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Read => "read",
+            Step::Plan => "plan",
+            Step::Delete => "delete",
+            Step::Create => "create",
+        }
+    }
+
+    /// Records that the step took `elapsed`: in the request's status (visible
+    /// at its next write) and in the step histogram.
+    fn took(self, status: &mut ObjectStatus<'_>, elapsed: Duration) {
+        // Milliseconds are plenty, and keep the status readable.
+        let seconds = Some(elapsed.as_millis() as f64 / 1000.0);
+        let shown = status.status.timings.get_or_insert_default();
+        match self {
+            Step::Read => shown.read_seconds = seconds,
+            Step::Plan => shown.plan_seconds = seconds,
+            Step::Delete => shown.delete_seconds = seconds,
+            Step::Create => shown.create_seconds = seconds,
+        }
+        status
+            .ctx
+            .metrics
+            .observe_archived_step(self.as_str(), elapsed);
+    }
+}
+
+/// Retries archived workflow `uid` for the WorkflowRetry `status` reports
+/// on; its message says what was done.
+pub async fn run(
+    status: &mut ObjectStatus<'_>,
+    uid: &str,
+    stop: &CancellationToken,
+) -> Result<(), ArchivedError> {
+    let ctx = status.ctx;
+    let database = ctx
+        .database
+        .as_deref()
+        .filter(|db| db.archives())
+        .ok_or(ArchivedError::NoArchive)?;
+    let namespace = status.namespace();
+    let started = Instant::now();
+
+    let step = Instant::now();
+    let archived = database
+        .archived_workflow(uid)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: uid.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ArchivedError::UnknownUid {
+            uid: uid.to_owned(),
+        })?;
+    Step::Read.took(status, step.elapsed());
+    let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
+    if archived_namespace != namespace {
+        return Err(ArchivedError::OtherNamespace {
+            uid: uid.to_owned(),
+            archived: archived_namespace,
+            requested: namespace,
+        });
+    }
+    let name = archived.name().to_owned();
+    status.status.workflow_name = Some(name.clone());
+
+    let workflows: Api<Workflow> = Api::namespaced(ctx.client(), &namespace);
+    if let Some(done) = created_by_us(&workflows, &name, &status.uid()).await? {
+        // The create happened; the copy of offloaded nodes after it may not have.
+        let created = workflows
+            .get(&name)
+            .await
+            .map_err(api(format!("reading workflow {namespace}/{name}")))?;
+        if let Some(version) = offload::offloaded_version(&created) {
+            copy_offloaded(database, uid, &done, &namespace, version).await?;
+        }
+        status.status.workflow_uid = Some(done);
+        status.status.message = format!("created workflow {name}");
+        return Ok(());
+    }
+
+    let step = Instant::now();
+    let options = ctx
+        .config
+        .plan_options(status.object.spec.options(), database.offloads());
+    let (_, planned) = crate::retry::plan_off_thread(archived, options).await;
+    let planned = planned?;
+    Step::Plan.took(status, step.elapsed());
+
+    let step = Instant::now();
+    let mut deletion = Deletion::new(
+        &ctx.engine,
+        RequestKey::retry(&namespace, &status.uid(), "archived"),
+        &namespace,
+        &name,
+        ctx.config.drive(),
+    )
+    .owned_by(uid);
+    deletion.plan(planned.pods_to_delete.iter().cloned(), &planned.pod_nodes);
+    status.status.pods_total = deletion.count().total as u64;
+    deletion.run(&mut Deleting(status), stop).await?;
+    status.status.pods_deleted = deletion.count().deleted as u64;
+    Step::Delete.took(status, step.elapsed());
+
+    let step = Instant::now();
+    status.status.phase = Some(RetryPhase::Committing);
+    status.write().await.map_err(api(format!(
+        "writing the status of WorkflowRetry {namespace}/{}",
+        status.name()
+    )))?;
+    let mut workflow = planned.workflow;
+    // Argo dehydrates before it clears the UID: nodes offloaded now are
+    // written under the archived workflow's UID, then copied to the new one.
+    if database.offloads() {
+        ctx.dehydrate(database, &mut workflow).await?;
+    }
+    workflow.metadata.uid = None;
+    workflow.metadata.resource_version = None;
+    workflow
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(CREATED_BY.into(), status.uid());
+    let created = match workflows.create(&PostParams::default(), &workflow).await {
+        Ok(created) => created.metadata.uid.unwrap_or_default(),
+        // Created by an earlier attempt whose answer was lost, or by someone else.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            created_by_us(&workflows, &name, &status.uid())
+                .await?
+                .ok_or(ArchivedError::ExistsLive { name: name.clone() })?
+        }
+        Err(e) => return Err(api(format!("creating workflow {namespace}/{name}"))(e)),
+    };
+    if let Some(version) = offload::offloaded_version(&workflow) {
+        copy_offloaded(database, uid, &created, &namespace, version).await?;
+    }
+    Step::Create.took(status, step.elapsed());
+    let timings = status.status.timings.unwrap_or_default();
+    let seconds = |s: Option<f64>| s.unwrap_or_default();
+    info!(
+        workflowretry = status.name(),
+        workflow = name,
+        archived_uid = uid,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "archived workflow retried"
+    );
+    status.status.workflow_uid = Some(created);
+    status.status.message = format!(
+        "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s)",
+        status.status.pods_deleted,
+        seconds(timings.read_seconds),
+        seconds(timings.plan_seconds),
+        seconds(timings.delete_seconds),
+        seconds(timings.create_seconds),
+    );
+    Ok(())
+}
+
+/// The WorkflowRetry's status as the deletion's sink: the phase is written
+/// before the first request (one bulk delete of thousands of pods reports
+/// nothing else until it returns), progress at most every tick.
+struct Deleting<'r, 'a>(&'r mut ObjectStatus<'a>);
+
+impl Deleting<'_, '_> {
+    async fn write(&mut self, count: &Count) -> Result<(), ArchivedError> {
+        let status = &mut self.0.status;
+        status.pods_total = count.total as u64;
+        status.pods_deleted = count.deleted as u64;
+        if let Some(note) = &count.note {
+            status.message.clone_from(note);
+        }
+        let what = format!(
+            "writing the status of WorkflowRetry {}/{}",
+            self.0.namespace(),
+            self.0.name()
+        );
+        self.0.write().await.map_err(api(what))
+    }
+}
+
+impl Sink for Deleting<'_, '_> {
+    type Error = ArchivedError;
+
+    async fn deleting(&mut self, count: &Count) -> Result<(), ArchivedError> {
+        self.0.status.phase = Some(RetryPhase::DeletingPods);
+        self.write(count).await
+    }
+
+    async fn tick(&mut self, count: &Count) -> Result<(), ArchivedError> {
+        self.write(count).await
+    }
+}
+
+/// Copies the nodes offloaded under the archived workflow's UID to the
+/// created one's, as Argo's server does after its create (idempotent).
+async fn copy_offloaded(
+    database: &dyn ArgoDatabase,
+    from_uid: &str,
+    to_uid: &str,
+    namespace: &str,
+    version: &str,
+) -> Result<(), ArchivedError> {
+    let copy = async {
+        let nodes = database.offloaded_nodes(from_uid, version).await?;
+        database.offload_nodes(to_uid, namespace, &nodes).await
+    };
+    copy.await.map_err(|source| ArchivedError::CopyOffloaded {
+        uid: from_uid.to_owned(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// The UID of live workflow `name` if this WorkflowRetry created it; an
+/// error if another workflow of that name exists; `None` if none does.
+async fn created_by_us(
+    workflows: &Api<Workflow>,
+    name: &str,
+    request_uid: &str,
+) -> Result<Option<String>, ArchivedError> {
+    let found = workflows
+        .get_metadata_opt(name)
+        .await
+        .map_err(api(format!("reading workflow {name}")))?;
+    match found {
+        None => Ok(None),
+        Some(live)
+            if live.annotations().get(CREATED_BY).map(String::as_str) == Some(request_uid) =>
+        {
+            Ok(Some(live.uid().unwrap_or_default()))
+        }
+        Some(_) => Err(ArchivedError::ExistsLive {
+            name: name.to_owned(),
+        }),
+    }
+}

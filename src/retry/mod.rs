@@ -1,0 +1,183 @@
+//! The request flows: a live retry (annotations on a workflow), an archived
+//! retry, and a WorkflowRetry object serving either; [`report`] tells the
+//! user how each ends, in one way for all.
+
+pub mod archived;
+pub mod live;
+pub mod object;
+pub mod report;
+pub mod workflowretry;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::events::Recorder;
+
+use crate::argo::db::ArgoDatabase;
+use crate::argo::plan::{self, ArgoVersion, RetryOptions};
+use crate::argo::workflow::labels;
+use crate::engine::Engine;
+use crate::engine::drive::DriveConfig;
+use crate::protocol::request::RequestOptions;
+use crate::telemetry::metrics::Metrics;
+
+/// DeleteCollections per bulk delete by default (see README, "Beyond the serial floor").
+pub const DEFAULT_BULK_PARALLELISM: usize = 1;
+
+/// Settings shared by every retry.
+#[derive(Clone, Debug)]
+pub struct RetryConfig {
+    /// Use DeleteCollection where it is provably exact.
+    pub allow_bulk: bool,
+    /// Split a bulk delete into this many DeleteCollections by node, sent
+    /// side by side (see [`crate::engine::assess::split_by_node`]).
+    pub bulk_parallelism: usize,
+    pub argo_version: ArgoVersion,
+    pub max_workflow_size: usize,
+    /// How the cluster's Argo compresses nodes (its WORKFLOW_COMPRESSION_* settings).
+    pub compression: plan::compress::Compression,
+    /// Least time between two progress writes of a request's status (the
+    /// final one is never held back).
+    pub status_interval: Duration,
+    /// How often to look again at plan pods terminating gracefully.
+    pub terminating_poll: Duration,
+    /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
+    pub always_offload_node_status: bool,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            allow_bulk: true,
+            bulk_parallelism: DEFAULT_BULK_PARALLELISM,
+            argo_version: ArgoVersion::default(),
+            max_workflow_size: plan::compress::DEFAULT_MAX_WORKFLOW_SIZE,
+            compression: Default::default(),
+            status_interval: Duration::from_secs(2),
+            terminating_poll: Duration::from_millis(500),
+            always_offload_node_status: false,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// How a request deletes its pods.
+    pub fn drive(&self) -> DriveConfig {
+        DriveConfig {
+            allow_bulk: self.allow_bulk,
+            bulk_parallelism: self.bulk_parallelism,
+            terminating_poll: self.terminating_poll,
+            tick: self.status_interval,
+        }
+    }
+
+    /// The planner's options for a request's `options`. With a database
+    /// that offloads, the flow dehydrates (compresses or offloads) the reset
+    /// workflow itself, as Argo's server does, so the planner does not stop
+    /// at the size limit.
+    pub fn plan_options(&self, options: RequestOptions, offloads: bool) -> RetryOptions {
+        RetryOptions {
+            restart_successful: options.restart_successful,
+            node_field_selector: options.node_field_selector,
+            parameters: options.parameters,
+            argo_version: self.argo_version,
+            max_workflow_size: match offloads {
+                true => usize::MAX,
+                false => self.max_workflow_size,
+            },
+            compression: self.compression.clone(),
+        }
+    }
+}
+
+/// Which workflows this controller serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Namespaces to watch; empty means all namespaces.
+    pub namespaces: Vec<String>,
+    /// Serve only workflows labelled with this Argo controller instance ID;
+    /// `None` serves only workflows without the label, as Argo does.
+    pub instance_id: Option<String>,
+}
+
+impl Scope {
+    /// The label selector that picks this instance's workflows.
+    pub fn label_selector(&self) -> String {
+        match &self.instance_id {
+            Some(id) => format!("{}={id}", labels::CONTROLLER_INSTANCE_ID),
+            None => format!("!{}", labels::CONTROLLER_INSTANCE_ID),
+        }
+    }
+}
+
+/// What every request needs from the controller.
+#[derive(Clone)]
+pub struct Context {
+    /// The budgeted client, the queue and the delete workers' answers.
+    pub engine: Engine,
+    pub recorder: Recorder,
+    pub config: RetryConfig,
+    pub scope: Scope,
+    pub metrics: Arc<Metrics>,
+    /// Argo's database, when its persistence is configured: archived
+    /// workflows and offloaded node status.
+    pub database: Option<Arc<dyn ArgoDatabase>>,
+}
+
+impl Context {
+    /// The budgeted client.
+    pub fn client(&self) -> kube::Client {
+        self.engine.client.clone()
+    }
+
+    /// Argo's database, if it offloads node status.
+    pub fn offloading(&self) -> Option<&dyn ArgoDatabase> {
+        self.database.as_deref().filter(|db| db.offloads())
+    }
+}
+
+impl Context {
+    /// Writes the nodes of the reset `wf` as Argo's server does: compressed
+    /// over the size limit, offloaded to `db` when still too large (or always).
+    pub async fn dehydrate(
+        &self,
+        db: &dyn ArgoDatabase,
+        wf: &mut crate::argo::workflow::Workflow,
+    ) -> Result<(), crate::argo::offload::OffloadError> {
+        let config = &self.config;
+        crate::argo::offload::dehydrate(
+            db,
+            wf,
+            config.max_workflow_size,
+            &config.compression,
+            config.argo_version,
+            config.always_offload_node_status,
+        )
+        .await
+    }
+}
+
+/// Plans the retry of `wf` on the blocking pool, so the async workers (the
+/// watches, Lease renewal, the probes) never wait for a large workflow to be
+/// decompressed and planned. A panic in the planner goes on in the caller's
+/// task, as if planned there.
+pub async fn plan_off_thread(
+    wf: crate::argo::workflow::Workflow,
+    options: RetryOptions,
+) -> (
+    crate::argo::workflow::Workflow,
+    Result<plan::Plan, plan::PlanError>,
+) {
+    let planned = tokio::task::spawn_blocking(move || {
+        let plan = plan::plan_retry(&wf, &options);
+        (wf, plan)
+    })
+    .await;
+    match planned {
+        Ok(planned) => planned,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("planning was cancelled: {e}"),
+        },
+    }
+}

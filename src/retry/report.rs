@@ -1,0 +1,217 @@
+//! How a request tells its user where it stands: its status (the workflow's
+//! `rewind.dev/retry-status` annotation, or a WorkflowRetry's status) and
+//! Events. Written once here for every flow: the same phases, Event reasons
+//! and words whichever way the request was asked.
+
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder};
+use tracing::warn;
+
+use crate::protocol::request::RetryPhase;
+
+/// Event reasons, as `kubectl describe` lists them.
+pub mod reasons {
+    pub const STARTED: &str = "RetryStarted";
+    pub const SUCCEEDED: &str = "Retried";
+    pub const FAILED: &str = "RetryFailed";
+    /// A passing fault; the request is tried again.
+    pub const ERROR: &str = "RetryError";
+}
+
+/// The longest Event note: the API server refuses notes over 1 kB.
+const MAX_NOTE: usize = 1024;
+
+/// How a request ended, as its user is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The workflow was reset or created; the message says what was done.
+    Succeeded(String),
+    /// It cannot be done as asked; the message says why and what to do.
+    Failed(String),
+    /// A fault that may pass (the API or the database unreachable, a
+    /// throttled request): the request stays pending and is tried again.
+    Retrying(String),
+    /// Stopped before its end (the controller stopping, a newer request):
+    /// nothing to tell.
+    Interrupted,
+    /// Answered before (by an earlier run, or someone else): nothing to tell.
+    AlreadyAnswered,
+    /// The object the request was asked on is gone or replaced: nothing to
+    /// write on, and no one to tell.
+    Gone,
+}
+
+impl Ending {
+    /// A transient error's ending.
+    pub fn retrying(error: &dyn std::fmt::Display) -> Self {
+        Ending::Retrying(format!("{error}; rewind will try again"))
+    }
+
+    /// The `result` label of `rewind_retry_duration_seconds`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Ending::Succeeded(_) => "succeeded",
+            Ending::Failed(_) => "failed",
+            Ending::Retrying(_) => "transient_error",
+            Ending::Interrupted => "interrupted",
+            Ending::AlreadyAnswered => "already_observed",
+            Ending::Gone => "failed",
+        }
+    }
+
+    /// The status phase and message this ending writes, if any.
+    pub fn status(&self) -> Option<(RetryPhase, &str)> {
+        match self {
+            Ending::Succeeded(m) => Some((RetryPhase::Succeeded, m)),
+            Ending::Failed(m) => Some((RetryPhase::Failed, m)),
+            Ending::Retrying(m) => Some((RetryPhase::Pending, m)),
+            Ending::Interrupted | Ending::AlreadyAnswered | Ending::Gone => None,
+        }
+    }
+
+    /// The Event this ending publishes, if any.
+    fn event(&self) -> Option<(EventType, &'static str, &str)> {
+        match self {
+            Ending::Succeeded(m) => Some((EventType::Normal, reasons::SUCCEEDED, m)),
+            Ending::Failed(m) => Some((EventType::Warning, reasons::FAILED, m)),
+            Ending::Retrying(m) => Some((EventType::Warning, reasons::ERROR, m)),
+            Ending::Interrupted | Ending::AlreadyAnswered | Ending::Gone => None,
+        }
+    }
+}
+
+/// Where a request reports.
+pub trait Report: Send {
+    /// Writes the request's status as `phase` with `message`; a finished
+    /// phase also marks the request answered.
+    fn write_status(
+        &mut self,
+        phase: RetryPhase,
+        message: &str,
+    ) -> impl Future<Output = Result<(), kube::Error>> + Send;
+
+    /// Where the request's Events go.
+    fn events(&self) -> &Events;
+}
+
+/// Tells the user how a request ended: its status, then an Event. A failed
+/// status write is logged (the request is told again at its next attempt or
+/// the Event says it); nothing here fails the request.
+pub async fn end(report: &mut impl Report, ending: &Ending) {
+    if let Some((phase, message)) = ending.status()
+        && let Err(e) = report.write_status(phase, message).await
+    {
+        warn!(object = report.events().name(), error = %e, "could not record how the retry ended");
+    }
+    if let Some((type_, reason, note)) = ending.event() {
+        report
+            .events()
+            .publish(type_, reason, note.to_owned())
+            .await;
+    }
+}
+
+/// Events about one object (the workflow, or the WorkflowRetry).
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    reference: ObjectReference,
+}
+
+impl Events {
+    pub fn new(recorder: Recorder, reference: ObjectReference) -> Self {
+        Events {
+            recorder,
+            reference,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.reference.name.as_deref().unwrap_or_default()
+    }
+
+    /// The request started.
+    pub async fn started(&self, note: String) {
+        self.publish(EventType::Normal, reasons::STARTED, note)
+            .await
+    }
+
+    /// Publishes one Event; the future borrows nothing, so it can run beside
+    /// the request. A failure is logged: Events are best effort.
+    pub fn publish(
+        &self,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(note, MAX_NOTE)),
+            action: "Retry".into(),
+            secondary: None,
+        };
+        let (recorder, reference) = (self.recorder.clone(), self.reference.clone());
+        async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                warn!(object = reference.name, error = %e, "could not publish event");
+            }
+        }
+    }
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+pub fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_ending_has_its_phase_event_and_metric() {
+        let e = Ending::retrying(&"the API server is unreachable");
+        assert_eq!(
+            e.status(),
+            Some((
+                RetryPhase::Pending,
+                "the API server is unreachable; rewind will try again"
+            ))
+        );
+        assert_eq!(e.event().map(|(_, r, _)| r), Some(reasons::ERROR));
+        assert_eq!(e.metric_label(), "transient_error");
+        let f = Ending::Failed("no".into());
+        assert_eq!(f.status(), Some((RetryPhase::Failed, "no")));
+        assert_eq!(
+            f.event().map(|(t, r, _)| (t, r)),
+            Some((EventType::Warning, reasons::FAILED))
+        );
+        assert_eq!(
+            Ending::Succeeded("done".into())
+                .event()
+                .map(|(t, r, _)| (t, r)),
+            Some((EventType::Normal, reasons::SUCCEEDED))
+        );
+        for quiet in [Ending::Interrupted, Ending::AlreadyAnswered, Ending::Gone] {
+            assert_eq!(quiet.status(), None);
+            assert_eq!(quiet.event(), None);
+        }
+    }
+
+    #[test]
+    fn truncation_keeps_whole_characters() {
+        assert_eq!(truncate("abc".into(), 5), "abc");
+        assert_eq!(truncate("aé".into(), 2), "a");
+        assert_eq!(truncate("aé".into(), 3), "aé");
+    }
+}

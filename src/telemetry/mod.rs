@@ -1,0 +1,4 @@
+//! What rewind tells operators: Prometheus metrics and log lines.
+
+pub mod logging;
+pub mod metrics;
