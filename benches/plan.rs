@@ -140,6 +140,7 @@ fn decompress_nodes(bencher: divan::Bencher) {
         drop(compress::decode_nodes(
             divan::black_box(&packed),
             ArgoVersion::V4,
+            compress::DEFAULT_MAX_NODES_SIZE,
         ))
     });
 }

@@ -350,7 +350,7 @@ fn input_nodes(wf: &Value) -> serde_json::Map<String, Value> {
         .pointer("/status/compressedNodes")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    compress::decode_nodes(packed, ArgoVersion::V4)
+    compress::decode_nodes(packed, ArgoVersion::V4, compress::DEFAULT_MAX_NODES_SIZE)
         .ok()
         .and_then(|nodes| serde_json::to_value(nodes).ok())
         .and_then(|v| v.as_object().cloned())

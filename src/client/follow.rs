@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::argo::workflow::Workflow;
 use crate::client::{Asked, FollowError, Source};
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
-use crate::protocol::request::{self, RetryPhase, RetryStatus, annotations};
+use crate::protocol::request::{self, RetryPhase, RetryStatus};
 
 /// How often a followed request is read again. The controller writes its
 /// progress every 2 s at most, so reading faster shows nothing new.
@@ -47,10 +47,8 @@ pub fn observe(
     if let Some(status) = request::status_of(annotations, token)? {
         return Ok(Observed::Status(status));
     }
-    match annotations.get(annotations::RETRY).map(|t| t.trim()) {
-        Some(current) if current != token => Ok(Observed::Replaced {
-            by: current.to_owned(),
-        }),
+    match request::token(annotations) {
+        Some(current) if current != token => Ok(Observed::Replaced { by: current }),
         _ => Ok(Observed::NotYet),
     }
 }
@@ -77,11 +75,9 @@ pub fn progress(name: &str, status: Option<&WorkflowRetryStatus>) -> Observed {
 pub fn latest(
     annotations: &BTreeMap<String, String>,
 ) -> Option<(String, Result<Observed, serde_json::Error>)> {
-    let token = annotations.get(annotations::RETRY)?.trim();
-    if token.is_empty() {
-        return None;
-    }
-    Some((token.to_owned(), observe(annotations, token)))
+    let token = request::token(annotations)?;
+    let observed = observe(annotations, &token);
+    Some((token, observed))
 }
 
 /// Follows one request by reading the workflow's metadata, or the

@@ -230,8 +230,6 @@ fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
         namespace: meta.namespace()?,
         name: meta.name_any(),
         uid: meta.uid()?,
-        token: meta.annotations()[request::annotations::RETRY]
-            .trim()
-            .to_owned(),
+        token: request::token(meta.annotations())?,
     })
 }

@@ -86,7 +86,8 @@ impl DeleteError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{}; rewind deletes only the archived workflow's pods and Argo would adopt these: delete them (kubectl delete pod -n {namespace} {}), then create a new WorkflowRetry",
-    strangers(pods, owners, uid), pods.join(" ")
+    strangers(pods, owners, uid),
+    named(pods, " ")
 )]
 pub struct ForeignPods {
     /// Every such pod, sorted, so one message says all there is to delete.
@@ -97,12 +98,24 @@ pub struct ForeignPods {
     pub owners: Vec<String>,
 }
 
+/// The most pods (or owners) a message names; the log names them all.
+const NAMED: usize = 10;
+
+/// The first [`NAMED`] of `names` joined by `sep`, and how many more.
+fn named(names: &[String], sep: &str) -> String {
+    let shown = names[..names.len().min(NAMED)].join(sep);
+    match names.len().saturating_sub(NAMED) {
+        0 => shown,
+        more => format!("{shown}{sep}(and {more} more, named in the controller's log)"),
+    }
+}
+
 /// The first clause of [`ForeignPods`]' message.
 fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
     let owners = if owners.is_empty() {
         "nothing (orphaned)".to_owned()
     } else {
-        owners.join(", ")
+        named(owners, ", ")
     };
     match pods {
         [one] => format!(
@@ -110,7 +123,7 @@ fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
         ),
         many => format!(
             "pods {} have the names of pods the retry recreates, but are owned by {owners}, not by the archived workflow {uid}",
-            many.join(", ")
+            named(many, ", ")
         ),
     }
 }
@@ -330,11 +343,18 @@ impl Deletion {
                 .flat_map(|p| p.meta.owner_references.iter().flatten())
                 .map(|r| r.uid.clone())
                 .collect();
+            let pods: Vec<String> = strangers
+                .iter()
+                .filter_map(|p| p.meta.name.clone())
+                .collect();
+            warn!(
+                namespace = self.namespace,
+                workflow = self.workflow,
+                ?pods,
+                "plan pods owned by another object; the request stops"
+            );
             return Err(ForeignPods {
-                pods: strangers
-                    .iter()
-                    .filter_map(|p| p.meta.name.clone())
-                    .collect(),
+                pods,
                 namespace: self.namespace.clone(),
                 uid: owner.clone(),
                 owners: owners.into_iter().collect(),
@@ -403,6 +423,23 @@ impl Drop for Deletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_names_ten_pods_and_how_many_more() {
+        let pods: Vec<String> = (0..25).map(|i| format!("wf-{i:02}")).collect();
+        let text = ForeignPods {
+            pods,
+            namespace: "argo".into(),
+            uid: "old".into(),
+            owners: vec![],
+        }
+        .to_string();
+        assert!(text.contains("wf-09") && !text.contains("wf-10"), "{text}");
+        assert!(
+            text.contains("(and 15 more, named in the controller's log)"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_refusal_names_every_foreign_pod_and_how_to_delete_them() {

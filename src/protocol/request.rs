@@ -42,15 +42,40 @@ pub struct RequestOptions {
     pub parameters: Option<Vec<String>>,
 }
 
+/// The longest request token kept as it is: a longer `rewind.dev/retry`
+/// value is answered by its digest (see [`token`]) and refused.
+pub const MAX_TOKEN: usize = 253;
+/// The longest node field selector a request may carry.
+pub const MAX_SELECTOR: usize = 1024;
+/// The most parameter overrides a request may carry, and the longest one.
+pub const MAX_PARAMETERS: usize = 100;
+pub const MAX_PARAMETER: usize = 4096;
+/// The longest status message written: a message naming many things (pods,
+/// say) names the first few; the controller's log has them all.
+pub const MAX_MESSAGE: usize = 4096;
+/// The most of a user's value a message repeats.
+const ECHO: usize = 64;
+
 /// A request whose options cannot be understood; nothing is deleted for it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
+    #[error(
+        "annotation {retry} is {length} bytes long, more than the {MAX_TOKEN} a request token may have; set a short new value, e.g. $(date +%s)",
+        retry = annotations::RETRY
+    )]
+    TokenTooLong { length: usize },
     #[error(
         "annotation {key} must be \"true\" or \"false\", not {value:?}; fix the annotation and set a new {retry} value",
         key = annotations::RESTART_SUCCESSFUL,
         retry = annotations::RETRY
     )]
     RestartSuccessful { value: String },
+    #[error(
+        "annotation {key} is {length} bytes long, more than the {MAX_SELECTOR} a node field selector may have; fix the annotation and set a new {retry} value",
+        key = annotations::NODE_FIELD_SELECTOR,
+        retry = annotations::RETRY
+    )]
+    SelectorTooLong { length: usize },
     #[error(
         "annotation {key} must be a JSON list of \"name=value\" strings ({reason}); fix the annotation and set a new {retry} value",
         key = annotations::PARAMETERS,
@@ -65,14 +90,57 @@ pub enum RequestError {
 pub fn pending(
     annotations: &BTreeMap<String, String>,
 ) -> Option<Result<RetryRequest, RequestError>> {
-    let token = annotations.get(annotations::RETRY)?.trim();
-    if token.is_empty() || annotations.get(annotations::OBSERVED).map(|o| o.trim()) == Some(token) {
+    let token = token(annotations)?;
+    if annotations.get(annotations::OBSERVED).map(|o| o.trim()) == Some(token.as_str()) {
         return None;
     }
-    Some(options(annotations).map(|options| RetryRequest {
-        token: token.to_owned(),
-        options,
-    }))
+    let raw = annotations[annotations::RETRY].trim().len();
+    if raw > MAX_TOKEN {
+        return Some(Err(RequestError::TokenTooLong { length: raw }));
+    }
+    Some(options(annotations).map(|options| RetryRequest { token, options }))
+}
+
+/// The token of the request `annotations` carry, if any: the trimmed
+/// `rewind.dev/retry` value, or for a value longer than [`MAX_TOKEN`] its
+/// SHA-256 (`sha256:` and hex), which is what rewind records as observed
+/// and in the status: a hostile value of hundreds of kilobytes is never
+/// copied back into the object (where it would break the object's size
+/// limit, and with it the answer).
+pub fn token(annotations: &BTreeMap<String, String>) -> Option<String> {
+    let value = annotations.get(annotations::RETRY)?.trim();
+    if value.is_empty() {
+        return None;
+    }
+    if value.len() <= MAX_TOKEN {
+        return Some(value.to_owned());
+    }
+    use sha2::Digest;
+    Some(format!(
+        "sha256:{:x}",
+        sha2::Sha256::digest(value.as_bytes())
+    ))
+}
+
+/// `value` as a message may repeat it: its first characters.
+fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO) {
+        Some((end, _)) => format!("{}…", &value[..end]),
+        None => value.to_owned(),
+    }
+}
+
+/// `message` cut to [`MAX_MESSAGE`] bytes (on a character boundary, with an
+/// ellipsis), for a status.
+pub fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE - '…'.len_utf8();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
 }
 
 fn options(annotations: &BTreeMap<String, String>) -> Result<RequestOptions, RequestError> {
@@ -83,15 +151,18 @@ fn options(annotations: &BTreeMap<String, String>) -> Result<RequestOptions, Req
         None | Some("") | Some("false") => false,
         Some("true") => true,
         Some(other) => {
-            return Err(RequestError::RestartSuccessful {
-                value: other.to_owned(),
-            });
+            return Err(RequestError::RestartSuccessful { value: echo(other) });
         }
     };
     let node_field_selector = annotations
         .get(annotations::NODE_FIELD_SELECTOR)
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
+    if node_field_selector.len() > MAX_SELECTOR {
+        return Err(RequestError::SelectorTooLong {
+            length: node_field_selector.len(),
+        });
+    }
     let parameters = match annotations.get(annotations::PARAMETERS).map(|p| p.trim()) {
         None | Some("") => None,
         Some(json) => Some(parse_parameters(json)?),
@@ -108,11 +179,25 @@ fn parse_parameters(json: &str) -> Result<Vec<String>, RequestError> {
         serde_json::from_str(json).map_err(|e| RequestError::Parameters {
             reason: e.to_string(),
         })?;
+    if parameters.len() > MAX_PARAMETERS {
+        return Err(RequestError::Parameters {
+            reason: format!("{} of them, more than {MAX_PARAMETERS}", parameters.len()),
+        });
+    }
+    if let Some(long) = parameters.iter().find(|p| p.len() > MAX_PARAMETER) {
+        return Err(RequestError::Parameters {
+            reason: format!(
+                "{:?} is {} bytes, more than {MAX_PARAMETER}",
+                echo(long),
+                long.len()
+            ),
+        });
+    }
     // Argo rejects a parameter without '=' too, but only after the workflow
     // is read; saying so here names the annotation the user must fix.
     if let Some(bad) = parameters.iter().find(|p| !p.contains('=')) {
         return Err(RequestError::Parameters {
-            reason: format!("{bad:?} has no '='"),
+            reason: format!("{:?} has no '='", echo(bad)),
         });
     }
     Ok(parameters)
@@ -308,6 +393,82 @@ mod tests {
             .collect();
         let got = pending(&annotations).unwrap().unwrap();
         assert_eq!((got.token.as_str(), got.options), ("9", options));
+    }
+
+    #[test]
+    fn oversize_values_are_refused_and_never_copied_back_whole() {
+        let long = "x".repeat(300_000);
+        let Some(Err(e)) = pending(&ann(&[(annotations::RETRY, &long)])) else {
+            panic!("a token of 300 kB must be refused")
+        };
+        assert_eq!(e, RequestError::TokenTooLong { length: 300_000 });
+        // What rewind records for it is a digest, and marks it answered.
+        let digest = token(&ann(&[(annotations::RETRY, &long)])).unwrap();
+        assert!(
+            digest.starts_with("sha256:") && digest.len() == 71,
+            "{digest}"
+        );
+        assert_eq!(
+            pending(&ann(&[
+                (annotations::RETRY, &long),
+                (annotations::OBSERVED, &digest)
+            ])),
+            None
+        );
+        let at_most = "y".repeat(MAX_TOKEN);
+        assert_eq!(
+            token(&ann(&[(annotations::RETRY, &at_most)])),
+            Some(at_most)
+        );
+
+        let selector = "templateName=a,".repeat(100);
+        let got = pending(&ann(&[
+            (annotations::RETRY, "1"),
+            (annotations::NODE_FIELD_SELECTOR, &selector),
+        ]));
+        assert!(
+            matches!(got, Some(Err(RequestError::SelectorTooLong { .. }))),
+            "{got:?}"
+        );
+
+        let many = serde_json::to_string(&vec!["a=b"; MAX_PARAMETERS + 1]).unwrap();
+        let huge =
+            serde_json::to_string(&vec!["a=".to_owned() + &"b".repeat(MAX_PARAMETER)]).unwrap();
+        for json in [many, huge] {
+            let got = pending(&ann(&[
+                (annotations::RETRY, "1"),
+                (annotations::PARAMETERS, &json),
+            ]));
+            let Some(Err(e)) = got else {
+                panic!("expected an error")
+            };
+            assert!(e.to_string().len() < 400, "{e}");
+        }
+        let value = "z".repeat(10_000);
+        let got = pending(&ann(&[
+            (annotations::RETRY, "1"),
+            (annotations::RESTART_SUCCESSFUL, &value),
+        ]));
+        let Some(Err(e)) = got else {
+            panic!("expected an error")
+        };
+        assert!(
+            e.to_string().len() < 400,
+            "the message repeats the whole value: {}",
+            e.to_string().len()
+        );
+    }
+
+    #[test]
+    fn a_message_is_bounded_on_a_character_boundary() {
+        assert_eq!(bounded("short"), "short");
+        let long = "é".repeat(MAX_MESSAGE);
+        let cut = bounded(&long);
+        assert!(
+            cut.len() <= MAX_MESSAGE && cut.ends_with('…'),
+            "{}",
+            cut.len()
+        );
     }
 
     #[test]

@@ -329,10 +329,7 @@ impl<'a> Job<'a> {
         let annotations = wf.metadata.annotations.as_ref().unwrap_or(&empty);
         let request = match request::pending(annotations) {
             Some(Ok(r)) if r.token == self.target.token => r,
-            Some(Err(e))
-                if annotations.get(annotations::RETRY).map(|t| t.trim())
-                    == Some(self.target.token.as_str()) =>
-            {
+            Some(Err(e)) if request::token(annotations).as_ref() == Some(&self.target.token) => {
                 return Err(e.into());
             }
             // A newer token replaced ours; the watch starts that one.
@@ -620,7 +617,7 @@ impl Sink for Annotation<'_> {
 impl Report for Annotation<'_> {
     async fn write_status(&mut self, phase: RetryPhase, message: &str) -> Result<(), kube::Error> {
         self.status.phase = phase;
-        message.clone_into(&mut self.status.message);
+        self.status.message = request::bounded(message);
         if phase.is_finished() {
             self.status.finished_at.get_or_insert_with(request::now);
         }

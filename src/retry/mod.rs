@@ -43,6 +43,8 @@ pub struct RetryConfig {
     pub terminating_poll: Duration,
     /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
     pub always_offload_node_status: bool,
+    /// The most bytes a workflow's `compressedNodes` may inflate to.
+    pub max_nodes_size: usize,
 }
 
 impl Default for RetryConfig {
@@ -56,6 +58,7 @@ impl Default for RetryConfig {
             status_interval: Duration::from_secs(2),
             terminating_poll: Duration::from_millis(500),
             always_offload_node_status: false,
+            max_nodes_size: plan::compress::DEFAULT_MAX_NODES_SIZE,
         }
     }
 }
@@ -86,6 +89,7 @@ impl RetryConfig {
                 false => self.max_workflow_size,
             },
             compression: self.compression.clone(),
+            max_nodes_size: self.max_nodes_size,
         }
     }
 }

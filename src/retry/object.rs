@@ -67,7 +67,7 @@ impl<'a> ObjectStatus<'a> {
         self.status.phase = Some(progress.phase);
         self.status.pods_total = progress.pods_total;
         self.status.pods_deleted = progress.pods_deleted;
-        self.status.message.clone_from(&progress.message);
+        self.status.message = request::bounded(&progress.message);
         if progress.phase.is_finished() {
             self.status.finished_at = progress
                 .finished_at
@@ -80,7 +80,7 @@ impl<'a> ObjectStatus<'a> {
     /// and a Job-like condition.
     fn set(&mut self, phase: RetryPhase, message: &str) {
         self.status.phase = Some(phase);
-        message.clone_into(&mut self.status.message);
+        self.status.message = request::bounded(message);
         let (type_, reason) = match phase {
             RetryPhase::Succeeded => ("Complete", "Retried"),
             RetryPhase::Failed => ("Failed", "RetryFailed"),
@@ -91,7 +91,7 @@ impl<'a> ObjectStatus<'a> {
             type_: type_.into(),
             status: "True".into(),
             reason: reason.into(),
-            message: message.to_owned(),
+            message: self.status.message.clone(),
             last_transition_time: Some(request::now()),
         }];
     }

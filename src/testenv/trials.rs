@@ -686,16 +686,45 @@ struct AuditMark {
     inode: u64,
     offset: u64,
     at: std::time::SystemTime,
+    /// The other audit files there were at the mark, by inode. A file's
+    /// modification time alone cannot tell: the kernel stamps it from a
+    /// coarse clock that can run a few milliseconds behind `at`.
+    earlier: std::collections::BTreeSet<u64>,
+}
+
+/// The audit log at `path` and its rotated files beside it, with their metadata.
+fn audit_files(path: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, TrialError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("audit");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
+        let entry = entry.map_err(io("reading", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with(stem) && name.ends_with(".log")) {
+            continue;
+        }
+        let path = entry.path();
+        let meta = entry.metadata().map_err(io("reading", &path))?;
+        files.push((path, meta));
+    }
+    Ok(files)
 }
 
 impl AuditMark {
     fn now(path: PathBuf) -> Result<AuditMark, TrialError> {
         use std::os::unix::fs::MetadataExt as _;
         let meta = std::fs::metadata(&path).map_err(io("reading", &path))?;
+        let at = std::time::SystemTime::now();
+        let earlier = audit_files(&path)?
+            .into_iter()
+            .map(|(_, meta)| meta.ino())
+            .filter(|&inode| inode != meta.ino())
+            .collect();
         Ok(AuditMark {
             inode: meta.ino(),
             offset: meta.len(),
-            at: std::time::SystemTime::now(),
+            at,
+            earlier,
             path,
         })
     }
@@ -704,24 +733,15 @@ impl AuditMark {
     /// was renamed, and every audit file begun since.
     fn lines_since(&self) -> Result<String, TrialError> {
         use std::os::unix::fs::MetadataExt as _;
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        let stem = self
-            .path
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("audit");
         let mut text = String::new();
-        for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
-            let entry = entry.map_err(io("reading", dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with(stem) && name.ends_with(".log")) {
-                continue;
-            }
-            let path = entry.path();
-            let meta = entry.metadata().map_err(io("reading", &path))?;
+        for (path, meta) in audit_files(&self.path)? {
+            // A file there at the mark and not written since is older; a file
+            // begun since (a new inode, or an old one reused and written) is new.
+            let older =
+                self.earlier.contains(&meta.ino()) && meta.modified().is_ok_and(|m| m < self.at);
             let from = if meta.ino() == self.inode {
                 self.offset
-            } else if meta.modified().is_ok_and(|m| m >= self.at) {
+            } else if !older {
                 0
             } else {
                 continue;

@@ -361,7 +361,7 @@ fn host(nodes: &[String], i: usize) -> Option<&str> {
 /// from `compressedNodes`) first.
 pub fn hydrated(mut workflow: Workflow) -> Result<Workflow, CompressError> {
     if let Some(blob) = blob_to_hydrate(&workflow.status) {
-        workflow.status.nodes = Some(decode_nodes(blob, ArgoVersion::V4)?);
+        workflow.status.nodes = Some(decode_nodes(blob, ArgoVersion::V4, usize::MAX)?);
         workflow.status.compressed_nodes = None;
     }
     Ok(workflow)

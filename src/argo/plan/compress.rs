@@ -73,6 +73,12 @@ pub enum CompressError {
     Inflate(String),
     #[error("{0}")]
     Json(String),
+    /// Past the cap: a decompression bomb, or a workflow larger than any
+    /// Argo compresses (its compressed nodes must fit etcd's 1.5 MiB).
+    #[error(
+        "the workflow's compressedNodes inflate to more than {limit} bytes, rewind's limit (--max-nodes-size); nothing was deleted; if the workflow is genuine, raise --max-nodes-size"
+    )]
+    TooLarge { limit: usize },
 }
 
 impl From<base64::DecodeError> for CompressError {
@@ -291,9 +297,23 @@ impl Algorithm {
     }
 }
 
+/// The most bytes rewind inflates `compressedNodes` to by default. Argo
+/// compresses nodes only to fit the workflow into etcd (1.5 MiB, its
+/// MAX_WORKFLOW_SIZE 1 MiB by default) and offloads them when still too
+/// large; node JSON compresses about tenfold (2.7 MB to 278 kB for 8,000
+/// pods of the test workload), so genuine nodes stay near 10-20 MiB. The
+/// cap leaves them room and stops a decompression bomb (a megabyte of gzip
+/// can inflate to a gigabyte) long before it exhausts memory.
+pub const DEFAULT_MAX_NODES_SIZE: usize = 64 << 20;
+
 /// `file.DecodeDecompressString` followed by the JSON decode of
 /// `packer.DecompressWorkflow`. JSON `null` is an empty map, as in Go.
-pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, CompressError> {
+/// Inflating past `limit` bytes is an error ([`CompressError::TooLarge`]).
+pub fn decode_nodes(
+    compressed: &str,
+    version: ArgoVersion,
+    limit: usize,
+) -> Result<Nodes, CompressError> {
     // Go's StdEncoding skips line breaks inside the data.
     let cleaned: Vec<u8> = compressed
         .bytes()
@@ -301,8 +321,8 @@ pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, Com
         .collect();
     let raw = GO_STD_ENCODING.decode(cleaned)?;
     let json = match version {
-        ArgoVersion::V4 => decompress(&raw)?,
-        ArgoVersion::V3_7 => gunzip(&raw)?,
+        ArgoVersion::V4 => decompress(&raw, limit)?,
+        ArgoVersion::V3_7 => gunzip(&raw, limit)?,
     };
     match serde_json::from_slice::<Option<Nodes>>(&json) {
         Ok(nodes) => Ok(nodes.unwrap_or_default()),
@@ -310,23 +330,46 @@ pub fn decode_nodes(compressed: &str, version: ArgoVersion) -> Result<Nodes, Com
     }
 }
 
-/// v4's `file.DecompressContent`.
-pub fn decompress(content: &[u8]) -> Result<Vec<u8>, CompressError> {
-    let mut out = Vec::with_capacity(content.len() * 8);
+/// v4's `file.DecompressContent`, stopping past `limit` bytes.
+pub fn decompress(content: &[u8], limit: usize) -> Result<Vec<u8>, CompressError> {
     let failed = |e: std::io::Error| CompressError::Decompress(e.to_string());
     match Algorithm::detect(content) {
-        Algorithm::Zstd => return zstd::stream::decode_all(content).map_err(failed),
-        Algorithm::Gzip => return gunzip(content),
-        Algorithm::Brotli => brotli::Decompressor::new(content, 64 * 1024)
-            .read_to_end(&mut out)
-            .map_err(failed)?,
-    };
+        Algorithm::Zstd => {
+            let decoder = zstd::stream::read::Decoder::new(content).map_err(failed)?;
+            inflate(decoder, content.len(), limit, failed)
+        }
+        Algorithm::Gzip => gunzip(content, limit),
+        Algorithm::Brotli => inflate(
+            brotli::Decompressor::new(content, 64 * 1024),
+            content.len(),
+            limit,
+            failed,
+        ),
+    }
+}
+
+/// Reads `decoder` to its end, or fails with [`CompressError::TooLarge`]
+/// once it yields more than `limit` bytes; a read error is worded by `word`.
+fn inflate(
+    decoder: impl Read,
+    compressed: usize,
+    limit: usize,
+    word: impl FnOnce(std::io::Error) -> CompressError,
+) -> Result<Vec<u8>, CompressError> {
+    let mut out = Vec::with_capacity(compressed.saturating_mul(8).min(limit));
+    decoder
+        .take(limit.saturating_add(1) as u64)
+        .read_to_end(&mut out)
+        .map_err(word)?;
+    if out.len() > limit {
+        return Err(CompressError::TooLarge { limit });
+    }
     Ok(out)
 }
 
 /// Gzip, with Go's messages for a missing or wrong header, a truncated
-/// stream and a wrong checksum.
-fn gunzip(content: &[u8]) -> Result<Vec<u8>, CompressError> {
+/// stream and a wrong checksum; past `limit` bytes, an error.
+fn gunzip(content: &[u8], limit: usize) -> Result<Vec<u8>, CompressError> {
     if content.is_empty() {
         return Err(CompressError::Decompress("EOF".into()));
     }
@@ -337,17 +380,14 @@ fn gunzip(content: &[u8]) -> Result<Vec<u8>, CompressError> {
     if !content.starts_with(GZIP_MAGIC) || content.get(2).is_some_and(|&cm| cm != 8) {
         return Err(CompressError::Decompress("gzip: invalid header".into()));
     }
-    let mut out = Vec::with_capacity(content.len() * 8);
-    flate2::read::MultiGzDecoder::new(content)
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            CompressError::Inflate(match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => "unexpected EOF".into(),
-                _ if e.to_string().contains("checksum") => "gzip: invalid checksum".into(),
-                _ => format!("flate: corrupt input: {e}"),
-            })
-        })?;
-    Ok(out)
+    let decoder = flate2::read::MultiGzDecoder::new(content);
+    inflate(decoder, content.len(), limit, |e| {
+        CompressError::Inflate(match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => "unexpected EOF".into(),
+            _ if e.to_string().contains("checksum") => "gzip: invalid checksum".into(),
+            _ => format!("flate: corrupt input: {e}"),
+        })
+    })
 }
 
 /// Go's `json.Unmarshal` message for a node map that failed to decode, where
@@ -643,23 +683,53 @@ mod tests {
         let json = serde_json::to_vec(&nodes()).unwrap();
         for algorithm in [Algorithm::Gzip, Algorithm::Zstd, Algorithm::Brotli] {
             assert_eq!(
-                decode_nodes(&encode_with(algorithm, &json), V4).unwrap(),
+                decode_nodes(&encode_with(algorithm, &json), V4, DEFAULT_MAX_NODES_SIZE).unwrap(),
                 nodes(),
                 "{algorithm:?}"
             );
         }
         // v3.7 reads gzip only.
         assert_eq!(
-            decode_nodes(&encode_with(Algorithm::Gzip, &json), V3).unwrap(),
+            decode_nodes(
+                &encode_with(Algorithm::Gzip, &json),
+                V3,
+                DEFAULT_MAX_NODES_SIZE
+            )
+            .unwrap(),
             nodes()
         );
         for algorithm in [Algorithm::Zstd, Algorithm::Brotli] {
-            let err = decode_nodes(&encode_with(algorithm, &json), V3).unwrap_err();
+            let err = decode_nodes(&encode_with(algorithm, &json), V3, DEFAULT_MAX_NODES_SIZE)
+                .unwrap_err();
             assert_eq!(
                 err.to_string(),
                 "failed to decompress: gzip: invalid header"
             );
         }
+    }
+
+    #[test]
+    fn inflating_past_the_limit_stops_there() {
+        // Whitespace is valid JSON padding and compresses a thousandfold.
+        let bomb = vec![b' '; 4 << 20];
+        for algorithm in [Algorithm::Gzip, Algorithm::Zstd, Algorithm::Brotli] {
+            let blob = encode_with(algorithm, &bomb);
+            assert!(blob.len() < 64 << 10, "{algorithm:?}: {}", blob.len());
+            let err = decode_nodes(&blob, V4, 1 << 20).unwrap_err();
+            assert!(
+                matches!(err, CompressError::TooLarge { limit } if limit == 1 << 20),
+                "{algorithm:?}: {err}"
+            );
+            assert!(err.to_string().contains("--max-nodes-size"), "{err}");
+            // At the limit exactly, it is read (and is no node map).
+            let err = decode_nodes(&blob, V4, 4 << 20).unwrap_err();
+            assert!(
+                matches!(err, CompressError::Json(_)),
+                "{algorithm:?}: {err}"
+            );
+        }
+        let err = decode_nodes(&encode_with(Algorithm::Gzip, &bomb), V3, 1 << 20).unwrap_err();
+        assert!(matches!(err, CompressError::TooLarge { .. }), "{err}");
     }
 
     #[test]
@@ -670,9 +740,17 @@ mod tests {
             .enumerate()
             .flat_map(|(i, c)| (i % 10 == 9).then_some('\n').into_iter().chain([c]))
             .collect();
-        assert_eq!(decode_nodes(&wrapped, V4).unwrap(), nodes());
         assert_eq!(
-            decode_nodes(&encode_with(Algorithm::Gzip, b"null"), V4).unwrap(),
+            decode_nodes(&wrapped, V4, DEFAULT_MAX_NODES_SIZE).unwrap(),
+            nodes()
+        );
+        assert_eq!(
+            decode_nodes(
+                &encode_with(Algorithm::Gzip, b"null"),
+                V4,
+                DEFAULT_MAX_NODES_SIZE
+            )
+            .unwrap(),
             Nodes::new()
         );
     }
@@ -680,23 +758,37 @@ mod tests {
     #[test]
     fn corrupt_input_is_an_error() {
         assert_eq!(
-            decode_nodes("ab%%", V4).unwrap_err().to_string(),
+            decode_nodes("ab%%", V4, DEFAULT_MAX_NODES_SIZE)
+                .unwrap_err()
+                .to_string(),
             "illegal base64 data at input byte 2"
         );
         assert_eq!(
-            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 0, 0]), V4)
-                .unwrap_err()
-                .to_string(),
+            decode_nodes(
+                &STANDARD.encode([0x1f, 0x8b, 0, 0]),
+                V4,
+                DEFAULT_MAX_NODES_SIZE
+            )
+            .unwrap_err()
+            .to_string(),
             "failed to decompress: unexpected EOF"
         );
         assert!(matches!(
-            decode_nodes(&STANDARD.encode([0x1f, 0x8b, 8, 0]), V4),
+            decode_nodes(
+                &STANDARD.encode([0x1f, 0x8b, 8, 0]),
+                V4,
+                DEFAULT_MAX_NODES_SIZE
+            ),
             Err(CompressError::Decompress(_))
         ));
         assert_eq!(
-            decode_nodes(&encode_with(Algorithm::Zstd, b"[1]"), V4)
-                .unwrap_err()
-                .to_string(),
+            decode_nodes(
+                &encode_with(Algorithm::Zstd, b"[1]"),
+                V4,
+                DEFAULT_MAX_NODES_SIZE
+            )
+            .unwrap_err()
+            .to_string(),
             "json: cannot unmarshal array into Go value of type v1alpha1.Nodes"
         );
     }
@@ -742,7 +834,12 @@ mod tests {
         dehydrate(&mut wf, size - 1, &Compression::default(), V4).unwrap();
         assert!(wf.status.nodes.is_none());
         assert_eq!(
-            decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(),
+            decode_nodes(
+                wf.status.compressed_nodes.as_deref().unwrap(),
+                V4,
+                DEFAULT_MAX_NODES_SIZE
+            )
+            .unwrap(),
             many
         );
     }
@@ -877,7 +974,12 @@ mod tests {
             dehydrate(&mut wf, max, &compression, V4).unwrap();
             assert!(wf.status.nodes.is_none(), "{compression:?}");
             assert_eq!(
-                decode_nodes(wf.status.compressed_nodes.as_deref().unwrap(), V4).unwrap(),
+                decode_nodes(
+                    wf.status.compressed_nodes.as_deref().unwrap(),
+                    V4,
+                    DEFAULT_MAX_NODES_SIZE
+                )
+                .unwrap(),
                 many_nodes()
             );
             assert!(go_json_size(&wf, V4) <= max);

@@ -120,6 +120,8 @@ pub struct RetryOptions {
     pub max_workflow_size: usize,
     /// How the cluster's Argo compresses nodes, which rewind writes too.
     pub compression: compress::Compression,
+    /// The most bytes `status.compressedNodes` may inflate to.
+    pub max_nodes_size: usize,
 }
 
 impl Default for RetryOptions {
@@ -131,6 +133,7 @@ impl Default for RetryOptions {
             argo_version: ArgoVersion::default(),
             max_workflow_size: compress::DEFAULT_MAX_WORKFLOW_SIZE,
             compression: compress::Compression::default(),
+            max_nodes_size: compress::DEFAULT_MAX_NODES_SIZE,
         }
     }
 }
@@ -246,7 +249,7 @@ pub fn plan_retry_with_parents(
     // Hydrate, as the Argo server does before it formulates the retry.
     let compressed = compress::blob_to_hydrate(&wf.status);
     let nodes: Cow<'_, Nodes> = match compressed {
-        Some(c) => Cow::Owned(compress::decode_nodes(c, version)?),
+        Some(c) => Cow::Owned(compress::decode_nodes(c, version, opts.max_nodes_size)?),
         None => wf
             .status
             .nodes

@@ -642,6 +642,7 @@ fn compressed_nodes_are_read_and_written_back_when_too_large() {
     let back = compress::decode_nodes(
         small.workflow.status.compressed_nodes.as_deref().unwrap(),
         ArgoVersion::V4,
+        compress::DEFAULT_MAX_NODES_SIZE,
     )
     .unwrap();
     assert_eq!(Some(back), from_plain.workflow.status.nodes);

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use rewind::argo::plan::compress::{
-    Algorithm, Compression, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
+    Algorithm, Compression, DEFAULT_MAX_NODES_SIZE, DEFAULT_MAX_WORKFLOW_SIZE, GzipImplementation,
 };
 use rewind::argo::plan::{ArgoVersion, RetryOptions};
 use rewind::argo::workflow::Workflow;
@@ -166,6 +166,10 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
+    /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
+    /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
+    #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
+    max_nodes_size: usize,
     #[command(flatten)]
     compression: CompressionArgs,
 }
@@ -219,6 +223,7 @@ impl Tuning {
                 argo_version: self.argo_version,
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,
+                max_nodes_size: self.max_nodes_size,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
@@ -402,6 +407,7 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
         argo_version: args.argo_version,
         max_workflow_size: args.max_workflow_size,
         compression: args.compression.settings(),
+        ..RetryOptions::default()
     };
     match rewind::argo::plan::plan_retry(&workflow, &options) {
         Ok(plan) => {
