@@ -228,6 +228,7 @@ pub fn succeeded(observed: &Observed) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::request::annotations;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
