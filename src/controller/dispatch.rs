@@ -3,17 +3,20 @@
 //! is tracked, stops at shutdown (its request stays pending and resumes at
 //! the next start), and is awaited before the controller returns.
 
+use std::any::Any;
 use std::collections::HashSet;
+use std::future::Future;
 use std::hash::Hash;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
 use kube::ResourceExt;
 use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::protocol::crd::WorkflowRetry;
@@ -49,7 +52,6 @@ pub struct Dispatcher {
     workflows: Arc<Active<(String, String)>>,
     /// WorkflowRetry objects (UID) being served.
     objects: Arc<Active<String>>,
-    stores: Arc<Vec<Store<PartialObjectMeta<Workflow>>>>,
     /// Stops the requests in progress.
     shutdown: CancellationToken,
     /// Every request's task, awaited at shutdown.
@@ -57,16 +59,11 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(
-        ctx: Arc<Context>,
-        stores: Arc<Vec<Store<PartialObjectMeta<Workflow>>>>,
-        shutdown: CancellationToken,
-    ) -> Self {
+    pub fn new(ctx: Arc<Context>, shutdown: CancellationToken) -> Self {
         Dispatcher {
             ctx,
             workflows: Active::new(),
             objects: Active::new(),
-            stores,
             shutdown,
             tasks: TaskTracker::new(),
         }
@@ -111,11 +108,10 @@ impl Dispatcher {
             // the workflow inactive and starts its request itself (the cache
             // is updated before its event is handled).
             let mut active = self.workflows.lock();
-            let reference = ObjectRef::new(&target.name).within(&target.namespace);
             let next = self
-                .stores
-                .iter()
-                .find_map(|s| s.get(&reference))
+                .ctx
+                .workflows
+                .get(&target.namespace, &target.name)
                 .and_then(|meta| pending_target(&meta))
                 .filter(|next| next.uid == target.uid && next.token != target.token);
             match next {
@@ -130,12 +126,30 @@ impl Dispatcher {
 
     /// Runs one request to its end. Errors were reported to the user and
     /// logged by `live::run`; transient ones are tried again, so no request
-    /// is lost.
+    /// is lost. A panic ends the request Failed (and answered, so it is not
+    /// replayed at every start); the controller goes on serving the rest.
     async fn serve_request(&self, target: &Target) {
         let mut delay = RETRY_BACKOFF_START;
-        while let Err(e) = live::run(&self.ctx, target, &self.shutdown).await {
-            if !e.is_transient() || !self.pause(&mut delay).await {
-                break;
+        loop {
+            match guarded(live::run(&self.ctx, target, &self.shutdown)).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => {
+                    if !e.is_transient() || !self.pause(&mut delay).await {
+                        return;
+                    }
+                }
+                Err(panic) => {
+                    error!(
+                        workflow = target.name,
+                        namespace = target.namespace,
+                        token = target.token,
+                        panic,
+                        "the retry panicked; it ends Failed"
+                    );
+                    self.ctx.metrics.request_panicked("workflow");
+                    live::answer_panic(&self.ctx, target, &panic).await;
+                    return;
+                }
             }
         }
     }
@@ -182,7 +196,18 @@ impl Dispatcher {
                 return;
             }
             // Its end is reported (status, Event) by `serve`.
-            let _ = workflowretry::serve(&self.ctx, &object, &self.shutdown).await;
+            let served_now =
+                guarded(workflowretry::serve(&self.ctx, &object, &self.shutdown)).await;
+            if let Err(panic) = served_now {
+                error!(
+                    workflowretry = object.name_any(),
+                    namespace = object.namespace(),
+                    panic,
+                    "serving the WorkflowRetry panicked; it ends Failed"
+                );
+                self.ctx.metrics.request_panicked("workflowretry");
+                workflowretry::answer_panic(&self.ctx, &object, &panic).await;
+            }
             served = true;
         }
         tokio::select! {
@@ -222,6 +247,23 @@ impl Dispatcher {
     }
 }
 
+/// Runs `work`, catching a panic in it as its message.
+pub async fn guarded<F: Future>(work: F) -> Result<F::Output, String> {
+    AssertUnwindSafe(work)
+        .catch_unwind()
+        .await
+        .map_err(|panic| panic_message(&*panic))
+}
+
+/// The words of a panic's payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// The request `meta` carries that is not finished yet, if any.
 fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
     // A request with bad options is pending too: serving it answers it.
@@ -232,4 +274,26 @@ fn pending_target(meta: &PartialObjectMeta<Workflow>) -> Option<Target> {
         uid: meta.uid()?,
         token: request::token(meta.annotations())?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_a_request_is_caught_with_its_words() {
+        assert_eq!(guarded(async { 7 }).await, Ok(7));
+        let caught = guarded(async {
+            let ttl = std::hint::black_box(i64::MAX);
+            ttl.checked_add(1)
+                .expect("adding signed duration to timestamp overflowed")
+        })
+        .await;
+        assert_eq!(
+            caught,
+            Err("adding signed duration to timestamp overflowed".to_owned())
+        );
+        let formatted = guarded(async { panic!("plan of {} failed", "wf") }).await;
+        assert_eq!(formatted, Err::<(), _>("plan of wf failed".to_owned()));
+    }
 }

@@ -13,17 +13,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::PartialObjectMeta;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::store::Writer;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::argo::db::ArgoDatabase;
+use crate::argo::workflow::Workflow;
 use crate::controller::leader::{LeaderError, LeaseConfig, Role};
 use crate::controller::watch::State;
 use crate::engine::Engine;
 use crate::engine::budget::{self, Budget, BudgetConfig};
 use crate::engine::queue::{QueueConfig, WorkQueue};
 use crate::engine::workers::{self, Outcomes};
+use crate::retry::cache::WorkflowCache;
 use crate::retry::{Context, RetryConfig, Scope};
 use crate::telemetry::metrics::Metrics;
 
@@ -82,6 +86,8 @@ pub struct Controller {
     ctx: Context,
     /// The delete workers' client for DeleteCollection (see [`workers::bulk_client`]).
     bulk_client: kube::Client,
+    /// What the workflow watches fill `ctx.workflows` with, one per watch.
+    writers: Vec<Writer<PartialObjectMeta<Workflow>>>,
     state: State,
     /// The lease's own client: outside the budget (renewals never wait for
     /// pod deletions) and with short timeouts (fencing, see `leader`).
@@ -109,7 +115,9 @@ impl Controller {
             controller: options.reporter.clone(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let (workflows, writers) = WorkflowCache::new(options.scope.namespaces.len().max(1));
         let ctx = Context {
+            workflows,
             recorder: Recorder::new(client.clone(), reporter),
             engine: Engine {
                 client,
@@ -127,6 +135,7 @@ impl Controller {
             budget,
             ctx,
             bulk_client,
+            writers,
             state: State::default(),
             lease_client,
         })
@@ -230,6 +239,7 @@ impl Controller {
             budget,
             ctx,
             bulk_client,
+            writers,
             state,
             ..
         } = self;
@@ -258,7 +268,7 @@ impl Controller {
                 shutdown.clone(),
             ));
         }
-        watch::run(ctx, state, shutdown.clone()).await;
+        watch::run(ctx, writers, state, shutdown.clone()).await;
         engine.queue.shutdown();
         while tasks.join_next().await.is_some() {}
     }

@@ -7,21 +7,23 @@
 //! relist and event re-checks the annotations, so a request seen while the
 //! controller was down is picked up at start (rule 4).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{StreamExt, future, stream};
-use kube::Client;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::{self, watcher};
+use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::argo::workflow::Workflow;
-use crate::controller::dispatch::Dispatcher;
+use crate::controller::dispatch::{Dispatcher, panic_message};
 use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::request;
 use crate::retry::{Context, Scope};
 
 /// Shared state the HTTP endpoints read.
@@ -39,25 +41,31 @@ impl State {
 
 /// Watches workflow metadata and WorkflowRetry objects, and runs retries
 /// until `shutdown` is cancelled; returns once every request has stopped.
-pub async fn run(ctx: Context, state: State, shutdown: CancellationToken) {
+pub async fn run(
+    ctx: Context,
+    writers: Vec<Writer<PartialObjectMeta<Workflow>>>,
+    state: State,
+    shutdown: CancellationToken,
+) {
     let client: Client = ctx.client();
     let scope = ctx.scope.clone();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list and watch requests.
     let apis: Vec<Api<PartialObjectMeta<Workflow>>> = scoped_apis(&client, &scope);
     let config = watcher::Config::default().labels(&scope.label_selector());
-    let (stores, streams): (Vec<Store<PartialObjectMeta<Workflow>>>, Vec<_>) = apis
+    let streams: Vec<_> = apis
         .into_iter()
-        .map(|api| {
-            let (store, writer) = reflector::store();
-            let stream = reflector::reflector(writer, watcher(api, config.clone()))
+        .zip(writers)
+        .map(|(api, writer)| {
+            let watched = watcher(api, config.clone()).modify(keep_what_requests_read);
+            reflector::reflector(writer, watched)
                 .default_backoff()
                 .applied_objects()
-                .boxed();
-            (store, stream)
+                .boxed()
         })
-        .unzip();
-    let stores = Arc::new(stores);
-    let dispatcher = Dispatcher::new(Arc::new(ctx), stores.clone(), shutdown.clone());
+        .collect();
+    let cache = ctx.workflows.clone();
+    let metrics = ctx.metrics.clone();
+    let dispatcher = Dispatcher::new(Arc::new(ctx), shutdown.clone());
 
     let objects = stream::select_all(scoped_apis::<WorkflowRetry>(&client, &scope).into_iter().map(
         |api| {
@@ -69,7 +77,14 @@ pub async fn run(ctx: Context, state: State, shutdown: CancellationToken) {
     ))
     .for_each(|event| {
         match event {
-            Ok(object) => dispatcher.object(object),
+            Ok(object) => {
+                let (name, namespace) = (object.name_any(), object.namespace());
+                let started = std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.object(object)));
+                if let Err(panic) = started {
+                    error!(workflowretry = name, namespace, panic = panic_message(&*panic), "starting the WorkflowRetry panicked; it is skipped");
+                    metrics.request_panicked("workflowretry");
+                }
+            }
             Err(error) => {
                 warn!(%error, "WorkflowRetry watch failed (is its CRD installed?); retrying with backoff")
             }
@@ -78,9 +93,9 @@ pub async fn run(ctx: Context, state: State, shutdown: CancellationToken) {
     });
 
     let readiness = {
-        let (state, stores) = (state.clone(), stores.clone());
+        let (state, cache) = (state.clone(), cache.clone());
         async move {
-            future::join_all(stores.iter().map(|s| s.wait_until_ready())).await;
+            future::join_all(cache.stores().iter().map(|s| s.wait_until_ready())).await;
             state.ready.store(true, Ordering::Relaxed);
             info!(namespaces = ?scope.namespaces, "workflow metadata cache synced");
             future::pending::<()>().await
@@ -89,7 +104,20 @@ pub async fn run(ctx: Context, state: State, shutdown: CancellationToken) {
 
     let workflows = stream::select_all(streams).for_each(|event| {
         match event {
-            Ok(meta) => dispatcher.workflow(&meta),
+            Ok(meta) => {
+                cache.changed(&meta.namespace().unwrap_or_default(), &meta.name_any());
+                let started =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.workflow(&meta)));
+                if let Err(panic) = started {
+                    error!(
+                        workflow = meta.name_any(),
+                        namespace = meta.namespace(),
+                        panic = panic_message(&*panic),
+                        "starting the workflow's retry panicked; it is skipped"
+                    );
+                    metrics.request_panicked("workflow");
+                }
+            }
             Err(error) => warn!(%error, "workflow watch failed; retrying with backoff"),
         }
         future::ready(())
@@ -119,5 +147,48 @@ where
             .iter()
             .map(|ns| Api::namespaced(client.clone(), ns))
             .collect()
+    }
+}
+
+/// What the cache keeps of a workflow's metadata: what requests read (its
+/// name, UID, labels and rewind's own annotations), not managed fields or
+/// other annotations (`kubectl.kubernetes.io/last-applied-configuration`
+/// alone can be as large as the workflow).
+fn keep_what_requests_read(meta: &mut PartialObjectMeta<Workflow>) {
+    meta.metadata.managed_fields = None;
+    if let Some(annotations) = meta.metadata.annotations.as_mut() {
+        annotations.retain(|key, _| key.starts_with(request::annotations::PREFIX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_keeps_rewinds_annotations_and_no_managed_fields() {
+        let mut meta: PartialObjectMeta<Workflow> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {
+                "name": "wf",
+                "labels": {"workflows.argoproj.io/phase": "Failed"},
+                "annotations": {
+                    request::annotations::RETRY: "1",
+                    request::annotations::STATUS: "{}",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+                },
+                "managedFields": [{"manager": "argo"}],
+            },
+        }))
+        .unwrap();
+        keep_what_requests_read(&mut meta);
+        let annotations: Vec<&str> = meta.annotations().keys().map(String::as_str).collect();
+        assert_eq!(
+            annotations,
+            [request::annotations::RETRY, request::annotations::STATUS]
+        );
+        assert!(meta.metadata.managed_fields.is_none());
+        assert_eq!(meta.labels().len(), 1);
     }
 }

@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 /// The annotations of the user contract.
 pub mod annotations {
+    /// The prefix of every annotation of the contract.
+    pub const PREFIX: &str = "rewind.dev/";
     /// Set to a new value to request a retry.
     pub const RETRY: &str = "rewind.dev/retry";
     /// "true" to also restart succeeded nodes matched by the selector.

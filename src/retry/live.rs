@@ -155,6 +155,17 @@ pub async fn run(
     result
 }
 
+/// Ends `target`'s request Failed after it panicked: its status says so and
+/// the token is answered, so it is not run again at every start.
+pub async fn answer_panic(ctx: &Context, target: &Target, panic: &str) {
+    let ending = Ending::Failed(format!(
+        "rewind failed on this request (it panicked: {panic}); nothing more is deleted for it; this is a bug: report it with the controller's log, then ask again with a new rewind.dev/retry value"
+    ));
+    ctx.metrics
+        .observe_retry(ending.metric_label(), Duration::ZERO);
+    report::end(&mut Annotation::new(ctx, target), &ending).await;
+}
+
 struct Job<'a> {
     ctx: &'a Context,
     target: &'a Target,

@@ -3,6 +3,7 @@
 //! user how each ends, in one way for all.
 
 pub mod archived;
+pub mod cache;
 pub mod live;
 pub mod object;
 pub mod report;
@@ -122,6 +123,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub config: RetryConfig,
     pub scope: Scope,
+    /// The watched workflows' metadata.
+    pub workflows: Arc<cache::WorkflowCache>,
     pub metrics: Arc<Metrics>,
     /// Argo's database, when its persistence is configured: archived
     /// workflows and offloaded node status.

@@ -135,8 +135,23 @@ pub async fn serve(
     result
 }
 
+/// Ends the request of `object` Failed after serving it panicked.
+pub async fn answer_panic(ctx: &Context, object: &WorkflowRetry, panic: &str) {
+    let ending = Ending::Failed(format!(
+        "rewind failed on this request (it panicked: {panic}); this is a bug: report it with the controller's log, then create a new WorkflowRetry"
+    ));
+    ctx.metrics
+        .observe_retry(ending.metric_label(), Duration::ZERO);
+    report::end(&mut ObjectStatus::new(ctx, object), &ending).await;
+}
+
+/// How long a live target's follower waits for word of a change before it
+/// looks at the cache anyway (a safety net: the watch tells of every change).
+const FOLLOW_RECHECK: Duration = Duration::from_secs(60);
+
 /// Asks for the retry of live workflow `name` through its annotations and
-/// follows it until it ends.
+/// follows it until it ends, from the controller's cache of workflow
+/// metadata: waiting costs no API request.
 async fn serve_live(
     status: &mut ObjectStatus<'_>,
     name: &str,
@@ -147,23 +162,39 @@ async fn serve_live(
     let workflows: Api<Workflow> = Api::namespaced(ctx.client(), &namespace);
     let token = workflowretry_token(&status.uid());
     let options = status.object.spec.options();
-    let reading = format!("reading workflow {namespace}/{name}");
+    let following = ctx.workflows.follow(&namespace, name);
     status.status.workflow_name = Some(name.to_owned());
     loop {
-        let found = workflows
-            .get_metadata_opt(name)
-            .await
-            .map_err(api(&reading))?;
-        let Some(meta) = found else {
-            return Err(match status.status.workflow_uid {
-                Some(_) => ServeError::WorkflowReplaced {
-                    name: name.to_owned(),
-                },
-                None => ServeError::WorkflowNotFound {
-                    namespace,
-                    name: name.to_owned(),
-                },
-            });
+        let changed = following.notified();
+        let Some(meta) = ctx.workflows.get(&namespace, name) else {
+            // Not cached: out of this controller's scope, not there, or
+            // created a moment ago; one read tells which.
+            let found = workflows
+                .get_metadata_opt(name)
+                .await
+                .map_err(api(format!("reading workflow {namespace}/{name}")))?;
+            match found {
+                Some(meta) if in_scope(&meta, ctx) => wait(changed, stop).await?,
+                Some(meta) => {
+                    return Err(ServeError::OutOfScope {
+                        name: name.to_owned(),
+                        found: meta.labels().get(labels::CONTROLLER_INSTANCE_ID).cloned(),
+                        serves: ctx.scope.instance_id.clone(),
+                    });
+                }
+                None if status.status.workflow_uid.is_some() => {
+                    return Err(ServeError::WorkflowReplaced {
+                        name: name.to_owned(),
+                    });
+                }
+                None => {
+                    return Err(ServeError::WorkflowNotFound {
+                        namespace,
+                        name: name.to_owned(),
+                    });
+                }
+            }
+            continue;
         };
         let uid = meta.uid().unwrap_or_default();
         match &status.status.workflow_uid {
@@ -173,17 +204,7 @@ async fn serve_live(
                 });
             }
             Some(_) => {}
-            None => {
-                let found = meta.labels().get(labels::CONTROLLER_INSTANCE_ID).cloned();
-                if found != ctx.scope.instance_id {
-                    return Err(ServeError::OutOfScope {
-                        name: name.to_owned(),
-                        found,
-                        serves: ctx.scope.instance_id.clone(),
-                    });
-                }
-                status.status.workflow_uid = Some(uid);
-            }
+            None => status.status.workflow_uid = Some(uid),
         }
         let on_workflow = meta.annotations();
         if let Ok(Some(progress)) = request::status_of(on_workflow, &token) {
@@ -220,10 +241,24 @@ async fn serve_live(
             status.name()
         );
         status.write().await.map_err(api(what))?;
-        tokio::select! {
-            _ = stop.cancelled() => return Err(ServeError::Stopped),
-            _ = tokio::time::sleep(ctx.config.status_interval) => {}
-        }
+        wait(changed, stop).await?;
+    }
+}
+
+/// Whether this controller serves `meta` (its instance ID label).
+fn in_scope(meta: &kube::api::PartialObjectMeta<Workflow>, ctx: &Context) -> bool {
+    meta.labels().get(labels::CONTROLLER_INSTANCE_ID) == ctx.scope.instance_id.as_ref()
+}
+
+/// Waits for `changed`, at most [`FOLLOW_RECHECK`]; an error at `stop`.
+async fn wait(
+    changed: impl std::future::Future<Output = ()>,
+    stop: &CancellationToken,
+) -> Result<(), ServeError> {
+    tokio::select! {
+        _ = stop.cancelled() => Err(ServeError::Stopped),
+        _ = changed => Ok(()),
+        _ = tokio::time::sleep(FOLLOW_RECHECK) => Ok(()),
     }
 }
 

@@ -40,6 +40,12 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    /// workflow (an annotation request) or workflowretry.
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StepLabels {
     /// read, plan, delete or create.
     step: &'static str,
@@ -58,6 +64,7 @@ pub struct Metrics {
     retry_duration: Family<ResultLabels, Histogram>,
     archived_step: Family<StepLabels, Histogram>,
     leader: Gauge,
+    panics: Family<KindLabels, Counter>,
     /// Plain totals beside the families, which are costly to sum.
     requests_total: AtomicU64,
     mutating_total: AtomicU64,
@@ -152,8 +159,15 @@ impl Default for Metrics {
             "1 while this replica works (holds the lease, or runs without leader election), 0 while it stands by",
             leader.clone(),
         );
+        let panics = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "request_panics",
+            "Requests that panicked and were ended Failed, by kind (workflow, workflowretry); each is a bug to report",
+            panics.clone(),
+        );
         Metrics {
             registry,
+            panics,
             leader,
             queue_depth,
             api_requests,
@@ -211,6 +225,11 @@ impl Metrics {
             total: self.requests_total.load(Ordering::Relaxed),
             mutating: self.mutating_total.load(Ordering::Relaxed),
         }
+    }
+
+    /// A request of `kind` (workflow or workflowretry) panicked.
+    pub fn request_panicked(&self, kind: &'static str) {
+        self.panics.get_or_create(&KindLabels { kind }).inc();
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -278,6 +297,7 @@ mod tests {
         m.observe_archived_step("delete", Duration::from_millis(1500));
         crate::engine::Observer::pods_deleted(&m, 5);
         m.set_leader(true);
+        m.request_panicked("workflow");
         assert_eq!(
             m.api_requests(),
             RequestCounts {
@@ -310,6 +330,7 @@ mod tests {
             r#"rewind_archived_retry_step_seconds_bucket{le="1.0",step="delete"} 0"#,
             "rewind_api_requests_in_flight 0",
             "rewind_leader 1",
+            r#"rewind_request_panics_total{kind="workflow"} 1"#,
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

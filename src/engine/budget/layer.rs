@@ -88,11 +88,12 @@ where
         let budget = self.budget.clone();
         Box::pin(async move {
             let verb = Verb::of(&request);
-            let admission = budget.admit(verb).await;
+            let flow = super::flows::of(request.uri().path()).to_owned();
+            let admission = budget.admit(verb, &flow).await;
             let result = inner.oneshot(request).await;
             match &result {
                 Ok(response) => {
-                    let throttled = budget.obey(verb, response.status(), response.headers());
+                    let throttled = budget.obey(verb, &flow, response.status(), response.headers());
                     budget
                         .inner
                         .observer

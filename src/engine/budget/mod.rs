@@ -5,6 +5,7 @@
 //! client), so nothing the controller does can bypass the budget.
 
 mod bucket;
+mod flows;
 mod layer;
 mod slots;
 
@@ -154,6 +155,7 @@ struct Inner {
     reads: TokenBucket,
     writes: TokenBucket,
     slots: Slots,
+    flows: flows::Flows,
     max_pause: Duration,
     observer: Arc<dyn BudgetObserver>,
 }
@@ -170,6 +172,7 @@ impl Budget {
                 reads: TokenBucket::new(config.reads),
                 writes: TokenBucket::new(config.writes),
                 slots: Slots::new(config.workers.get()),
+                flows: flows::Flows::default(),
                 max_pause: config.max_pause,
                 observer,
             }),
@@ -191,15 +194,17 @@ impl Budget {
     /// urgent item: were they to take items first, each would hold one (background work,
     /// say) in the bucket's line ahead of any interactive item queued after it.
     pub async fn take_write_token(&self) -> WriteToken {
+        let _turn = self.inner.flows.turn(flows::WORKERS, Bucket::Write).await;
         let waited = self.inner.writes.acquire().await;
         self.inner.observer.token_wait(Bucket::Write, waited);
         WriteToken(())
     }
 
-    /// Waits until a request of `verb` may be sent: a worker slot (except for watches), then a
-    /// token (unless the task spends a [`WriteToken`] on this write). The slot is held until
-    /// the returned admission is dropped.
-    async fn admit(&self, verb: Verb) -> Admission {
+    /// Waits until a request of `verb` in `flow` (its namespace) may be sent: a worker slot
+    /// (except for watches), then the flow's turn and a token (unless the task spends a
+    /// [`WriteToken`] on this write), outside any pause of the bucket or the flow. The slot is
+    /// held until the returned admission is dropped.
+    async fn admit(&self, verb: Verb, flow: &str) -> Admission {
         let slot = match verb {
             Verb::Watch => None,
             _ => Some(self.inner.slots.acquire().await),
@@ -210,10 +215,23 @@ impl Budget {
             bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
         // A token taken ahead was taken before any pause that began since (while this request
         // waited for a slot, say): the pause holds it back too.
-        let waited = match prepaid {
-            true => self.bucket(bucket).sit_out_pause().await,
-            false => self.bucket(bucket).acquire().await,
-        };
+        let start = tokio::time::Instant::now();
+        let _turn = self.inner.flows.turn(flow, bucket).await;
+        loop {
+            while let Some(until) = self.inner.flows.paused_until(flow) {
+                tokio::time::sleep_until(until).await;
+            }
+            match prepaid {
+                true => self.bucket(bucket).sit_out_pause().await,
+                false => self.bucket(bucket).acquire().await,
+            };
+            // A pause of the flow that began meanwhile holds this request back too (a token
+            // taken is dropped: nothing is sent before the pause ends).
+            if self.inner.flows.paused_until(flow).is_none() {
+                break;
+            }
+        }
+        let waited = start.elapsed();
         observer.token_wait(bucket, waited);
         if slot.is_some() {
             observer.in_flight(self.in_flight());
@@ -224,14 +242,15 @@ impl Budget {
         }
     }
 
-    /// Obeys a throttling answer: a 429 or 503 with Retry-After pauses the bucket the request
-    /// came from. The other bucket goes on when the max-inflight filter answered (it limits
-    /// reads and writes separately, and a read that is throttled too pauses the read bucket
-    /// itself); but a rejection by API Priority and Fairness, which names the priority level
-    /// that rejected it, pauses both: that level serves our reads and writes alike, and the
-    /// server asked for nothing more in it before Retry-After has passed.
-    /// Returns whether it paused.
-    fn obey(&self, verb: Verb, status: StatusCode, headers: &HeaderMap) -> bool {
+    /// Obeys a throttling answer: a 429 or 503 with Retry-After. The max-inflight filter's
+    /// answer (the server is overloaded for everyone) pauses the bucket the request came from;
+    /// the other bucket goes on (that filter limits reads and writes separately, and a read
+    /// throttled too pauses the read bucket itself). A rejection by API Priority and Fairness,
+    /// which names the priority level that rejected it, pauses the request's flow (its
+    /// namespace), reads and writes alike: that flow asks nothing more before Retry-After has
+    /// passed, while other namespaces' retries go on (each of their own rejections pauses them
+    /// in turn). Returns whether it paused.
+    fn obey(&self, verb: Verb, flow: &str, status: StatusCode, headers: &HeaderMap) -> bool {
         if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
             return false;
         }
@@ -246,17 +265,18 @@ impl Budget {
         let priority_level = headers
             .get(PRIORITY_LEVEL_HEADER)
             .and_then(|value| value.to_str().ok());
-        let buckets: &[Bucket] = if priority_level.is_some() {
-            &[Bucket::Read, Bucket::Write]
+        if priority_level.is_some() {
+            self.inner.flows.pause(flow, pause);
+            for bucket in [Bucket::Read, Bucket::Write] {
+                self.inner.observer.paused(bucket, pause);
+            }
         } else {
-            &[verb.bucket()]
-        };
-        for &bucket in buckets {
-            self.bucket(bucket).pause(pause);
-            self.inner.observer.paused(bucket, pause);
+            self.bucket(verb.bucket()).pause(pause);
+            self.inner.observer.paused(verb.bucket(), pause);
         }
         tracing::info!(
             bucket = verb.bucket().as_str(),
+            namespace = flow,
             status = status.as_u16(),
             pause_seconds = pause.as_secs(),
             priority_level,

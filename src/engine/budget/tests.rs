@@ -585,3 +585,125 @@ async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
         "the prepaid write must wait for the pause the 429 ordered while it waited for a slot"
     );
 }
+
+/// The path of each request sent, and when it arrived.
+type Paths = Arc<Mutex<Vec<(String, Duration)>>>;
+
+/// A server that records the path of each request and when it arrived.
+fn path_server(
+    start: Instant,
+    answer: impl Fn(&str) -> Response<()> + Clone + Send + 'static,
+) -> (
+    impl Service<Request<()>, Response = Response<()>, Error = Infallible, Future: Send> + Clone + Send,
+    Paths,
+) {
+    let sent: Paths = Arc::default();
+    let log = sent.clone();
+    let service = tower::service_fn(move |request: Request<()>| {
+        let path = request.uri().path().to_owned();
+        log.lock().unwrap().push((path.clone(), start.elapsed()));
+        let response = answer(&path);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    (service, sent)
+}
+
+fn post_in(namespace: &str) -> Request<()> {
+    request(
+        Method::POST,
+        &format!("/api/v1/namespaces/{namespace}/pods"),
+    )
+}
+
+/// Arrival times of the requests to `namespace`.
+fn arrivals(sent: &Mutex<Vec<(String, Duration)>>, namespace: &str) -> Vec<Duration> {
+    let needle = format!("/namespaces/{namespace}/");
+    sent.lock()
+        .unwrap()
+        .iter()
+        .filter(|(path, _)| path.contains(&needle))
+        .map(|(_, at)| *at)
+        .collect()
+}
+
+/// A tenant with a thousand writes queued delays another's by about one token, not a thousand.
+#[tokio::test(start_paused = true)]
+async fn namespaces_take_turns_for_tokens() {
+    let start = Instant::now();
+    let (budget, _) = budget((20, 1), (50, 100), 2000);
+    let (server, sent) = path_server(start, |_| Response::new(()));
+    let service = budget.layer().layer(server);
+    let flood: Vec<_> = (0..1000).map(|_| post_in("busy")).collect();
+    let flooding = {
+        let service = service.clone();
+        tokio::spawn(async move { send_all(&service, flood).await })
+    };
+    // The flood is queued; then another tenant asks for three writes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = start.elapsed();
+    send_all(&service, (0..3).map(|_| post_in("quiet")).collect()).await;
+    let quiet = arrivals(&sent, "quiet");
+    assert_eq!(quiet.len(), 3);
+    // At 20 tokens a second, turns alternate: each quiet write waits at most two tokens.
+    let last = *quiet.iter().max().unwrap() - asked;
+    assert!(
+        last <= Duration::from_millis(300),
+        "the quiet namespace waited {last:?} behind the busy one"
+    );
+    flooding.abort();
+    // The rate holds across flows.
+    let all: Vec<(Verb, Duration)> = sent
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, at)| (Verb::Post, *at))
+        .collect();
+    assert!(busiest_window(&all, Duration::from_secs(1)) <= 21);
+}
+
+/// API Priority and Fairness rejects a request of one namespace: that namespace pauses for
+/// Retry-After, reads and writes; another namespace goes on.
+#[tokio::test(start_paused = true)]
+async fn a_priority_level_429_pauses_only_its_namespace() {
+    let start = Instant::now();
+    let first = Arc::new(AtomicUsize::new(0));
+    let (budget, _) = budget((20, 30), (50, 100), 1000);
+    let (server, sent) = path_server(start, move |path| {
+        if path.contains("/namespaces/hit/") && first.fetch_add(1, Ordering::SeqCst) == 0 {
+            let mut response = status(StatusCode::TOO_MANY_REQUESTS, Some("4"));
+            response.headers_mut().insert(
+                PRIORITY_LEVEL_HEADER,
+                http::HeaderValue::from_static("0b0e2e3c-uid"),
+            );
+            response
+        } else {
+            Response::new(())
+        }
+    });
+    let service = budget.layer().layer(server);
+    assert_eq!(
+        send_all(&service, vec![post_in("hit")]).await,
+        [StatusCode::TOO_MANY_REQUESTS]
+    );
+    let throttled_at = start.elapsed();
+    let mut requests = vec![
+        post_in("hit"),
+        request(Method::GET, "/api/v1/namespaces/hit/pods/p"),
+    ];
+    requests.extend((0..3).map(|_| post_in("other")));
+    send_all(&service, requests).await;
+    let hit = arrivals(&sent, "hit");
+    assert!(
+        hit[1..]
+            .iter()
+            .all(|at| *at >= throttled_at + Duration::from_secs(4)),
+        "the rejected namespace sent during its pause: {hit:?}"
+    );
+    assert!(
+        arrivals(&sent, "other")
+            .iter()
+            .all(|at| *at == throttled_at),
+        "another namespace was held back"
+    );
+    assert_eq!(budget.inner.flows.len(), 0, "idle flows are forgotten");
+}

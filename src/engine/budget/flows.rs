@@ -1,0 +1,151 @@
+//! Fairness between flows: each namespace's requests (and the delete
+//! workers' tokens, a flow of their own, fair inside through the work queue)
+//! wait for a token one at a time, so the bucket's FIFO line holds at most
+//! one request per flow and serves the flows in turn. A tenant with
+//! thousands of requests queued delays another's by one token, not by
+//! thousands. A flow can also be paused alone (API Priority and Fairness
+//! rejected one of its requests) while the others go on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Bucket;
+
+/// The flow of the delete workers' tokens, taken before they know which
+/// request (and namespace) they will serve.
+pub(super) const WORKERS: &str = "(delete workers)";
+
+/// The flow of a request to `path`: its namespace, or "" for requests about
+/// no namespace (cluster-scoped objects, lists across namespaces).
+pub(super) fn of(path: &str) -> &str {
+    let mut parts = path.split('/');
+    while let Some(part) = parts.next() {
+        if part == "namespaces" {
+            // `/api/v1/namespaces/NAME` is the namespace object itself.
+            return match (parts.next(), parts.next()) {
+                (Some(namespace), Some(_)) => namespace,
+                _ => "",
+            };
+        }
+    }
+    ""
+}
+
+/// One flow's line for each bucket, and its pause.
+#[derive(Default)]
+struct Flow {
+    lines: [Arc<tokio::sync::Mutex<()>>; 2],
+    paused_until: Option<Instant>,
+}
+
+/// Every flow with a request waiting or a pause running; the others are
+/// forgotten, so the map holds only what is active.
+#[derive(Default)]
+pub(super) struct Flows {
+    flows: Mutex<HashMap<Arc<str>, Flow>>,
+}
+
+/// A flow's turn to wait for a token; dropping it lets its next request in.
+pub(super) struct Turn<'a> {
+    flows: &'a Flows,
+    name: Arc<str>,
+    line: usize,
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Flow {
+    /// Whether nobody waits in its lines (but `holding`, the line whose
+    /// guard the caller still holds) and no pause runs.
+    fn idle(&self, holding: Option<usize>) -> bool {
+        let waiting = self.lines.iter().enumerate().any(|(i, line)| {
+            // The map holds one reference, a held guard another.
+            Arc::strong_count(line) > 1 + usize::from(holding == Some(i))
+        });
+        !waiting && self.paused_until.is_none_or(|u| u <= Instant::now())
+    }
+}
+
+impl Flows {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Flow>> {
+        self.flows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for `flow`'s turn to take a token of `bucket`.
+    pub(super) async fn turn(&self, flow: &str, bucket: Bucket) -> Turn<'_> {
+        let (name, line) = {
+            let mut flows = self.lock();
+            let name: Arc<str> = flow.into();
+            let entry = flows.entry(name.clone()).or_default();
+            (name, entry.lines[index(bucket)].clone())
+        };
+        Turn {
+            flows: self,
+            name,
+            line: index(bucket),
+            _held: line.lock_owned().await,
+        }
+    }
+
+    /// When `flow`'s pause ends, if it is paused.
+    pub(super) fn paused_until(&self, flow: &str) -> Option<Instant> {
+        self.lock()
+            .get(flow)
+            .and_then(|f| f.paused_until)
+            .filter(|until| *until > Instant::now())
+    }
+
+    /// Pauses `flow` for `pause` (a longer pause already ordered stays).
+    pub(super) fn pause(&self, flow: &str, pause: Duration) {
+        let until = Instant::now() + pause;
+        let mut flows = self.lock();
+        // Forget the flows whose pauses ended with nobody waiting.
+        flows.retain(|_, f| !f.idle(None));
+        let entry = flows.entry(flow.into()).or_default();
+        entry.paused_until = Some(entry.paused_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// Flows held in memory (for tests).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut flows = self.flows.lock();
+        if flows
+            .get(&self.name)
+            .is_some_and(|f| f.idle(Some(self.line)))
+        {
+            flows.remove(&self.name);
+        }
+    }
+}
+
+fn index(bucket: Bucket) -> usize {
+    match bucket {
+        Bucket::Read => 0,
+        Bucket::Write => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_s_flow_is_its_namespace() {
+        assert_eq!(of("/api/v1/namespaces/argo/pods"), "argo");
+        assert_eq!(
+            of("/apis/argoproj.io/v1alpha1/namespaces/team-a/workflows/wf"),
+            "team-a"
+        );
+        assert_eq!(of("/api/v1/namespaces/argo"), "");
+        assert_eq!(of("/api/v1/pods"), "");
+        assert_eq!(of("/apis/rewind.dev/v1alpha1/workflowretries"), "");
+    }
+}
