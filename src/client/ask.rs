@@ -1,6 +1,8 @@
 //! Asking for a retry: the annotations on a live workflow, or a
 //! WorkflowRetry object for an archived one.
 
+use std::time::Duration;
+
 use kube::ResourceExt as _;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 
@@ -74,14 +76,16 @@ pub async fn ask(
 }
 
 /// The WorkflowRetry that asks for a retry of archived workflow `uid` with
-/// `options`, as `argo archive retry UID` takes them; the API server names it.
-pub fn archived_request(uid: &str, options: &RequestOptions) -> WorkflowRetry {
+/// `options`, as `argo archive retry UID` takes them, deleted `ttl` after it
+/// finished; the API server names it.
+pub fn archived_request(uid: &str, options: &RequestOptions, ttl: Duration) -> WorkflowRetry {
     let spec = WorkflowRetrySpec {
         archived_workflow_uid: Some(uid.to_owned()),
         restart_successful: options.restart_successful,
         node_field_selector: (!options.node_field_selector.is_empty())
             .then(|| options.node_field_selector.clone()),
         parameters: options.parameters.clone(),
+        ttl_seconds_after_finished: Some(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
         ..Default::default()
     };
     let mut object = WorkflowRetry::new("", spec);
@@ -100,6 +104,7 @@ pub async fn ask_archived(
     namespace: &str,
     uid: &str,
     options: &RequestOptions,
+    ttl: Duration,
     dry_run: bool,
 ) -> Result<(Asked, WorkflowRetry), FollowError> {
     let params = PostParams {
@@ -107,7 +112,7 @@ pub async fn ask_archived(
         ..Default::default()
     };
     let created = retries
-        .create(&params, &archived_request(uid, options))
+        .create(&params, &archived_request(uid, options, ttl))
         .await
         .map_err(|source| FollowError::Create {
             namespace: namespace.to_owned(),
@@ -136,7 +141,7 @@ mod tests {
             node_field_selector: "templateName=a".into(),
             parameters: Some(vec!["x=1".into()]),
         };
-        let object = archived_request("u-1", &options);
+        let object = archived_request("u-1", &options, Duration::from_secs(86400));
         assert_eq!(object.metadata.name, None);
         assert_eq!(object.metadata.generate_name.as_deref(), Some("retry-"));
         assert_eq!(
@@ -146,14 +151,15 @@ mod tests {
                 "restartSuccessful": true,
                 "nodeFieldSelector": "templateName=a",
                 "parameters": ["x=1"],
+                "ttlSecondsAfterFinished": 86400,
             })
         );
         // The spec reads back as the request asked.
         assert_eq!(object.spec.options(), options);
-        let plain = archived_request("u-2", &RequestOptions::default());
+        let plain = archived_request("u-2", &RequestOptions::default(), Duration::from_secs(60));
         assert_eq!(
             serde_json::to_value(&plain.spec).unwrap(),
-            serde_json::json!({"archivedWorkflowUID": "u-2", "restartSuccessful": false})
+            serde_json::json!({"archivedWorkflowUID": "u-2", "restartSuccessful": false, "ttlSecondsAfterFinished": 60})
         );
     }
 }

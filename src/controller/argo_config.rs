@@ -2,11 +2,66 @@
 //! `persistence` block and the Secrets it names (in the ConfigMap's
 //! namespace, where Argo's controller reads them).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
-use crate::argo::db::{DbError, Persistence, SecretKeySelector, parse_config};
+use crate::argo::db::{ArgoDatabase, DbError, Persistence, SecretKeySelector, Sql, parse_config};
 use crate::engine::fault;
+
+/// Waits between reads of Argo's ConfigMap after a transient failure,
+/// doubling up to the second.
+const BACKOFF_START: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Argo's database as its ConfigMap `configmap` (NAMESPACE/NAME) configures
+/// it, or `None` when it configures none or configures it wrongly (both
+/// logged: archived retries and offloaded nodes are then not served). A
+/// transient failure (the API server unreachable, throttling) is retried
+/// with back-off until it passes or `shutdown`: one passing fault at start
+/// must not turn archived retries off for the life of the process.
+pub async fn database(
+    client: &kube::Client,
+    configmap: &str,
+    shutdown: &CancellationToken,
+) -> Option<Arc<dyn ArgoDatabase>> {
+    let mut delay = BACKOFF_START;
+    let persistence = loop {
+        match load_persistence(client, configmap).await {
+            Ok(Some(p)) => break p,
+            Ok(None) => {
+                info!(%configmap, "Argo's ConfigMap has no persistence block: archived retries and offloaded nodes are not served");
+                return None;
+            }
+            Err(e) if e.is_transient() => {
+                warn!(%configmap, error = %e, retry_in = ?delay, "cannot read Argo's persistence configuration yet; trying again");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(BACKOFF_MAX);
+            }
+            Err(e) => {
+                error!(%configmap, error = %e, "Argo's persistence configuration is wrong: archived retries and offloaded nodes are not served until it is fixed and the controller restarted");
+                return None;
+            }
+        }
+    };
+    match Sql::connect(&persistence).await {
+        Ok(database) => {
+            info!(%configmap, database = persistence.target(), archive = persistence.archive, node_status_offload = persistence.node_status_offload, "using Argo's database");
+            Some(Arc::new(database))
+        }
+        Err(e) => {
+            error!(%configmap, database = persistence.target(), error = %e, "Argo's database settings are wrong: archived retries and offloaded nodes are not served");
+            None
+        }
+    }
+}
 
 /// Why Argo's persistence configuration could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,9 @@
 //! Background garbage collection of orphan pods: pods labelled with a
-//! workflow that no longer exists.
+//! workflow that no longer exists and owned by nothing (a workflow deleted
+//! with `--cascade=orphan`, say). A pod with an owner is left to its owner
+//! and to Kubernetes' own garbage collector, which deletes the dependents
+//! of a deleted workflow; a pod of another Argo instance is not this
+//! controller's.
 //!
 //! It runs in the queue's background class, so user retries always go first;
 //! its value is also that it puts real background load on the queue.
@@ -18,15 +22,11 @@ use crate::engine::Engine;
 use crate::engine::assess::DeleteWork;
 use crate::engine::queue::Class;
 use crate::engine::workers::{Queue, RequestKey, WorkItem};
+use crate::retry::Scope;
 
 /// Finds orphan pods in `namespaces` (all when empty) every `interval` and
 /// queues their deletion as background work, until `shutdown`.
-pub async fn run(
-    engine: Engine,
-    namespaces: Vec<String>,
-    interval: Duration,
-    shutdown: CancellationToken,
-) {
+pub async fn run(engine: Engine, scope: Scope, interval: Duration, shutdown: CancellationToken) {
     let Engine {
         client,
         queue,
@@ -45,7 +45,7 @@ pub async fn run(
                 }
             }
             _ = ticker.tick() => {
-                match sweep(&client, &namespaces, &queue, &key).await {
+                match sweep(&client, &scope, &queue, &key).await {
                     Ok(0) => {}
                     Ok(n) => info!(pods = n, "queued orphan pods for deletion"),
                     Err(e) => warn!(error = %e, "orphan pod sweep failed; trying again next interval"),
@@ -56,35 +56,59 @@ pub async fn run(
     outcomes.unregister(&key);
 }
 
+/// Pods per page of the sweep's list: a page is one read of the budget and
+/// a bounded answer to hold, however many pods the cluster has.
+const PAGE: u32 = 500;
+
 /// One sweep: returns how many pods it queued.
 async fn sweep(
     client: &Client,
-    namespaces: &[String],
+    scope: &Scope,
     queue: &Queue,
     key: &RequestKey,
 ) -> Result<usize, kube::Error> {
-    let lp = ListParams::default().labels(labels::WORKFLOW);
-    let pods: Vec<PartialObjectMeta<Pod>> = if namespaces.is_empty() {
-        Api::<Pod>::all(client.clone())
-            .list_metadata(&lp)
-            .await?
-            .items
+    let apis: Vec<Api<Pod>> = if scope.namespaces.is_empty() {
+        vec![Api::all(client.clone())]
     } else {
-        let mut all = Vec::new();
-        for ns in namespaces {
-            all.extend(
-                Api::<Pod>::namespaced(client.clone(), ns)
-                    .list_metadata(&lp)
-                    .await?
-                    .items,
-            );
-        }
-        all
+        scope
+            .namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
     };
+    let selector = format!("{},{}", labels::WORKFLOW, scope.label_selector());
+    let mut queued = 0;
+    for api in apis {
+        let mut page = ListParams::default().labels(&selector).limit(PAGE);
+        loop {
+            let answer = api.list_metadata(&page).await?;
+            queued += queue_orphans(client, answer.items, queue, key).await?;
+            match answer.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => page = page.continue_token(&token),
+                None => break,
+            }
+        }
+    }
+    Ok(queued)
+}
+
+/// Queues the deletion of the orphans among `pods`; returns how many.
+async fn queue_orphans(
+    client: &Client,
+    pods: Vec<PartialObjectMeta<Pod>>,
+    queue: &Queue,
+    key: &RequestKey,
+) -> Result<usize, kube::Error> {
+    let candidates: Vec<PartialObjectMeta<Pod>> = pods
+        .into_iter()
+        .filter(|pod| {
+            pod.owner_references().is_empty() && pod.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
     // Ask the API server, not a cache, whether each workflow exists: a cache
     // that lags behind a new workflow would make its pods look orphaned.
     let mut owners: BTreeSet<(String, String)> = BTreeSet::new();
-    for pod in &pods {
+    for pod in &candidates {
         if let (Some(ns), Some(wf)) = (pod.namespace(), pod.labels().get(labels::WORKFLOW)) {
             owners.insert((ns, wf.clone()));
         }
@@ -100,7 +124,7 @@ async fn sweep(
         }
     }
     let mut queued = 0;
-    for pod in pods {
+    for pod in candidates {
         let (Some(ns), Some(wf), Some(uid)) = (
             pod.namespace(),
             pod.labels().get(labels::WORKFLOW),
@@ -108,9 +132,7 @@ async fn sweep(
         ) else {
             continue;
         };
-        if pod.metadata.deletion_timestamp.is_some()
-            || !orphaned.contains(&(ns.clone(), wf.clone()))
-        {
+        if !orphaned.contains(&(ns.clone(), wf.clone())) {
             continue;
         }
         debug!(

@@ -48,6 +48,9 @@ pub struct Options {
     pub reporter: String,
     /// Work only while holding this lease; `None` works at once, alone.
     pub leader_election: Option<LeaseConfig>,
+    /// Argo's workflow-controller ConfigMap (NAMESPACE/NAME), read for Argo's
+    /// database before work starts, unless [`Controller::with_database`] gave one.
+    pub argo_configmap: Option<String>,
 }
 
 /// Why the controller stopped other than by a requested shutdown.
@@ -75,6 +78,7 @@ impl Default for Options {
             http_addr: None,
             reporter: "rewind".into(),
             leader_election: None,
+            argo_configmap: None,
         }
     }
 }
@@ -237,12 +241,17 @@ impl Controller {
         let Controller {
             options,
             budget,
-            ctx,
+            mut ctx,
             bulk_client,
             writers,
             state,
             ..
         } = self;
+        if ctx.database.is_none()
+            && let Some(configmap) = &options.argo_configmap
+        {
+            ctx.database = argo_config::database(&ctx.client(), configmap, &shutdown).await;
+        }
         let engine = ctx.engine.clone();
         let clients = workers::Clients {
             client: engine.client.clone(),
@@ -263,7 +272,7 @@ impl Controller {
         if let Some(interval) = options.pod_gc {
             tasks.spawn(gc::run(
                 engine.clone(),
-                options.scope.namespaces.clone(),
+                options.scope.clone(),
                 interval,
                 shutdown.clone(),
             ));

@@ -8,7 +8,18 @@
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::request::{RequestOptions, RetryPhase};
+use crate::protocol::request::{
+    MAX_PARAMETER, MAX_PARAMETERS, MAX_SELECTOR, RequestOptions, RetryPhase,
+};
+
+/// A Kubernetes UID, as Argo's archive keys workflows.
+const UID_PATTERN: &str = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$";
+/// A workflow's name: a DNS subdomain.
+const NAME_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// `NAME=VALUE`, as Argo takes parameter overrides.
+const PARAMETER_PATTERN: &str = "^[^=]+=";
+/// The longest `ttlSecondsAfterFinished`: a year.
+pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
 
 /// Annotation on a workflow created by an archived retry: the UID of the
 /// `WorkflowRetry` that created it. A restarted controller that finds it
@@ -50,24 +61,27 @@ pub struct WorkflowRetrySpec {
         rename = "archivedWorkflowUID",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 36, max = 36), pattern(UID_PATTERN))]
     pub archived_workflow_uid: Option<String>,
     /// Name of a live workflow in this namespace to retry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 253), pattern(NAME_PATTERN))]
     pub workflow_name: Option<String>,
     /// Also restart succeeded nodes the selector matches (`argo retry --restart-successful`).
     #[serde(default)]
     pub restart_successful: bool,
     /// Argo's node field selector, e.g. `templateName=train`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SELECTOR))]
     pub node_field_selector: Option<String>,
     /// Parameter overrides, each "name=value".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_PARAMETERS), inner(length(min = 2, max = MAX_PARAMETER), pattern(PARAMETER_PATTERN)))]
     pub parameters: Option<Vec<String>>,
-    /// Delete this object this many seconds after it finished, as a Job's TTL.
+    /// Delete this object this many seconds after it finished, as a Job's
+    /// TTL (at most a year).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[schemars(range(min = 0, max = MAX_TTL_SECONDS))]
     pub ttl_seconds_after_finished: Option<i64>,
 }
 

@@ -334,53 +334,22 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         namespaces: args.namespaces,
         instance_id: args.instance_id,
     };
+    if args.argo_configmap.is_empty() {
+        tracing::info!(
+            "--argo-configmap is empty: archived retries and offloaded nodes are not served"
+        );
+    }
     let options = Options {
         leader_election: args.leader.lease(),
+        argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
         ..args.tuning.options(scope, Some(args.http_addr))
     };
-    let mut controller =
-        Controller::new(config.clone(), options).context("building the Kubernetes client")?;
-    if let Some(database) = argo_database(config, &args.argo_configmap).await? {
-        controller = controller.with_database(database);
-    }
+    let controller = Controller::new(config, options).context("building the Kubernetes client")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     controller.run(shutdown).await?;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// Argo's database as its ConfigMap configures it, or `None` (with a log
-/// line) when it configures none.
-async fn argo_database(
-    config: kube::Config,
-    configmap: &str,
-) -> anyhow::Result<Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>> {
-    if configmap.is_empty() {
-        tracing::info!(
-            "--argo-configmap is empty: archived retries and offloaded nodes are not served"
-        );
-        return Ok(None);
-    }
-    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    let persistence = match rewind::controller::argo_config::load_persistence(&client, configmap)
-        .await
-    {
-        Ok(Some(p)) => p,
-        Ok(None) => {
-            tracing::info!(%configmap, "Argo's ConfigMap has no persistence block: archived retries and offloaded nodes are not served");
-            return Ok(None);
-        }
-        Err(e) => {
-            tracing::warn!(%configmap, error = %e, "cannot read Argo's persistence configuration: archived retries and offloaded nodes are not served");
-            return Ok(None);
-        }
-    };
-    let database = rewind::argo::db::Sql::connect(&persistence)
-        .await
-        .with_context(|| format!("configuring Argo's database from {configmap}"))?;
-    tracing::info!(%configmap, archive = persistence.archive, node_status_offload = persistence.node_status_offload, "using Argo's database");
-    Ok(Some(std::sync::Arc::new(database)))
 }
 
 fn plan(args: PlanArgs) -> anyhow::Result<()> {

@@ -51,6 +51,10 @@ pub struct RetryArgs {
     /// --field-selector.
     #[arg(long, value_name = "UID", conflicts_with_all = ["names", "selector", "field_selector"])]
     archived: Option<String>,
+    /// --archived: delete the WorkflowRetry this long after it finished (e.g. 1h; at most a
+    /// year).
+    #[arg(long, default_value = "24h", value_parser = parse_ttl, requires = "archived")]
+    ttl: Duration,
     /// Return once the request is set on the workflow, without following it.
     #[arg(long)]
     no_wait: bool,
@@ -181,7 +185,7 @@ async fn archived(
 ) -> anyhow::Result<()> {
     let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
     let (asked, created) =
-        ask::ask_archived(&retries, namespace, uid, options, args.dry_run).await?;
+        ask::ask_archived(&retries, namespace, uid, options, args.ttl, args.dry_run).await?;
     let name = &asked.token;
     if args.dry_run {
         match args.output {
@@ -588,4 +592,16 @@ fn report(outcomes: &[Outcome], output: Option<Output>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A `--ttl`: a duration the WorkflowRetry's `ttlSecondsAfterFinished` can hold.
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    let max = rewind::protocol::crd::MAX_TTL_SECONDS;
+    if ttl.as_secs() > max as u64 {
+        return Err(format!(
+            "{text} is longer than a year ({max}s), the longest TTL a WorkflowRetry takes"
+        ));
+    }
+    Ok(ttl)
 }
