@@ -195,7 +195,10 @@ pub async fn a_corrupt_archived_row_is_a_clear_permanent_error(
     }
     // Users read the message; the database's address is for the log only.
     assert!(!message.contains("127.0.0.1"), "{message:?}");
-    assert!(err.target().is_some_and(|t| t.contains("127.0.0.1")), "{err:?}");
+    assert!(
+        err.target().is_some_and(|t| t.contains("127.0.0.1")),
+        "{err:?}"
+    );
 
     let err = archive
         .offloaded_nodes(&bad_nodes, "fnv:1")
@@ -235,7 +238,8 @@ pub async fn a_database_that_is_down_is_a_transient_error(env: Arc<Env>) -> anyh
         "{message}"
     );
     assert!(
-        err.target().is_some_and(|t| t.contains(&format!("127.0.0.1:{port}"))),
+        err.target()
+            .is_some_and(|t| t.contains(&format!("127.0.0.1:{port}"))),
         "{err:?}"
     );
     let err = archive
