@@ -23,10 +23,15 @@ demo:
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
 # Helm, actionlint and hadolint (tests/install.rs and the chart's cluster test)
 # are built first so their cold build is not counted in a test's time.
+# cargo-deny (tools/deny) checks Cargo.lock against deny.toml (licenses,
+# duplicate versions, sources) before the tests; deny.toml says why the
+# advisories check is not among them.
 test:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
 	tools/helm/build.sh >/dev/null
 	tools/lint/build.sh >/dev/null
+	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
+	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv

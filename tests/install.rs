@@ -1,7 +1,7 @@
 //! The install artifacts, checked without a cluster: the Helm chart (lint, schema, hardening,
 //! least-privilege rules, a value for every controller flag), the plain manifests rendered
-//! from it (drift), the CI workflows (actionlint) and the Dockerfile (hadolint). The chart is
-//! installed for real in tests/cluster/install.rs.
+//! from it (drift), the CI workflows (actionlint, every action pinned by commit) and the
+//! Dockerfile (hadolint). The chart is installed for real in tests/cluster/install.rs.
 //!
 //! Helm, actionlint and hadolint come from tools/helm/build.sh and tools/lint/build.sh (cached
 //! under ~/.cache/rewind; `make test` builds them first).
@@ -401,6 +401,49 @@ fn the_ci_workflows_pass_actionlint() {
         .unwrap()
         .count();
     assert_eq!(workflows, 2, "ci.yml and release.yml");
+}
+
+/// A tag or branch can be moved to other code; a commit cannot. Every action a
+/// workflow uses is named by its full commit SHA, with the version it stands for
+/// in a trailing comment (`uses: actions/checkout@<40 hex> # v4.3.1`).
+#[test]
+fn the_ci_workflows_pin_every_action_by_commit() {
+    let mut checked = 0;
+    let mut unpinned = Vec::new();
+    for entry in std::fs::read_dir(root().join(".github/workflows")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            let line = line.strip_prefix("- ").unwrap_or(line).trim_start();
+            let Some(value) = line.strip_prefix("uses:") else {
+                continue;
+            };
+            let (action, comment) = match value.split_once(" #") {
+                Some((action, comment)) => (action.trim(), comment.trim()),
+                None => (value.trim(), ""),
+            };
+            // A local action is this repository's own code, pinned with it.
+            if action.starts_with("./") {
+                continue;
+            }
+            checked += 1;
+            let pinned = action.split_once('@').is_some_and(|(_, rev)| {
+                rev.len() == 40 && rev.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            });
+            if !pinned || comment.is_empty() {
+                unpinned.push(format!("{name}:{}: {}", n + 1, line.trim_end()));
+            }
+        }
+    }
+    assert!(checked > 0, "found no `uses:` in .github/workflows");
+    assert!(
+        unpinned.is_empty(),
+        "pin these to a full commit SHA with the version in a trailing comment \
+         (`uses: owner/action@<40 hex> # vX.Y.Z`):\n{}",
+        unpinned.join("\n")
+    );
 }
 
 #[test]
