@@ -111,6 +111,14 @@ const EVERYTHING: &[&str] = &[
     "metrics.serviceMonitor.enabled=true",
     "--set",
     "rbac.aggregateToEdit=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.from[0].namespaceSelector.matchLabels.team=monitoring",
+    "--set",
+    "podAntiAffinity.type=required",
+    "--set",
+    "admission.namespaceSelector.matchLabels.rewind=on",
 ];
 
 #[test]
@@ -133,6 +141,9 @@ fn the_values_schema_refuses_bad_values() {
         "leaderElection.leaseDuration=soon",
         "controller.unknownFlag=1",
         "controller.compression.algorithm=lz4",
+        "admission.enabled=maybe",
+        "podAntiAffinity.type=sometimes",
+        "networkPolicy.from[0].anyone=true",
     ] {
         let (ok, _, err) = helm(&["template", "rewind", CHART, "--set", bad]);
         assert!(!ok, "helm template accepted --set {bad}");
@@ -233,6 +244,160 @@ fn the_deployment_is_hardened_and_leader_elected() {
     find(&docs, "Role", "rewind-leader-election");
 }
 
+fn kinds(docs: &[Value], kind: &str) -> usize {
+    docs.iter().filter(|d| d["kind"] == kind).count()
+}
+
+#[test]
+fn the_disruption_budget_is_rendered_only_for_more_than_one_replica() {
+    let pdb = |values: &[&str]| kinds(&documents(&template(values)), "PodDisruptionBudget");
+    assert_eq!(pdb(&[]), 1, "two replicas by default");
+    assert_eq!(pdb(&["--set", "replicaCount=3"]), 1);
+    // minAvailable 1 of 1 would block every node drain.
+    assert_eq!(pdb(&["--set", "replicaCount=1"]), 0);
+    assert_eq!(pdb(&["--set", "podDisruptionBudget.enabled=false"]), 0);
+}
+
+fn affinity(values: &[&str]) -> Value {
+    let docs = documents(&template(values));
+    find(&docs, "Deployment", "rewind")["spec"]["template"]["spec"]["affinity"].clone()
+}
+
+#[test]
+fn the_replicas_prefer_distinct_nodes_unless_told_otherwise() {
+    let docs = documents(&template(&[]));
+    let deployment = find(&docs, "Deployment", "rewind");
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let preferred = &deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(preferred.as_array().map(Vec::len), Some(1), "{preferred}");
+    let term = &preferred[0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(&term["labelSelector"]["matchLabels"], selector);
+    assert!(preferred[0]["weight"].as_i64().is_some_and(|w| w > 0));
+
+    let required = affinity(&["--set", "podAntiAffinity.type=required"]);
+    let terms = &required["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(&terms[0]["labelSelector"]["matchLabels"], selector);
+    assert!(
+        required["podAntiAffinity"]
+            .get("preferredDuringSchedulingIgnoredDuringExecution")
+            .is_none()
+    );
+
+    assert!(affinity(&["--set", "podAntiAffinity.type="]).is_null());
+    // A podAntiAffinity of one's own replaces the default; other affinity joins it.
+    let own = affinity(&["--set", "affinity.podAntiAffinity.mine=true"]);
+    assert_eq!(own, serde_json::json!({"podAntiAffinity": {"mine": true}}));
+    let joined = affinity(&["--set", "affinity.nodeAffinity.mine=true"]);
+    assert_eq!(joined["nodeAffinity"]["mine"], true);
+    assert!(
+        joined["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"].is_array()
+    );
+}
+
+#[test]
+fn the_network_policy_is_off_by_default_and_admits_only_its_peers_to_the_http_port() {
+    assert_eq!(kinds(&documents(&template(&[])), "NetworkPolicy"), 0);
+
+    let docs = documents(&template(&[
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "networkPolicy.from[0].namespaceSelector.matchLabels.team=monitoring",
+        "--set",
+        "networkPolicy.from[0].podSelector.matchLabels.app=prometheus",
+    ]));
+    let deployment = find(&docs, "Deployment", "rewind");
+    let policy = &find(&docs, "NetworkPolicy", "rewind")["spec"];
+    assert_eq!(
+        policy["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    // Ingress only: egress (the API server, Argo's database) is not restricted.
+    assert_eq!(policy["policyTypes"], serde_json::json!(["Ingress"]));
+    let ingress = policy["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    assert_eq!(
+        ingress[0]["from"],
+        serde_json::json!([{
+            "namespaceSelector": {"matchLabels": {"team": "monitoring"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}},
+        }])
+    );
+    let port = &deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0];
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_json::json!([{"port": port["containerPort"], "protocol": "TCP"}])
+    );
+
+    // No peers: no ingress at all (a rule without `from` would admit everyone).
+    let closed = documents(&template(&["--set", "networkPolicy.enabled=true"]));
+    let policy = &find(&closed, "NetworkPolicy", "rewind")["spec"];
+    assert_eq!(policy["ingress"], serde_json::json!([]));
+}
+
+#[test]
+fn the_admission_policy_asks_what_argo_would_ask_of_the_user() {
+    let docs = documents(&template(&[]));
+    let name = "rewind-workflowretry-permissions";
+    let policy = &find(&docs, "ValidatingAdmissionPolicy", name)["spec"];
+    assert_eq!(policy["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["matchConstraints"]["resourceRules"],
+        serde_json::json!([{
+            "apiGroups": ["rewind.dev"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["workflowretries"],
+        }])
+    );
+    let validations = policy["validations"].as_array().unwrap();
+    let workflows = "authorizer.group('argoproj.io').resource('workflows').namespace(object.metadata.namespace)";
+    let expected = [
+        (
+            format!(
+                "!has(object.spec.archivedWorkflowUID) || {workflows}.check('create').allowed()"
+            ),
+            "needs permission to create workflows in namespace ",
+        ),
+        (
+            format!(
+                "!has(object.spec.workflowName) || {workflows}.name(object.spec.workflowName).check('patch').allowed()"
+            ),
+            "needs permission to patch that workflow",
+        ),
+    ];
+    assert_eq!(validations.len(), expected.len(), "{validations:?}");
+    for (validation, (expression, says)) in validations.iter().zip(&expected) {
+        assert_eq!(validation["expression"], *expression);
+        assert_eq!(validation["reason"], "Forbidden");
+        let message = validation["messageExpression"].as_str().unwrap();
+        assert!(
+            message.contains(says) && message.contains("ask for it"),
+            "{message}"
+        );
+    }
+    let binding = &find(&docs, "ValidatingAdmissionPolicyBinding", name)["spec"];
+    assert_eq!(binding["policyName"], name);
+    assert_eq!(binding["validationActions"], serde_json::json!(["Deny"]));
+    assert!(
+        binding.get("matchResources").is_none(),
+        "every namespace by default"
+    );
+
+    let scoped = documents(&template(&[
+        "--set",
+        "admission.namespaceSelector.matchLabels.team=a",
+    ]));
+    assert_eq!(
+        find(&scoped, "ValidatingAdmissionPolicyBinding", name)["spec"]["matchResources"],
+        serde_json::json!({"namespaceSelector": {"matchLabels": {"team": "a"}}})
+    );
+    let off = documents(&template(&["--set", "admission.enabled=false"]));
+    assert_eq!(kinds(&off, "ValidatingAdmissionPolicy"), 0);
+    assert_eq!(kinds(&off, "ValidatingAdmissionPolicyBinding"), 0);
+}
+
 /// The long flags `rewind controller --help` lists.
 fn controller_flags() -> BTreeSet<String> {
     let out = Command::new(env!("CARGO_BIN_EXE_rewind"))
@@ -284,18 +449,24 @@ fn every_controller_flag_has_a_value() {
 }
 
 fn rules(role: &Value) -> BTreeSet<String> {
-    // One entry per (group, resource, verb), so rule layout does not matter.
+    // One entry per (group, resource, name, verb), so rule layout does not matter;
+    // `*` stands for every name (no resourceNames).
     let mut out = BTreeSet::new();
+    let any = vec![Value::from("*")];
     for rule in role["rules"].as_array().unwrap() {
+        let names = rule["resourceNames"].as_array().unwrap_or(&any);
         for group in rule["apiGroups"].as_array().unwrap() {
             for resource in rule["resources"].as_array().unwrap() {
-                for verb in rule["verbs"].as_array().unwrap() {
-                    out.insert(format!(
-                        "{}/{}:{}",
-                        group.as_str().unwrap(),
-                        resource.as_str().unwrap(),
-                        verb.as_str().unwrap()
-                    ));
+                for name in names {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        out.insert(format!(
+                            "{}/{}/{}:{}",
+                            group.as_str().unwrap(),
+                            resource.as_str().unwrap(),
+                            name.as_str().unwrap(),
+                            verb.as_str().unwrap()
+                        ));
+                    }
                 }
             }
         }
@@ -303,31 +474,83 @@ fn rules(role: &Value) -> BTreeSet<String> {
     out
 }
 
+/// The objects of deploy/rbac/`file`.
+fn deploy_rbac(file: &str) -> Vec<Value> {
+    let path = root().join("deploy/rbac").join(file);
+    documents(&std::fs::read_to_string(&path).unwrap())
+}
+
+/// The one object of `kind` in `docs`.
+fn only<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let mut of_kind = docs.iter().filter(|d| d["kind"] == kind);
+    let found = of_kind.next().unwrap_or_else(|| panic!("no {kind}"));
+    assert!(of_kind.next().is_none(), "more than one {kind}");
+    found
+}
+
+/// deploy/rbac/`file`'s role (`kind`): its rules, and where it is and whom it binds,
+/// against `chart`'s, the chart rendered with its defaults but for the release's name.
+fn ensure_agrees(file: &str, kind: &str, chart: &Value, chart_binding: &Value) {
+    let docs = deploy_rbac(file);
+    let role = only(&docs, kind);
+    assert_eq!(rules(role), rules(chart), "{file}: the rules of {kind}");
+    assert_eq!(
+        role["metadata"]["namespace"], chart["metadata"]["namespace"],
+        "{file}: where the {kind} lives"
+    );
+    let binding = only(&docs, &format!("{kind}Binding"));
+    assert_eq!(
+        binding["roleRef"]["name"], role["metadata"]["name"],
+        "{file}"
+    );
+    assert_eq!(
+        binding["metadata"]["namespace"], role["metadata"]["namespace"],
+        "{file}"
+    );
+    assert_eq!(
+        binding["subjects"], chart_binding["subjects"],
+        "{file}: who"
+    );
+}
+
 #[test]
 fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
-    let text = std::fs::read_to_string(root().join("deploy/rbac/controller.yaml")).unwrap();
-    let reference = rules(&documents(&text)[0]);
-    // deploy/rbac grants Argo's ConfigMap and Secrets cluster-wide (the test
-    // fixture's controller reads them in any namespace); the chart grants the
-    // same verbs by name, in Argo's namespace only, when the archive is on.
-    let cluster = documents(&template(&[
+    // deploy/rbac/argo-archive.yaml names the Secret of Argo's quick-start; the
+    // chart names what archive.secretNames lists.
+    let archive = [
         "--set",
         "archive.enabled=true",
         "--set",
-        "archive.secretNames={argo-postgres}",
-    ]));
-    let mut granted = rules(find(&cluster, "ClusterRole", "rewind"));
-    granted.extend(rules(find(&cluster, "Role", "rewind-leader-election")));
-    granted.extend(rules(find(&cluster, "Role", "rewind-archive")));
-    assert_eq!(granted, reference, "cluster-wide install");
-    let scoped = documents(&template(&[
-        "--set",
-        "controller.namespaces={team-a,team-b}",
-        "--set",
-        "archive.enabled=true",
-        "--set",
-        "archive.secretNames={argo-postgres}",
-    ]));
+        "archive.secretNames={argo-postgres-config}",
+    ];
+    let cluster = documents(&template(&archive));
+    for (file, kind, name) in [
+        ("controller.yaml", "ClusterRole", "rewind"),
+        ("leader-election.yaml", "Role", "rewind-leader-election"),
+        ("argo-archive.yaml", "Role", "rewind-archive"),
+    ] {
+        let binding = find(&cluster, &format!("{kind}Binding"), name);
+        ensure_agrees(file, kind, find(&cluster, kind, name), binding);
+    }
+    // Nothing cluster-wide on what is granted by name in one namespace.
+    let cluster_wide = rules(only(&deploy_rbac("controller.yaml"), "ClusterRole"));
+    for scoped in ["/configmaps/", "/secrets/", "/leases/"] {
+        assert!(
+            cluster_wide.iter().all(|r| !r.contains(scoped)),
+            "deploy/rbac/controller.yaml grants {scoped} cluster-wide: {cluster_wide:?}"
+        );
+    }
+    let lease = rules(only(&deploy_rbac("leader-election.yaml"), "Role"));
+    assert!(
+        lease
+            .iter()
+            .all(|r| r.ends_with("/*:create") || r.contains("/rewind:")),
+        "the Lease beyond its name: {lease:?}"
+    );
+
+    let mut scoped_values = vec!["--set", "controller.namespaces={team-a,team-b}"];
+    scoped_values.extend_from_slice(&archive);
+    let scoped = documents(&template(&scoped_values));
     assert!(
         !scoped
             .iter()
@@ -343,10 +566,7 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
                     && d["metadata"]["namespace"] == ns
             })
             .unwrap_or_else(|| panic!("no Role rewind in {ns}"));
-        let mut granted = rules(role);
-        granted.extend(rules(find(&scoped, "Role", "rewind-leader-election")));
-        granted.extend(rules(find(&scoped, "Role", "rewind-archive")));
-        assert_eq!(granted, reference, "Role in {ns}");
+        assert_eq!(rules(role), cluster_wide, "Role in {ns}");
     }
 }
 
@@ -360,19 +580,25 @@ fn the_user_roles_grant_retries_and_nothing_on_pods() {
     );
     let granted = rules(retry);
     for needed in [
-        "argoproj.io/workflows:patch",
-        "rewind.dev/workflowretries:create",
-        "rewind.dev/workflowretries:watch",
+        "argoproj.io/workflows/*:patch",
+        "rewind.dev/workflowretries/*:create",
+        "rewind.dev/workflowretries/*:watch",
+        // The CLI creates WorkflowRetry objects; users clean them up.
+        "rewind.dev/workflowretries/*:delete",
     ] {
         assert!(
             granted.contains(needed),
             "rewind-retry lacks {needed}: {granted:?}"
         );
     }
+    assert!(
+        !granted.contains("argoproj.io/workflows/*:create"),
+        "rewind-retry must not grant what the admission policy asks of archived retries"
+    );
     let view = rules(find(&docs, "ClusterRole", "rewind-view"));
     for role in [&granted, &view] {
         assert!(
-            role.iter().all(|r| !r.starts_with("/pods")),
+            role.iter().all(|r| !r.starts_with("/pods/")),
             "a user role touches pods: {role:?}"
         );
     }

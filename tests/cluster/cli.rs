@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
@@ -26,6 +25,7 @@ use rewind::testenv::workload::FailedDag;
 use serde_json::Value;
 
 use crate::support::controller as ctl;
+use crate::support::grants::{self, rule};
 use crate::workflowretry::{Rows, create_held_pods};
 
 /// What one run of the CLI wrote and how it ended.
@@ -134,27 +134,15 @@ async fn run_in_pty_interrupted(
     .await?
 }
 
-fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.to_owned()]),
-        resources: Some(vec![resource.to_owned()]),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
 /// Lets the test user ask for retries in `namespace` (annotations and
 /// WorkflowRetry objects, as the chart's `rewind-retry` role does), and read
 /// pods, for the dry run's bulk assessment.
 async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<()> {
-    let admin = cluster.admin_client();
-    let meta = ObjectMeta {
-        name: Some("rewind-cli-user".into()),
-        ..Default::default()
-    };
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![
+    grants::grant_user(
+        &cluster.admin_client(),
+        namespace,
+        "rewind-cli-user",
+        vec![
             rule(
                 "argoproj.io",
                 "workflows",
@@ -166,31 +154,9 @@ async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<(
                 "workflowretries",
                 &["create", "get", "list", "watch"],
             ),
-        ]),
-    };
-    Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &role)
-        .await
-        .context("creating the user's Role")?;
-    let binding = RoleBinding {
-        metadata: meta,
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "rewind-cli-user".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: USER_NAME.into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin, namespace)
-        .create(&PostParams::default(), &binding)
-        .await
-        .context("creating the user's RoleBinding")?;
-    Ok(())
+        ],
+    )
+    .await
 }
 
 async fn failed_workflow(

@@ -1,7 +1,8 @@
 //! The Helm chart installed for real: `helm install` on the local control plane, then the
 //! `rewind` binary run with the installed Deployment's arguments and environment, signed in as
 //! the chart's ServiceAccount (a TokenRequest token), serves a retry that a user bound only to
-//! `rewind-retry` asked for. That user may not list or delete pods; the ServiceAccount may not
+//! `rewind-retry` asked for. That user may create and delete a WorkflowRetry (the chart's
+//! admission policy admits it) but not list or delete pods; the ServiceAccount may not
 //! delete a ConfigMap.
 
 use std::collections::BTreeSet;
@@ -30,7 +31,7 @@ use tokio::process::Command;
 use crate::support::controller as ctl;
 
 const RELEASE: &str = "rewind";
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/rewind");
+pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/rewind");
 
 pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     cluster: Arc<LocalCluster>,
@@ -50,6 +51,12 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
             &namespace,
             "--set",
             &format!("controller.namespaces={{{namespace}}}"),
+            // The admission policy is cluster-wide; here it holds in this namespace only,
+            // so other tests' users are not held to it.
+            "--set",
+            &format!(
+                "admission.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name={namespace}"
+            ),
         ],
     )
     .await?;
@@ -231,13 +238,10 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         .get("by-alice")
         .await
         .context("alice reading her WorkflowRetry")?;
-    forbidden(
-        retries
-            .delete("by-alice", &DeleteParams::default())
-            .await
-            .map(drop),
-        "alice deleting a WorkflowRetry",
-    )?;
+    retries
+        .delete("by-alice", &DeleteParams::default())
+        .await
+        .context("alice (rewind-retry) cleaning up her WorkflowRetry")?;
 
     // alice may not touch pods.
     let alice_pods: Api<Pod> = Api::namespaced(alice, &namespace);
@@ -337,7 +341,7 @@ async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
 }
 
 /// Runs the Helm CLI built by tools/helm/build.sh against the cluster as its admin.
-async fn helm(cluster: &LocalCluster, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
+pub async fn helm(cluster: &LocalCluster, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
     let build = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/helm/build.sh");
     let out = Command::new(build)
         .output()

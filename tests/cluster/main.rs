@@ -5,6 +5,7 @@
 //! cannot be built or started, every test fails: these tests are never skipped.
 
 // Argo's own database code (tools/argodb), shared with the archive tests.
+mod admission;
 #[allow(dead_code)]
 #[path = "../archive/argodb.rs"]
 mod argodb;
@@ -107,6 +108,7 @@ fn main() -> ExitCode {
         leader::a_graceful_stop_releases_the_lease_at_once,
         leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
+        admission::a_workflowretry_needs_what_argo_would_need_of_the_same_user,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

@@ -12,7 +12,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::RetryPhase;
-use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::testenv::localcluster::{LocalCluster, Role, controller_cluster_role};
 use rewind::testenv::workload::FailedDag;
 
 use crate::support::controller as ctl;
@@ -27,8 +27,7 @@ const WITHIN: Duration = Duration::from_secs(20);
 /// The controller's ClusterRole (deploy/rbac/controller.yaml) without
 /// `delete` and `deletecollection` on pods, bound to [`RESTRICTED`].
 async fn restricted_role(admin: &kube::Client) -> anyhow::Result<()> {
-    let mut role: ClusterRole =
-        serde_yaml_ng::from_str(include_str!("../../deploy/rbac/controller.yaml"))?;
+    let mut role = controller_cluster_role()?;
     role.metadata.name = Some(RESTRICTED.into());
     for rule in role.rules.iter_mut().flatten() {
         if rule.resources.iter().flatten().any(|r| r == "pods") {

@@ -6,27 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::Workflow;
-use rewind::testenv::localcluster::{LocalCluster, USER_NAME};
+use rewind::testenv::localcluster::LocalCluster;
 use serde_json::json;
 
-fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.to_owned()]),
-        resources: Some(vec![resource.to_owned()]),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-fn named(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        ..Default::default()
-    }
-}
+use crate::support::grants::{grant_user, named, rule};
 
 fn is_forbidden(result: &Result<impl Sized, kube::Error>) -> bool {
     matches!(result, Err(kube::Error::Api(status)) if status.code == 403)
@@ -40,9 +25,11 @@ pub async fn user_can_patch_workflows_but_not_touch_pods(
     let user = cluster.user_client();
     let post = PostParams::default();
 
-    let role = Role {
-        metadata: named("rewind-user"),
-        rules: Some(vec![
+    grant_user(
+        &admin,
+        &namespace,
+        "rewind-user",
+        vec![
             rule(
                 "argoproj.io",
                 "workflows",
@@ -50,30 +37,9 @@ pub async fn user_can_patch_workflows_but_not_touch_pods(
             ),
             // The WorkflowRetry CRD does not exist yet; RBAC rules may name it anyway.
             rule("rewind.dev", "workflowretries", &["create"]),
-        ]),
-    };
-    Api::<Role>::namespaced(admin.clone(), &namespace)
-        .create(&post, &role)
-        .await
-        .context("creating the Role")?;
-    let binding = RoleBinding {
-        metadata: named("rewind-user"),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "rewind-user".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: USER_NAME.into(),
-            ..Default::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
-        .create(&post, &binding)
-        .await
-        .context("creating the RoleBinding")?;
+        ],
+    )
+    .await?;
 
     let workflow: Workflow = serde_json::from_value(json!({
         "apiVersion": "argoproj.io/v1alpha1",

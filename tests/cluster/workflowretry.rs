@@ -76,7 +76,7 @@ fn no_offload_table() -> DbError {
     }
 }
 
-fn live(name: &str, workflow: &str, ttl: Option<i64>) -> WorkflowRetry {
+pub fn live(name: &str, workflow: &str, ttl: Option<i64>) -> WorkflowRetry {
     WorkflowRetry::new(
         name,
         WorkflowRetrySpec {

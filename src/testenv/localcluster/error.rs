@@ -90,6 +90,13 @@ pub enum Error {
         source: serde_yaml_ng::Error,
     },
 
+    #[error("{file} holds no valid ClusterRole: {source}")]
+    Rbac {
+        file: &'static str,
+        #[source]
+        source: serde_yaml_ng::Error,
+    },
+
     #[error("waiting for a signal to stop: {0}")]
     Signal(#[source] std::io::Error),
 }

@@ -11,7 +11,8 @@ use super::Role;
 pub const USER_NAME: &str = "rewind-user";
 /// The admin user, in system:masters (allowed everything, whatever RBAC says).
 pub const ADMIN_NAME: &str = "rewind-admin";
-/// The controller's identity, allowed what deploy/rbac/controller.yaml grants.
+/// The controller's identity, allowed what deploy/rbac/controller.yaml grants (and, as test
+/// setup, Argo's ConfigMap and Secrets and Leases anywhere: see `rbac`).
 pub const CONTROLLER_NAME: &str = "rewind-controller";
 
 /// A user of the local cluster and the bearer token that authenticates it.

@@ -36,6 +36,7 @@ pub use components::Component;
 pub use error::Error;
 pub use kubeconfig::{ADMIN_NAME, CONTROLLER_NAME, USER_NAME};
 pub use kwok::{NODE_COUNT, NODE_LABEL_SELECTOR};
+pub use rbac::controller_cluster_role;
 
 use kubeconfig::Credential;
 use layout::Layout;

@@ -1,21 +1,73 @@
-//! The controller's RBAC (deploy/rbac/controller.yaml), bound to the local
-//! cluster's controller user, so tests and the demo run the controller with
-//! exactly the rights a real install grants.
+//! The controller's RBAC (deploy/rbac/controller.yaml's ClusterRole), bound to the local
+//! cluster's controller user, so tests and the demo run the controller with the rights a
+//! real install grants cluster-wide.
+//!
+//! A real install grants Argo's ConfigMap and Secrets, and the Lease, by name in one
+//! namespace each (deploy/rbac/argo-archive.yaml, deploy/rbac/leader-election.yaml). Tests
+//! put Argo's ConfigMap and Secrets, and their Leases, in a namespace of their own, so the
+//! test cluster's controller user also gets [`TESTENV_ROLE`]: test setup only, never shipped.
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
+use serde::Deserialize as _;
 
 use super::Error;
 use super::kubeconfig::CONTROLLER_NAME;
 
-const CLUSTER_ROLE: &str = include_str!("../../../deploy/rbac/controller.yaml");
+const FILE: &str = "deploy/rbac/controller.yaml";
+const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
+
+/// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
+/// namespaces, granted in every namespace to the test cluster's controller user.
+const TESTENV_ROLE: &str = "rewind-controller-testenv";
+
+/// The controller's ClusterRole as deploy/rbac/controller.yaml ships it.
+pub fn controller_cluster_role() -> Result<ClusterRole, Error> {
+    let invalid = |source| Error::Rbac { file: FILE, source };
+    for document in serde_yaml_ng::Deserializer::from_str(CONTROLLER_RBAC) {
+        let value = serde_yaml_ng::Value::deserialize(document).map_err(invalid)?;
+        if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
+            return serde_yaml_ng::from_value(value).map_err(invalid);
+        }
+    }
+    Err(invalid(serde::de::Error::custom("it holds no ClusterRole")))
+}
+
+/// [`TESTENV_ROLE`]: Argo's ConfigMap and database Secrets, and Leases, anywhere.
+fn testenv_role() -> ClusterRole {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(TESTENV_ROLE.into()),
+            ..Default::default()
+        },
+        rules: Some(vec![
+            rule("", &["configmaps", "secrets"], &["get"]),
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "create", "patch"],
+            ),
+        ]),
+        ..Default::default()
+    }
+}
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    let role: ClusterRole = serde_yaml_ng::from_str(CLUSTER_ROLE).map_err(|source| Error::Crd {
-        file: "deploy/rbac/controller.yaml",
-        source,
-    })?;
+    for role in [controller_cluster_role()?, testenv_role()] {
+        bind_to_controller(client, role).await?;
+    }
+    Ok(())
+}
+
+/// Applies `role` and a ClusterRoleBinding of the same name to [`CONTROLLER_NAME`].
+async fn bind_to_controller(client: &kube::Client, role: ClusterRole) -> Result<(), Error> {
     let name = role.metadata.name.clone().unwrap_or_default();
     let apply = PatchParams::apply("rewind-localcluster");
     Api::<ClusterRole>::all(client.clone())
@@ -46,4 +98,25 @@ pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Erro
             "binding ClusterRole {name} to {CONTROLLER_NAME}"
         )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_cluster_role_parses_and_names_no_namespaced_secret_or_lease() {
+        let role = controller_cluster_role().unwrap();
+        assert_eq!(role.metadata.name.as_deref(), Some("rewind-controller"));
+        let resources: Vec<&str> = role
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.resources.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        for scoped in ["secrets", "configmaps", "leases"] {
+            assert!(!resources.contains(&scoped), "{resources:?}");
+        }
+    }
 }

@@ -40,3 +40,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{/*
+The pod's affinity: .Values.affinity, plus replicas spread by
+.Values.podAntiAffinity unless affinity.podAntiAffinity is given.
+*/}}
+{{- define "rewind.affinity" -}}
+{{- $affinity := deepCopy .Values.affinity }}
+{{- $spread := .Values.podAntiAffinity }}
+{{- if and $spread.type (not (hasKey $affinity "podAntiAffinity")) }}
+{{- $term := dict "topologyKey" $spread.topologyKey "labelSelector" (dict "matchLabels" (include "rewind.selectorLabels" . | fromYaml)) }}
+{{- if eq $spread.type "required" }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) }}
+{{- else }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- end }}
+{{- with $affinity }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
