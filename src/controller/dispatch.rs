@@ -185,10 +185,14 @@ impl Dispatcher {
         let mut delay = RETRY_BACKOFF_START;
         let mut served = false;
         loop {
-            let Some(now) = self.fresh(&object, uid).await else {
-                return;
-            };
-            object = now;
+            // A new object's event is as fresh as a read (no status of ours yet to be
+            // older than); after serving, the API server's copy is read again.
+            if served || object.status.is_some() {
+                let Some(now) = self.fresh(&object, uid).await else {
+                    return;
+                };
+                object = now;
+            }
             if object.is_finished() {
                 break;
             }

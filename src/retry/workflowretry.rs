@@ -89,12 +89,16 @@ pub async fn serve(
     let mut status = ObjectStatus::new(ctx, object);
     let started = tokio::time::Instant::now();
     if object.status.as_ref().and_then(|s| s.phase).is_none() {
-        let what = format!(
-            "writing the status of WorkflowRetry {}/{}",
-            status.namespace(),
-            status.name()
-        );
-        status.write().await.map_err(api(what))?;
+        // A live target's first status is written once its request is asked, a few
+        // milliseconds later: one write per object, not two.
+        if !matches!(object.spec.target(), Some(RetryTarget::Live { .. })) {
+            let what = format!(
+                "writing the status of WorkflowRetry {}/{}",
+                status.namespace(),
+                status.name()
+            );
+            status.write().await.map_err(api(what))?;
+        }
         report::Report::events(&status)
             .started("rewind started the retry".into())
             .await;
@@ -306,5 +310,45 @@ pub async fn delete_when_expired(client: kube::Client, object: &WorkflowRetry) {
         Err(e) => {
             warn!(workflowretry = object.name_any(), error = %e, "could not delete the finished WorkflowRetry; it is tried again at the next resync")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::crd::{WorkflowRetrySpec, WorkflowRetryStatus};
+
+    fn finished(ttl: i64) -> WorkflowRetry {
+        let mut object = WorkflowRetry::new(
+            "r",
+            WorkflowRetrySpec {
+                workflow_name: Some("wf".into()),
+                ttl_seconds_after_finished: Some(ttl),
+                ..Default::default()
+            },
+        );
+        object.status = Some(WorkflowRetryStatus {
+            phase: Some(RetryPhase::Failed),
+            finished_at: Some("2026-12-03T00:00:00Z".into()),
+            ..Default::default()
+        });
+        object
+    }
+
+    #[test]
+    fn a_ttl_past_what_a_timestamp_holds_never_expires_and_never_panics() {
+        // The API server refuses such values now; objects stored before it did may carry them.
+        for ttl in [300_000_000_000, i64::MAX] {
+            assert_eq!(expires_at(&finished(ttl)), None, "{ttl}");
+        }
+        assert_eq!(
+            expires_at(&finished(60)).map(|t| t.to_string()),
+            Some("2026-12-03T00:01:00Z".into())
+        );
+        // A negative TTL (refused too) expires at once.
+        assert_eq!(
+            expires_at(&finished(-5)).map(|t| t.to_string()),
+            Some("2026-12-03T00:00:00Z".into())
+        );
     }
 }

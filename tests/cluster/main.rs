@@ -15,6 +15,7 @@ mod bulk_parallel;
 mod cli;
 mod db_restart;
 mod faults;
+mod hostile;
 mod idempotency;
 mod install;
 mod kills;
@@ -114,6 +115,10 @@ fn main() -> ExitCode {
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
         throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
+        hostile::malformed_and_oversize_annotations_each_fail_clearly_and_delete_nothing,
+        hostile::workflowretry_fields_past_their_bounds_are_refused_and_at_them_served,
+        hostile::a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_small,
+        hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another,
         db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
         db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,

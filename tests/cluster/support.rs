@@ -95,11 +95,21 @@ pub mod controller {
     pub async fn start_as(
         config: kube::Config,
         namespace: &str,
+        options: Options,
+        archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
+    ) -> anyhow::Result<(Running, std::sync::Arc<rewind::telemetry::metrics::Metrics>)> {
+        start_serving(config, &[namespace], options, archive).await
+    }
+
+    /// [`start_as`], serving every namespace of `namespaces`.
+    pub async fn start_serving(
+        config: kube::Config,
+        namespaces: &[&str],
         mut options: Options,
         archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
     ) -> anyhow::Result<(Running, std::sync::Arc<rewind::telemetry::metrics::Metrics>)> {
         options.scope = Scope {
-            namespaces: vec![namespace.to_owned()],
+            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
             instance_id: None,
         };
         let mut controller = Controller::new(config, options)?;
@@ -126,6 +136,11 @@ pub mod controller {
     }
 
     impl Running {
+        /// True while the controller runs (it has not returned or panicked).
+        pub fn is_up(&self) -> bool {
+            !self.task.is_finished()
+        }
+
         pub async fn stop(mut self) -> anyhow::Result<()> {
             self.shutdown.cancel();
             (&mut self.task)
@@ -300,6 +315,38 @@ pub mod controller {
             "the workflow after the retry differs from the planner's output: {differences:?}"
         );
         Ok(())
+    }
+
+    /// A normal retry in `namespace` (a small failed workflow, asked by annotation) is
+    /// served: it succeeds and resets the workflow as planned. How a test shows the
+    /// controller still serves everyone after a hostile input.
+    pub async fn serves_a_normal_retry(
+        cluster: &LocalCluster,
+        namespace: &str,
+    ) -> anyhow::Result<Duration> {
+        let admin = cluster.admin_client();
+        let dag = rewind::testenv::workload::FailedDag {
+            name: "normal".into(),
+            failed: 10,
+            succeeded: 2,
+        };
+        let before = dag.create(&admin, namespace, 8, || ()).await?;
+        let plan = expected_plan(&before)?;
+        let workflows: Api<Workflow> = Api::namespaced(admin, namespace);
+        // The status's times are whole seconds.
+        let from = Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(1);
+        let asked = tokio::time::Instant::now();
+        request_retry(cluster, namespace, &dag.name, "normal-1").await?;
+        let (after, status) =
+            wait_finished(&workflows, &dag.name, "normal-1", Duration::from_secs(60)).await?;
+        let took = asked.elapsed();
+        ensure!(
+            status.phase == request::RetryPhase::Succeeded,
+            "the normal retry in {namespace} did not succeed: {status:?}"
+        );
+        let to = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(1);
+        ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
+        Ok(took)
     }
 
     /// The reasons of the Events about `workflow`, oldest first.

@@ -205,18 +205,20 @@ impl Budget {
     /// [`WriteToken`] on this write), outside any pause of the bucket or the flow. The slot is
     /// held until the returned admission is dropped.
     async fn admit(&self, verb: Verb, flow: &str) -> Admission {
-        let slot = match verb {
-            Verb::Watch => None,
-            _ => Some(self.inner.slots.acquire().await),
-        };
         let bucket = verb.bucket();
         let observer = &self.inner.observer;
         let prepaid =
             bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
-        // A token taken ahead was taken before any pause that began since (while this request
-        // waited for a slot, say): the pause holds it back too.
+        // The flow's turn first: a flow holds at most one slot while it waits for a token, so
+        // a flow with thousands of requests cannot take every slot and leave the others none.
         let start = tokio::time::Instant::now();
         let _turn = self.inner.flows.turn(flow, bucket).await;
+        let slot = match verb {
+            Verb::Watch => None,
+            _ => Some(self.inner.slots.acquire().await),
+        };
+        // A token taken ahead was taken before any pause that began since (while this request
+        // waited for a slot, say): the pause holds it back too.
         loop {
             while let Some(until) = self.inner.flows.paused_until(flow) {
                 tokio::time::sleep_until(until).await;

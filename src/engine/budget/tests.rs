@@ -707,3 +707,32 @@ async fn a_priority_level_429_pauses_only_its_namespace() {
     );
     assert_eq!(budget.inner.flows.len(), 0, "idle flows are forgotten");
 }
+
+/// A flow waiting for tokens holds at most one worker slot: another namespace's read goes
+/// out at once though the slots are few and the busy namespace's writes wait long.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_flow_does_not_hold_every_slot() {
+    let start = Instant::now();
+    let (budget, _) = budget((1, 1), (50, 100), 2);
+    let (server, sent) = path_server(start, |_| Response::new(()));
+    let service = budget.layer().layer(server);
+    let flood: Vec<_> = (0..50).map(|_| post_in("busy")).collect();
+    let flooding = {
+        let service = service.clone();
+        tokio::spawn(async move { send_all(&service, flood).await })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = start.elapsed();
+    send_all(
+        &service,
+        vec![request(Method::GET, "/api/v1/namespaces/quiet/pods/p")],
+    )
+    .await;
+    let quiet = arrivals(&sent, "quiet");
+    assert_eq!(
+        quiet,
+        [asked],
+        "the read waited for a slot behind the busy writes"
+    );
+    flooding.abort();
+}
