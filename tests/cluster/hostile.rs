@@ -56,7 +56,9 @@ pub async fn malformed_and_oversize_annotations_each_fail_clearly_and_delete_not
     let other = other_namespace(&cluster, &namespace).await?;
     let admin = cluster.admin_client();
     let long_token = "t".repeat(100_000);
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    // (workflow, its annotations besides the token, what the answer must say)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "bad-json",
             vec![(annotations::PARAMETERS, "not json".into())],
@@ -499,6 +501,9 @@ pub async fn a_thousand_workflowretries_in_one_namespace_do_not_slow_another(
         flood = FLOOD,
         "a retry beside a flood of WorkflowRetries"
     );
+    let up = controller.is_up();
+    controller.stop().await?;
+    ensure!(up, "the controller stopped");
     ensure!(
         ratio <= 1.5,
         "beside {FLOOD} WorkflowRetries in another namespace, a retry took {during:?} against {alone:?} alone ({ratio:.2}x)"
