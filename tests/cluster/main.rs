@@ -40,11 +40,16 @@ mod workflowretry_kill;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use futures::future::Either;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use tracing_subscriber::EnvFilter;
 
 use support::{Test, namespace_for};
+
+/// The tests that need the control plane to themselves (see `quiet` in `main`).
+const ALONE: &[&str] =
+    &["hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another"];
 
 macro_rules! tests {
     ($($module:ident :: $test:ident),* $(,)?) => {
@@ -125,6 +130,12 @@ fn main() -> ExitCode {
         kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
         kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
     ];
+    for alone in ALONE {
+        assert!(
+            tests.iter().any(|(name, _)| name == alone),
+            "ALONE names {alone}, which is no test"
+        );
+    }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
     let listed: Vec<Trial> = tests
@@ -154,17 +165,26 @@ fn main() -> ExitCode {
         None
     };
 
+    // Tests that compare times run with the control plane to themselves: the others
+    // take this lock shared, these exclusively, so no other test's load lands in their
+    // figures.
+    let quiet = Arc::new(tokio::sync::RwLock::new(()));
     let trials = tests
         .into_iter()
         .map(|(name, test)| {
             let cluster = cluster.clone();
             let handle = runtime.handle().clone();
+            let quiet = quiet.clone();
             Trial::test(name, move || {
                 let cluster = cluster.ok_or_else(|| {
                     Failed::from("the local control plane did not start (see above)")
                 })?;
                 handle
                     .block_on(async {
+                        let _quiet = match ALONE.contains(&name) {
+                            true => Either::Left(quiet.write().await),
+                            false => Either::Right(quiet.read().await),
+                        };
                         let namespace = namespace_for(name);
                         cluster.create_namespace(&namespace).await?;
                         test(cluster, namespace).await
