@@ -335,9 +335,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let result = async {
         for (&n, &offloaded) in args.pods.iter().zip(&offloading) {
-            if offloaded && args.rows.iter().any(|r| r.archived()) {
+            if offloaded {
                 println!(
-                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded; archived rows are left out"
+                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded (and a workflow created from the archive offloads them too)"
                 );
             }
             let rows: Vec<Row> = args
@@ -345,7 +345,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 .iter()
                 .copied()
                 .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
-                .filter(|&r| !(offloaded && r.archived()))
                 .collect();
             for rep in 0..args.repetitions {
                 let mut order = rows.clone();
@@ -587,17 +586,14 @@ async fn measure_on(
     let workflow = dag.workflow(NAMESPACE);
     let mut configmap = String::new();
     // The workflow before the retry, its nodes in it.
-    let original = match offloaded(&workflow)? {
+    let offload = offloaded(&workflow)?;
+    let original = match offload {
         false => hydrated(
             dag.create(&admin, NAMESPACE, 64, || ())
                 .await
                 .context("creating the workflow and its pods")?,
         )?,
         true => {
-            ensure!(
-                !row.archived(),
-                "archived rows run only below Argo's size limit"
-            );
             let (db, code) = context
                 .db
                 .as_ref()
@@ -619,15 +615,20 @@ async fn measure_on(
             .db
             .as_ref()
             .context("archived rows need the database")?;
+        // The workflow created from the archive is as large: offloaded too, when it is.
         let persistence = argo::Persistence {
             database: db.argo_db_config(),
             archive: true,
-            offload: false,
+            offload: offload,
         };
         let name = argo::install_config(cluster, None, Some(&persistence)).await?;
         configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
-        // What Argo's controller does when it archives a workflow: hydrate, ArchiveWorkflow.
-        let hydrated = hydrated(workflows.get(WORKFLOW).await?)?;
+        // What Argo's controller does when it archives a workflow: hydrate (from the offload
+        // table, when offloaded), ArchiveWorkflow.
+        let hydrated = match offload {
+            true => original.clone(),
+            false => hydrated(workflows.get(WORKFLOW).await?)?,
+        };
         let uid = hydrated.uid().context("a created workflow has a UID")?;
         let archive = db.archive_request(&hydrated);
         let code = code.clone();

@@ -196,8 +196,7 @@ pub async fn run(
     let options = ctx
         .config
         .plan_options(status.object.spec.options(), database.offloads());
-    let (_, planned) = crate::retry::plan_off_thread(archived, options).await;
-    let planned = planned?;
+    let planned = crate::retry::plan_off_thread(archived, options).await?;
     Step::Plan.took(status, step.elapsed());
 
     let step = Instant::now();

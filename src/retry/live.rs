@@ -251,11 +251,11 @@ impl<'a> Job<'a> {
                 _ = shutdown.cancelled() => return Err(DeleteError::Stopped.into()),
                 p = self.prepare(shutdown) => p?,
             };
-            let Some((wf, plan)) = prepared else {
+            let Some(plan) = prepared else {
                 return Ok(Finished::AlreadyObserved);
             };
             if !self.status.stale {
-                match self.status.commit(wf, plan).await {
+                match self.status.commit(plan).await {
                     Ok(()) => {
                         let removed = self.deletion.as_ref().map_or(0, Deletion::removed);
                         return Ok(Finished::Retried {
@@ -293,7 +293,7 @@ impl<'a> Job<'a> {
     async fn prepare(
         &mut self,
         shutdown: &CancellationToken,
-    ) -> Result<Option<(Workflow, Plan)>, RetryError> {
+    ) -> Result<Option<Plan>, RetryError> {
         let Some(mut wf) = self.status.read().await? else {
             return Ok(None);
         };
@@ -314,7 +314,8 @@ impl<'a> Job<'a> {
                 format!("rewind started retry request {}", self.target.token),
             )));
         }
-        let (wf, plan) = self.plan(wf).await?;
+        // The workflow as read is not kept: the plan holds the one copy of its nodes.
+        let plan = self.plan(wf).await?;
         let deletion = self.deletion.get_or_insert_with(|| {
             Deletion::new(
                 &self.ctx.engine,
@@ -330,12 +331,12 @@ impl<'a> Job<'a> {
             deletion.run(&mut self.status, shutdown).await?;
         }
         self.status.counted(&deletion.count());
-        Ok(Some((wf, plan)))
+        Ok(Some(plan))
     }
 
     /// Plans the retry the annotations ask for, off the async workers (a
     /// large workflow takes a while to decompress and plan).
-    async fn plan(&mut self, wf: Workflow) -> Result<(Workflow, Plan), RetryError> {
+    async fn plan(&mut self, wf: Workflow) -> Result<Plan, RetryError> {
         let empty = BTreeMap::new();
         let annotations = wf.metadata.annotations.as_ref().unwrap_or(&empty);
         let request = match request::pending(annotations) {
@@ -351,8 +352,7 @@ impl<'a> Job<'a> {
             .ctx
             .config
             .plan_options(request.options, self.ctx.offloading().is_some());
-        let (wf, plan) = crate::retry::plan_off_thread(wf, options).await;
-        Ok((wf, plan?))
+        Ok(crate::retry::plan_off_thread(wf, options).await?)
     }
 }
 
@@ -452,16 +452,13 @@ impl<'a> Annotation<'a> {
 
     /// Writes the reset workflow, the observed token and the final status in
     /// one update that fails if the workflow changed since it was read.
-    async fn commit(&mut self, wf: Workflow, plan: Plan) -> Result<(), RetryError> {
+    async fn commit(&mut self, plan: Plan) -> Result<(), RetryError> {
         self.status.phase = RetryPhase::Committing;
         let mut reset = plan.workflow;
         if let Some(db) = self.ctx.offloading() {
             self.ctx.dehydrate(db, &mut reset).await?;
         }
-        reset.metadata.resource_version = self
-            .resource_version
-            .clone()
-            .or(wf.metadata.resource_version);
+        reset.metadata.resource_version = self.resource_version.clone();
         // The final status goes with the reset; until it is written, the
         // request is Committing (what a progress write after a conflict says).
         let done = RetryStatus {

@@ -171,15 +171,8 @@ impl Context {
 pub async fn plan_off_thread(
     wf: crate::argo::workflow::Workflow,
     options: RetryOptions,
-) -> (
-    crate::argo::workflow::Workflow,
-    Result<plan::Plan, plan::PlanError>,
-) {
-    let planned = tokio::task::spawn_blocking(move || {
-        let plan = plan::plan_retry(&wf, &options);
-        (wf, plan)
-    })
-    .await;
+) -> Result<plan::Plan, plan::PlanError> {
+    let planned = tokio::task::spawn_blocking(move || plan::plan_retry(&wf, &options)).await;
     match planned {
         Ok(planned) => planned,
         Err(e) => match e.try_into_panic() {
