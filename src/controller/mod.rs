@@ -27,6 +27,7 @@ use crate::engine::Engine;
 use crate::engine::budget::{self, Budget, BudgetConfig};
 use crate::engine::queue::{QueueConfig, WorkQueue};
 use crate::engine::workers::{self, Outcomes};
+use crate::retry::admission::Admission;
 use crate::retry::cache::WorkflowCache;
 use crate::retry::{Context, RetryConfig, Scope};
 use crate::telemetry::metrics::Metrics;
@@ -122,6 +123,7 @@ impl Controller {
         let (workflows, writers) = WorkflowCache::new(options.scope.namespaces.len().max(1));
         let ctx = Context {
             workflows,
+            admission: Admission::new(options.retry.max_pods_in_flight),
             recorder: Recorder::new(client.clone(), reporter),
             engine: Engine {
                 client,

@@ -155,16 +155,7 @@ pub async fn run(
     let started = Instant::now();
 
     let step = Instant::now();
-    let archived = database
-        .archived_workflow(uid)
-        .await
-        .map_err(|source| ArchivedError::Read {
-            uid: uid.to_owned(),
-            source,
-        })?
-        .ok_or_else(|| ArchivedError::UnknownUid {
-            uid: uid.to_owned(),
-        })?;
+    let archived = read(database, uid).await?;
     Step::Read.took(status, step.elapsed());
     let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
     if archived_namespace != namespace {
@@ -196,8 +187,30 @@ pub async fn run(
     let options = ctx
         .config
         .plan_options(status.object.spec.options(), database.offloads());
-    let planned = crate::retry::plan_off_thread(archived, options).await?;
+    let mut planned = crate::retry::plan_off_thread(archived, options.clone()).await?;
     Step::Plan.took(status, step.elapsed());
+    let pods = planned.pods_to_delete.len();
+    let _admitted = match ctx.admission.try_admit(pods) {
+        Some(admitted) => admitted,
+        None => {
+            // Wait holding nothing of the workflow, then read and plan it again.
+            drop(planned);
+            status.status.phase = Some(RetryPhase::Pending);
+            status.status.message = ctx.admission.waiting_message(pods);
+            status.write().await.map_err(api(format!(
+                "writing the status of WorkflowRetry {namespace}/{}",
+                status.name()
+            )))?;
+            let admitted = tokio::select! {
+                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                admitted = ctx.admission.admit(pods) => admitted,
+            };
+            let archived = read(database, uid).await?;
+            planned = crate::retry::plan_off_thread(archived, options).await?;
+            status.status.message.clear();
+            admitted
+        }
+    };
 
     let step = Instant::now();
     let mut deletion = Deletion::new(
@@ -266,6 +279,20 @@ pub async fn run(
         seconds(timings.create_seconds),
     );
     Ok(())
+}
+
+/// Archived workflow `uid` as Argo's archive has it.
+async fn read(database: &dyn ArgoDatabase, uid: &str) -> Result<Workflow, ArchivedError> {
+    database
+        .archived_workflow(uid)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: uid.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ArchivedError::UnknownUid {
+            uid: uid.to_owned(),
+        })
 }
 
 /// The WorkflowRetry's status as the deletion's sink: the phase is written

@@ -27,6 +27,7 @@ use crate::engine::workers::RequestKey;
 use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
+use crate::retry::admission::Admitted;
 use crate::retry::report::{self, Ending, Events, Report};
 
 /// The workflow and request a retry works on.
@@ -144,6 +145,7 @@ pub async fn run(
     let mut job = Job::new(ctx, target);
     let result = job.run(shutdown).await;
     drop(job.deletion.take());
+    drop(job.admitted.take());
     let grace = async {
         shutdown.cancelled().await;
         tokio::time::sleep(REPORT_GRACE).await;
@@ -171,6 +173,8 @@ struct Job<'a> {
     target: &'a Target,
     /// Created at the first plan; kept across re-plans.
     deletion: Option<Deletion>,
+    /// Its share of the bound on pods in deletion at once, from its first plan on.
+    admitted: Option<Admitted>,
     status: Annotation<'a>,
     /// The RetryStarted Event being sent.
     announcing: Option<tokio::task::JoinHandle<()>>,
@@ -182,6 +186,7 @@ impl<'a> Job<'a> {
             ctx,
             target,
             deletion: None,
+            admitted: None,
             status: Annotation::new(ctx, target),
             announcing: None,
         }
@@ -290,32 +295,50 @@ impl<'a> Job<'a> {
 
     /// Reads and plans the workflow and deletes the plan's pods; `None` if the
     /// request is already answered.
-    async fn prepare(
-        &mut self,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<Plan>, RetryError> {
-        let Some(mut wf) = self.status.read().await? else {
-            return Ok(None);
+    async fn prepare(&mut self, shutdown: &CancellationToken) -> Result<Option<Plan>, RetryError> {
+        let plan = loop {
+            let Some(mut wf) = self.status.read().await? else {
+                return Ok(None);
+            };
+            offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
+            // Announced once the workflow confirms the request is pending: a
+            // late watch event about a finished request says nothing.
+            if self.announcing.is_none() {
+                info!(
+                    workflow = self.target.name,
+                    namespace = self.target.namespace,
+                    token = self.target.token,
+                    "retry started"
+                );
+                // Off the retry's path; the request's last Event waits for it.
+                self.announcing = Some(tokio::spawn(self.status.events.publish(
+                    kube::runtime::events::EventType::Normal,
+                    report::reasons::STARTED,
+                    format!("rewind started retry request {}", self.target.token),
+                )));
+            }
+            // The workflow as read is not kept: the plan holds the one copy of its nodes.
+            let plan = self.plan(wf).await?;
+            if self.admitted.is_some() {
+                break plan;
+            }
+            let pods = plan.pods_to_delete.len();
+            let admission = &self.ctx.admission;
+            if let Some(admitted) = admission.try_admit(pods) {
+                self.admitted = Some(admitted);
+                break plan;
+            }
+            // Wait holding nothing of the workflow, then read and plan it again: it may
+            // have changed meanwhile.
+            drop(plan);
+            self.status
+                .waiting(&admission.waiting_message(pods))
+                .await?;
+            self.admitted = Some(tokio::select! {
+                _ = shutdown.cancelled() => return Err(DeleteError::Stopped.into()),
+                admitted = admission.admit(pods) => admitted,
+            });
         };
-        offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
-        // Announced once the workflow confirms the request is pending: a
-        // late watch event about a finished request says nothing.
-        if self.announcing.is_none() {
-            info!(
-                workflow = self.target.name,
-                namespace = self.target.namespace,
-                token = self.target.token,
-                "retry started"
-            );
-            // Off the retry's path; the request's last Event waits for it.
-            self.announcing = Some(tokio::spawn(self.status.events.publish(
-                kube::runtime::events::EventType::Normal,
-                report::reasons::STARTED,
-                format!("rewind started retry request {}", self.target.token),
-            )));
-        }
-        // The workflow as read is not kept: the plan holds the one copy of its nodes.
-        let plan = self.plan(wf).await?;
         let deletion = self.deletion.get_or_insert_with(|| {
             Deletion::new(
                 &self.ctx.engine,
@@ -439,6 +462,17 @@ impl<'a> Annotation<'a> {
         self.resource_version = wf.metadata.resource_version.clone();
         self.stale = false;
         self.was_completed = wf.label(labels::COMPLETED) == Some("true");
+    }
+
+    /// Says the request waits for room under the bound (a write of the
+    /// status annotation alone).
+    async fn waiting(&mut self, message: &str) -> Result<(), RetryError> {
+        self.status.phase = RetryPhase::Pending;
+        self.status.message = message.to_owned();
+        self.patch_status(false, false).await.map_err(api(format!(
+            "writing the status of the retry of workflow {}/{}",
+            self.target.namespace, self.target.name
+        )))
     }
 
     /// Takes the deletion's count into the status.

@@ -16,6 +16,7 @@ use rewind::argo::workflow::Workflow;
 use rewind::controller::leader::LeaseConfig;
 use rewind::controller::{Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
+use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
 
@@ -166,6 +167,10 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
+    /// Planned pods in deletion at once, across retries: a retry past it waits (Pending, saying
+    /// why) until enough others are done. Bounds the controller's memory.
+    #[arg(long, default_value_t = DEFAULT_MAX_PODS, env = "REWIND_MAX_PODS_IN_FLIGHT")]
+    max_pods_in_flight: usize,
     /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
     /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
     #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
@@ -224,6 +229,7 @@ impl Tuning {
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,
                 max_nodes_size: self.max_nodes_size,
+                max_pods_in_flight: self.max_pods_in_flight,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
