@@ -619,7 +619,7 @@ async fn measure_on(
         let persistence = argo::Persistence {
             database: db.argo_db_config(),
             archive: true,
-            offload: offload,
+            offload,
         };
         let name = argo::install_config(cluster, None, Some(&persistence)).await?;
         configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
