@@ -587,42 +587,32 @@ async fn measure_on(
     let mut configmap = String::new();
     // The workflow before the retry, its nodes in it.
     let offload = offloaded(&workflow)?;
-    let original = match offload {
-        false => hydrated(
-            dag.create(&admin, NAMESPACE, 64, || ())
-                .await
-                .context("creating the workflow and its pods")?,
-        )?,
-        true => {
-            let (db, code) = context
-                .db
-                .as_ref()
-                .context("a workflow over Argo's size limit needs the database")?;
-            let persistence = argo::Persistence {
-                database: db.argo_db_config(),
-                archive: false,
-                offload: true,
-            };
-            let name = argo::install_config(cluster, None, Some(&persistence)).await?;
-            configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
-            create_offloaded(&admin, db, code, &dag, workflow).await?
-        }
-    };
-    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
-    let mut archived_uid = None;
-    if row.archived() {
-        let (db, code) = context
+    // Argo's persistence as the row needs it: offloading above the size limit (the workflow
+    // an archived retry creates is as large, so offloaded too), the archive for archived rows.
+    if offload || row.archived() {
+        let (db, _) = context
             .db
             .as_ref()
-            .context("archived rows need the database")?;
-        // The workflow created from the archive is as large: offloaded too, when it is.
+            .context("offloaded nodes and archived rows need the database")?;
         let persistence = argo::Persistence {
             database: db.argo_db_config(),
-            archive: true,
+            archive: row.archived(),
             offload,
         };
         let name = argo::install_config(cluster, None, Some(&persistence)).await?;
         configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
+    }
+    let original = match (offload, &context.db) {
+        (true, Some((db, code))) => create_offloaded(&admin, db, code, &dag, workflow).await?,
+        _ => hydrated(
+            dag.create(&admin, NAMESPACE, 64, || ())
+                .await
+                .context("creating the workflow and its pods")?,
+        )?,
+    };
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
+    let mut archived_uid = None;
+    if let (true, Some((db, code))) = (row.archived(), &context.db) {
         // What Argo's controller does when it archives a workflow: hydrate (from the offload
         // table, when offloaded), ArchiveWorkflow.
         let hydrated = match offload {

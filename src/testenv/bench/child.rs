@@ -33,7 +33,18 @@ impl RewindController {
         let http = free_port()?;
         let out = File::create(&log).map_err(io("creating", &log))?;
         let err = out.try_clone().map_err(io("opening", &log))?;
-        let mut command = Command::new(binary);
+        // REWIND_BENCH_WRAP runs the controller under a profiler, e.g. "heaptrack -o DIR/h":
+        // its figures then are the profiler's, its profile the controller's.
+        let wrap = std::env::var("REWIND_BENCH_WRAP").unwrap_or_default();
+        let mut wrap = wrap.split_whitespace();
+        let mut command = match wrap.next() {
+            Some(profiler) => {
+                let mut command = Command::new(profiler);
+                command.args(wrap).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("controller")
             .args(["--http-addr", &http.to_string()])
