@@ -28,7 +28,7 @@ use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
-use crate::protocol::request::RetryPhase;
+use crate::protocol::request::{RetryPhase, workflowretry_token};
 use crate::retry::object::ObjectStatus;
 
 /// Why an archived retry did not (yet) create its workflow.
@@ -215,7 +215,11 @@ pub async fn run(
     let step = Instant::now();
     let mut deletion = Deletion::new(
         &ctx.engine,
-        RequestKey::retry(&namespace, &status.uid(), "archived"),
+        RequestKey::retry(
+            &namespace,
+            &status.uid(),
+            &workflowretry_token(&status.uid()),
+        ),
         &namespace,
         &name,
         ctx.config.drive(),

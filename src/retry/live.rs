@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use crate::argo::offload::{self, OffloadError};
 use crate::argo::plan::{Plan, PlanError};
 use crate::argo::workflow::{Workflow, labels};
+use crate::engine::budget::asking;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
@@ -142,19 +143,24 @@ pub async fn run(
     shutdown: &CancellationToken,
 ) -> Result<Finished, RetryError> {
     let started = Instant::now();
-    let mut job = Job::new(ctx, target);
-    let result = job.run(shutdown).await;
-    drop(job.deletion.take());
-    drop(job.admitted.take());
-    let grace = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(REPORT_GRACE).await;
-    };
-    tokio::select! {
-        _ = job.report(&result, started) => {}
-        _ = grace => warn!(workflow = target.name, namespace = target.namespace, "stopping before the end of the retry was reported"),
-    }
-    result
+    // Its API requests take turns with other askers' in its namespace.
+    let asker = target.key().asker().into();
+    asking(asker, async {
+        let mut job = Job::new(ctx, target);
+        let result = job.run(shutdown).await;
+        drop(job.deletion.take());
+        drop(job.admitted.take());
+        let grace = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(REPORT_GRACE).await;
+        };
+        tokio::select! {
+            _ = job.report(&result, started) => {}
+            _ = grace => warn!(workflow = target.name, namespace = target.namespace, "stopping before the end of the retry was reported"),
+        }
+        result
+    })
+    .await
 }
 
 /// Ends `target`'s request Failed after it panicked: its status says so and
@@ -603,16 +609,12 @@ impl<'a> Annotation<'a> {
             return Ok(());
         }
         self.last_check = Instant::now();
-        // From the API server's watch cache (resourceVersion 0): a read from etcd would
-        // decode the whole workflow, a megabyte at 20,000 pods, while the server deletes.
+        // From the controller's own watch cache: no request at all, however many retries
+        // run (the watch is milliseconds behind; the commit's precondition is exact).
         let meta = self
-            .workflows()
-            .get_metadata_opt_with(&self.target.name, &GetParams::any())
-            .await
-            .map_err(api(format!(
-                "reading workflow {}/{}",
-                self.target.namespace, self.target.name
-            )))?;
+            .ctx
+            .workflows
+            .get(&self.target.namespace, &self.target.name);
         let Some(meta) =
             meta.filter(|m| m.metadata.uid.as_deref() == Some(self.target.uid.as_str()))
         else {

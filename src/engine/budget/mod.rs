@@ -6,6 +6,8 @@
 
 mod bucket;
 mod flows;
+
+pub use flows::asking;
 mod layer;
 mod slots;
 
@@ -212,6 +214,12 @@ impl Budget {
         // The flow's turn first: a flow holds at most one slot while it waits for a token, so
         // a flow with thousands of requests cannot take every slot and leave the others none.
         let start = tokio::time::Instant::now();
+        // The asker's turn inside its namespace, then the namespace's turn.
+        let asker = flows::asker().map(|asker| flows::of_asker(flow, &asker));
+        let _asker_turn = match &asker {
+            Some(asker) => Some(self.inner.flows.turn(asker, bucket).await),
+            None => None,
+        };
         let _turn = self.inner.flows.turn(flow, bucket).await;
         let slot = match verb {
             Verb::Watch => None,

@@ -736,3 +736,41 @@ async fn a_waiting_flow_does_not_hold_every_slot() {
     );
     flooding.abort();
 }
+
+/// Inside one namespace, askers take turns: a batch of a thousand writes delays another
+/// asker's few by a token or two.
+#[tokio::test(start_paused = true)]
+async fn askers_in_one_namespace_take_turns() {
+    let start = Instant::now();
+    let (budget, _) = budget((20, 1), (50, 100), 2000);
+    let (server, sent) = path_server(start, |_| Response::new(()));
+    let service = budget.layer().layer(server);
+    let send_as = |asker: &'static str, n: usize, namespace: &'static str| {
+        let service = service.clone();
+        tokio::spawn(asking(asker.into(), async move {
+            let tasks: Vec<_> = (0..n)
+                .map(|_| {
+                    tokio::spawn(asking(
+                        asker.into(),
+                        service.clone().oneshot(post_in(namespace)),
+                    ))
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap().unwrap();
+            }
+        }))
+    };
+    let batch = send_as("batch", 1000, "team");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = start.elapsed();
+    let before = sent.lock().unwrap().len();
+    send_as("user", 3, "team").await.unwrap();
+    let sent_since = sent.lock().unwrap()[before..].to_vec();
+    let took = sent_since.last().unwrap().1 - asked;
+    assert!(
+        took <= Duration::from_millis(350),
+        "the other asker's three writes took {took:?} beside the batch"
+    );
+    batch.abort();
+}
