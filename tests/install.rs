@@ -244,6 +244,24 @@ fn the_deployment_is_hardened_and_leader_elected() {
     find(&docs, "Role", "rewind-leader-election");
 }
 
+/// The container's limits reach the controller from the downward API.
+#[test]
+fn the_controller_is_told_its_container_limits() {
+    let docs = documents(&template(&[]));
+    let container =
+        &find(&docs, "Deployment", "rewind")["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    let source = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["valueFrom"]["resourceFieldRef"].clone())
+            .unwrap_or_else(|| panic!("no {name} in {env:?}"))
+    };
+    assert_eq!(source("REWIND_MEMORY_LIMIT")["resource"], "limits.memory");
+    assert_eq!(source("REWIND_CPU_LIMIT")["resource"], "limits.cpu");
+    assert_eq!(source("REWIND_CPU_LIMIT")["divisor"], "1m");
+}
+
 fn kinds(docs: &[Value], kind: &str) -> usize {
     docs.iter().filter(|d| d["kind"] == kind).count()
 }
@@ -435,6 +453,8 @@ fn every_controller_flag_has_a_value() {
     for (flag, var) in [
         ("lease-identity", "POD_NAME"),
         ("lease-namespace", "REWIND_LEASE_NAMESPACE"),
+        ("memory-limit", "REWIND_MEMORY_LIMIT"),
+        ("cpu-limit", "REWIND_CPU_LIMIT"),
     ] {
         if env.contains(&var) {
             given.insert(flag.to_owned());
