@@ -25,7 +25,9 @@ demo:
 # are built first so their cold build is not counted in a test's time.
 # cargo-deny (tools/deny) checks Cargo.lock against deny.toml (licenses,
 # duplicate versions, sources) before the tests; deny.toml says why the
-# advisories check is not among them.
+# advisories check is not among them. Prometheus and promtool
+# (tools/prometheus) check and test the chart's alerts (tests/monitoring.rs)
+# and evaluate the dashboard against a real controller (tests/cluster).
 test:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
@@ -33,5 +35,6 @@ test:
 	tools/lint/build.sh >/dev/null
 	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
+	tools/prometheus/build.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv

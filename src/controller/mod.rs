@@ -30,7 +30,7 @@ use crate::engine::workers::{self, Outcomes};
 use crate::retry::admission::Admission;
 use crate::retry::cache::WorkflowCache;
 use crate::retry::{Context, RetryConfig, Scope};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{ContainerLimits, Metrics};
 
 /// Everything the controller can be told.
 #[derive(Clone, Debug)]
@@ -52,6 +52,8 @@ pub struct Options {
     /// Argo's workflow-controller ConfigMap (NAMESPACE/NAME), read for Argo's
     /// database before work starts, unless [`Controller::with_database`] gave one.
     pub argo_configmap: Option<String>,
+    /// The container's limits, exported beside the process's own use.
+    pub limits: ContainerLimits,
 }
 
 /// Why the controller stopped other than by a requested shutdown.
@@ -80,6 +82,7 @@ impl Default for Options {
             reporter: "rewind".into(),
             leader_election: None,
             argo_configmap: None,
+            limits: ContainerLimits::default(),
         }
     }
 }
@@ -102,7 +105,14 @@ pub struct Controller {
 impl Controller {
     /// Builds the budgeted client. Must be called inside a tokio runtime.
     pub fn new(config: kube::Config, options: Options) -> Result<Self, kube::Error> {
-        let metrics = Arc::new(Metrics::default());
+        let pod_name = std::env::var("POD_NAME").ok();
+        // The Lease's name for this replica, which is also what the leader's
+        // series tell apart.
+        let identity = match &options.leader_election {
+            Some(lease) => lease.identity.clone(),
+            None => pod_name.clone().unwrap_or_else(|| options.reporter.clone()),
+        };
+        let metrics = Arc::new(Metrics::new(&identity, &options.budget, options.limits));
         let lease_client = match &options.leader_election {
             Some(lease) => {
                 let mut config = config.clone();
@@ -118,7 +128,7 @@ impl Controller {
         let client = budget::client(config, &budget)?;
         let reporter = Reporter {
             controller: options.reporter.clone(),
-            instance: std::env::var("POD_NAME").ok(),
+            instance: pod_name,
         };
         let (workflows, writers) = WorkflowCache::new(options.scope.namespaces.len().max(1));
         let ctx = Context {

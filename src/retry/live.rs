@@ -30,6 +30,7 @@ use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, anno
 use crate::retry::Context;
 use crate::retry::admission::Admitted;
 use crate::retry::report::{self, Ending, Events, Report};
+use crate::telemetry::metrics::{RetryKind, Step};
 
 /// The workflow and request a retry works on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -253,6 +254,7 @@ impl<'a> Job<'a> {
     /// Reads, plans, deletes and commits, again after each conflict (up to
     /// [`MAX_CONFLICTS`]).
     async fn run(&mut self, shutdown: &CancellationToken) -> Result<Finished, RetryError> {
+        let metrics = &self.ctx.metrics;
         let mut conflicts = 0;
         let mut backoff = CONFLICT_BACKOFF;
         loop {
@@ -266,8 +268,10 @@ impl<'a> Job<'a> {
                 return Ok(Finished::AlreadyObserved);
             };
             if !self.status.stale {
+                let commit = metrics.step(RetryKind::Live, Step::Commit);
                 match self.status.commit(plan).await {
                     Ok(()) => {
+                        commit.done();
                         let removed = self.deletion.as_ref().map_or(0, Deletion::removed);
                         return Ok(Finished::Retried {
                             pods_deleted: removed,
@@ -294,7 +298,9 @@ impl<'a> Job<'a> {
             // the read at once, leaving a writer the least time to come
             // between them.
             if let Some(deletion) = self.deletion.as_mut() {
+                let delete = metrics.step(RetryKind::Live, Step::Delete);
                 deletion.run(&mut self.status, shutdown).await?;
+                delete.done_confirmed(deletion.confirm_took());
             }
         }
     }
@@ -302,11 +308,14 @@ impl<'a> Job<'a> {
     /// Reads and plans the workflow and deletes the plan's pods; `None` if the
     /// request is already answered.
     async fn prepare(&mut self, shutdown: &CancellationToken) -> Result<Option<Plan>, RetryError> {
+        let metrics = &self.ctx.metrics;
         let plan = loop {
+            let read = metrics.step(RetryKind::Live, Step::Read);
             let Some(mut wf) = self.status.read().await? else {
                 return Ok(None);
             };
             offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
+            read.done();
             // Announced once the workflow confirms the request is pending: a
             // late watch event about a finished request says nothing.
             if self.announcing.is_none() {
@@ -324,7 +333,9 @@ impl<'a> Job<'a> {
                 )));
             }
             // The workflow as read is not kept: the plan holds the one copy of its nodes.
+            let planning = metrics.step(RetryKind::Live, Step::Plan);
             let plan = self.plan(wf).await?;
+            planning.done();
             if self.admitted.is_some() {
                 break plan;
             }
@@ -357,7 +368,9 @@ impl<'a> Job<'a> {
         deletion.plan(plan.pods_to_delete.iter().cloned(), &plan.pod_nodes);
         self.status.status.pods_total = deletion.count().total as u64;
         if !deletion.confirmed() {
+            let delete = metrics.step(RetryKind::Live, Step::Delete);
             deletion.run(&mut self.status, shutdown).await?;
+            delete.done_confirmed(deletion.confirm_took());
         }
         self.status.counted(&deletion.count());
         Ok(Some(plan))

@@ -14,6 +14,7 @@ mod bulk;
 mod bulk_parallel;
 mod cli;
 mod concurrency;
+mod dashboard_png;
 mod db_restart;
 mod faults;
 mod hostile;
@@ -22,6 +23,11 @@ mod install;
 mod kills;
 mod leader;
 mod lifecycle;
+mod monitoring;
+// The chart's dashboard and alerts as files, shared with tests/monitoring.rs.
+#[allow(dead_code)]
+#[path = "../support/monitoring.rs"]
+mod monitoring_files;
 // Argo's retry code as an oracle, shared with the planner's differential test.
 #[allow(dead_code)]
 #[path = "../support/oracle.rs"]
@@ -131,6 +137,7 @@ fn main() -> ExitCode {
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
         kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
         kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
+        monitoring::a_scraped_retry_gives_every_panel_data_and_raises_no_alert,
     ];
     for alone in ALONE {
         assert!(

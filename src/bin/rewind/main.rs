@@ -19,6 +19,7 @@ use rewind::engine::budget::{BudgetConfig, Rate};
 use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
+use rewind::telemetry::metrics::ContainerLimits;
 
 mod connect;
 #[cfg(feature = "testenv")]
@@ -88,6 +89,14 @@ struct ControllerArgs {
         env = "REWIND_ARGO_CONFIGMAP"
     )]
     argo_configmap: String,
+    /// The container's memory limit in bytes, exported as rewind_memory_limit_bytes so alerts
+    /// compare the process's memory with it (the chart sets it from the downward API).
+    #[arg(long, value_name = "BYTES", env = "REWIND_MEMORY_LIMIT")]
+    memory_limit: Option<u64>,
+    /// The container's CPU limit in millicores, exported as rewind_cpu_limit_cores (the chart
+    /// sets it from the downward API).
+    #[arg(long, value_name = "MILLICORES", env = "REWIND_CPU_LIMIT")]
+    cpu_limit: Option<u64>,
     #[command(flatten)]
     tuning: Tuning,
     #[command(flatten)]
@@ -348,6 +357,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let options = Options {
         leader_election: args.leader.lease(),
         argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
+        limits: ContainerLimits {
+            memory_bytes: args.memory_limit,
+            cpu_cores: args.cpu_limit.map(|millicores| millicores as f64 / 1000.0),
+        },
         ..args.tuning.options(scope, Some(args.http_addr))
     };
     let controller = Controller::new(config, options).context("building the Kubernetes client")?;

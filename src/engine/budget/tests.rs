@@ -12,6 +12,7 @@ use super::*;
 #[derive(Default)]
 struct Recorder {
     waits: Mutex<Vec<(Bucket, Duration)>>,
+    tokens: Mutex<Vec<Bucket>>,
     responses: Mutex<Vec<(Verb, Option<StatusCode>)>>,
     pauses: Mutex<Vec<(Bucket, Duration)>>,
     max_in_flight: AtomicUsize,
@@ -20,6 +21,9 @@ struct Recorder {
 impl BudgetObserver for Recorder {
     fn token_wait(&self, bucket: Bucket, waited: Duration) {
         self.waits.lock().unwrap().push((bucket, waited));
+    }
+    fn token_taken(&self, bucket: Bucket) {
+        self.tokens.lock().unwrap().push(bucket);
     }
     fn in_flight(&self, requests: usize) {
         self.max_in_flight.fetch_max(requests, Ordering::SeqCst);
@@ -210,6 +214,7 @@ async fn no_second_has_more_writes_than_burst_plus_qps() {
     let waits = recorder.waits.lock().unwrap();
     assert_eq!(waits.iter().filter(|(_, w)| w.is_zero()).count(), 30);
     assert!(waits.iter().all(|(bucket, _)| *bucket == Bucket::Write));
+    assert_eq!(*recorder.tokens.lock().unwrap(), [Bucket::Write; 200]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -522,7 +527,7 @@ async fn the_kube_client_sends_every_attempt_through_the_budget() {
 #[tokio::test(start_paused = true)]
 async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
     let start = Instant::now();
-    let (budget, _) = budget((1, 1), (50, 100), 10);
+    let (budget, recorder) = budget((1, 1), (50, 100), 10);
     let (server, sent) = server(start, ok);
     let service = budget.layer().layer(server);
     let token = budget.take_write_token().await;
@@ -543,6 +548,8 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
             Duration::from_secs(2)
         ]
     );
+    // Three writes, three tokens: the one taken ahead is counted once.
+    assert_eq!(*recorder.tokens.lock().unwrap(), [Bucket::Write; 3]);
 }
 
 /// A worker takes its token, then waits for a slot; a 429 pauses the bucket meanwhile: the

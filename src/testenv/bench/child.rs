@@ -100,6 +100,11 @@ impl RewindController {
         &self.log
     }
 
+    /// Where it serves /metrics, /healthz and /readyz.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
     /// SIGTERM (it shuts down cleanly), then waits.
     pub fn stop(mut self) -> Result<(), Error> {
         // SAFETY: kill(2) on our own child's pid.
@@ -179,7 +184,7 @@ pub fn run_measured(mut command: Command) -> Result<Finished, Error> {
 }
 
 /// The child dies with us, whatever ends us.
-fn kill_with_parent(command: &mut Command) {
+pub(crate) fn kill_with_parent(command: &mut Command) {
     // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
     unsafe {
         command.pre_exec(|| {
