@@ -213,6 +213,14 @@ pub fn plan_retry(wf: &Workflow, opts: &RetryOptions) -> Result<Plan, PlanError>
     plan_retry_at(wf, opts, Timestamp::now())
 }
 
+/// [`plan_retry`] of a workflow the caller gives up: its nodes are moved into
+/// the reset workflow rather than copied, so a large workflow's nodes are
+/// held once, not twice, while it is planned.
+pub fn plan_retry_owned(mut wf: Workflow, opts: &RetryOptions) -> Result<Plan, PlanError> {
+    let nodes = wf.status.nodes.take();
+    plan(&wf, nodes, opts, Timestamp::now(), &last_listed)
+}
+
 /// [`plan_retry`] with "now" given, for the timestamps Argo sets.
 pub fn plan_retry_at(
     wf: &Workflow,
@@ -243,14 +251,26 @@ pub fn plan_retry_with_parents(
     now: Timestamp,
     choose: ChooseParent<'_>,
 ) -> Result<Plan, PlanError> {
+    plan(wf, None, opts, now, choose)
+}
+
+/// The planner; `taken` is `wf`'s nodes when the caller took them out of it.
+fn plan(
+    wf: &Workflow,
+    taken: Option<Nodes>,
+    opts: &RetryOptions,
+    now: Timestamp,
+    choose: ChooseParent<'_>,
+) -> Result<Plan, PlanError> {
     let now = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let version = opts.argo_version;
 
     // Hydrate, as the Argo server does before it formulates the retry.
     let compressed = compress::blob_to_hydrate(&wf.status);
-    let nodes: Cow<'_, Nodes> = match compressed {
-        Some(c) => Cow::Owned(compress::decode_nodes(c, version, opts.max_nodes_size)?),
-        None => wf
+    let nodes: Cow<'_, Nodes> = match (compressed, taken) {
+        (Some(c), _) => Cow::Owned(compress::decode_nodes(c, version, opts.max_nodes_size)?),
+        (None, Some(taken)) => Cow::Owned(taken),
+        (None, None) => wf
             .status
             .nodes
             .as_ref()
