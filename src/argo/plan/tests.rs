@@ -705,9 +705,7 @@ fn plan_serialises_camel_case() {
 #[test]
 fn a_workflow_given_up_plans_as_one_borrowed() {
     let wf = simple_dag();
-    let mut given = wf.clone();
-    let nodes = given.status.nodes.take();
-    let moved = super::plan(&given, nodes, &v3(), now(), &last_listed).unwrap();
+    let moved = super::plan(wf.clone(), &v3(), now(), &last_listed).unwrap();
     assert_eq!(moved, plan(&wf, &v3()));
     assert!(plan_retry_owned(wf, &v3()).is_ok());
 }
