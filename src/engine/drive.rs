@@ -298,12 +298,14 @@ impl Deletion {
                 self.config.bulk_parallelism,
                 &self.pod_nodes,
             );
-            let mut removals = match work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. })) {
-                true => tokio::select! {
+            let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
+            let mut removals = if bulk {
+                tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     watch = self.watch_removals() => watch,
-                },
-                false => None,
+                }
+            } else {
+                None
             };
             let mut pending = work.len();
             for work in work {
