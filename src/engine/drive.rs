@@ -165,6 +165,11 @@ pub trait Sink: Send {
     /// Every [`DriveConfig::tick`] while requests are out: progress, and the
     /// sink's chance to stop the deletion (with an error).
     fn tick(&mut self, count: &Count) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether someone sees [`Count::removing`]: only then is a bulk
+    /// request's progress watched, as the watch costs the API server an event
+    /// per pod while it deletes them.
+    fn shows_removals(&self) -> bool;
 }
 
 /// One request's deletion of its plan's pods. Registered with the engine
@@ -299,7 +304,7 @@ impl Deletion {
                 &self.pod_nodes,
             );
             let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
-            let mut removals = if bulk {
+            let mut removals = if bulk && sink.shows_removals() {
                 tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     watch = self.watch_removals() => watch,

@@ -76,28 +76,46 @@ pub async fn list_workflow_pods(
 /// The name and UID of each pod labelled with `workflow` that the API server
 /// removes from `revision` on, as it removes them: how a bulk delete, one
 /// request the server carries out pod by pod, shows its progress. A metadata
-/// watch, so each event is a pod's metadata, not the pod. The stream ends
-/// where the watch does (its timeout, an error, a revision compacted away).
+/// watch, each event decoded for the name and UID alone (the rest of the
+/// metadata skipped unread: 20,000 events of full metadata cost seconds of
+/// CPU). The stream ends where the watch does (its timeout, an error, a
+/// revision compacted away).
 pub async fn watch_deletions(
     client: &Client,
     namespace: &str,
     workflow: &str,
     revision: &str,
 ) -> Result<BoxStream<'static, (String, String)>, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let url = Pod::url_path(&(), Some(namespace));
     let params = WatchParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
-    let events = pods.watch_metadata(&params, revision).await?;
+    let request = kube::core::Request::new(url)
+        .watch_metadata(&params, revision)
+        .map_err(kube::Error::BuildRequest)?;
+    let events = client.request_events::<Removed>(request).await?;
     Ok(events
         .take_while(|e| {
             std::future::ready(matches!(e, Ok(e) if !matches!(e, WatchEvent::Error(_))))
         })
         .filter_map(|e| {
             std::future::ready(match e {
-                Ok(WatchEvent::Deleted(pod)) => pod.metadata.name.zip(pod.metadata.uid),
+                Ok(WatchEvent::Deleted(Removed { metadata })) => metadata.name.zip(metadata.uid),
                 _ => None,
             })
         })
         .boxed())
+}
+
+/// What [`watch_deletions`] reads of a watch event's object.
+#[derive(Clone, serde::Deserialize)]
+struct Removed {
+    #[serde(default)]
+    metadata: RemovedMeta,
+}
+
+#[derive(Clone, Default, serde::Deserialize)]
+struct RemovedMeta {
+    name: Option<String>,
+    uid: Option<String>,
 }
 
 /// Every page of a metadata list (one consistent snapshot: a continue token

@@ -320,6 +320,10 @@ impl Sink for Deleting<'_, '_> {
     async fn tick(&mut self, count: &Count) -> Result<(), ArchivedError> {
         self.write(count).await
     }
+
+    fn shows_removals(&self) -> bool {
+        true
+    }
 }
 
 /// Copies the nodes offloaded under the archived workflow's UID to the

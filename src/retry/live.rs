@@ -685,6 +685,12 @@ impl Sink for Annotation<'_> {
         }
         self.check_still_completed().await
     }
+
+    /// Only a WorkflowRetry following the request shows them; the
+    /// annotation reports what lists and answers confirm.
+    fn shows_removals(&self) -> bool {
+        self.ctx.progress.is_followed(&self.target.token)
+    }
 }
 
 impl Report for Annotation<'_> {

@@ -54,6 +54,11 @@ impl Board {
         }
     }
 
+    /// Whether a WorkflowRetry's server follows request `token`.
+    pub fn is_followed(&self, token: &str) -> bool {
+        self.lock().contains_key(token)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, watch::Sender<Seen>>> {
         // The map is whole after any panic (each operation is one call on it).
         self.followed.lock().unwrap_or_else(|e| e.into_inner())
@@ -100,6 +105,7 @@ mod tests {
         };
         assert!(!board.publish("t", seen), "nobody follows yet");
         let mut following = board.follow("t");
+        assert!(board.is_followed("t") && !board.is_followed("other"));
         assert_eq!(following.latest(), None);
         assert!(board.publish("t", seen));
         following.changed().await;
