@@ -13,8 +13,11 @@ use rewind::argo::plan::compress::{
 };
 use rewind::argo::plan::{ArgoVersion, RetryOptions};
 use rewind::argo::workflow::Workflow;
+use rewind::argoapi::auth::{Account, AuthMode};
+use rewind::argoapi::tls::CertFiles;
+use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
-use rewind::controller::{Controller, Options};
+use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
@@ -91,6 +94,82 @@ struct ControllerArgs {
     tuning: Tuning,
     #[command(flatten)]
     leader: LeaderArgs,
+    #[command(flatten)]
+    argo_api: ArgoApiArgs,
+}
+
+/// The Argo Server's retry calls, served by rewind (off unless --argo-api-addr is given).
+#[derive(clap::Args)]
+struct ArgoApiArgs {
+    /// Serve Argo's two retry calls (PUT .../retry) on this address, for an Ingress or
+    /// HTTPRoute that sends them here and everything else to argo-server.
+    #[arg(long, env = "REWIND_ARGO_API_ADDR")]
+    argo_api_addr: Option<SocketAddr>,
+    /// PEM certificate chain to serve them with (tls.crt of a kubernetes.io/tls Secret).
+    #[arg(long, env = "REWIND_ARGO_API_TLS_CERT", requires = "argo_api_tls_key")]
+    argo_api_tls_cert: Option<PathBuf>,
+    /// PEM private key of that certificate (tls.key).
+    #[arg(long, env = "REWIND_ARGO_API_TLS_KEY", requires = "argo_api_tls_cert")]
+    argo_api_tls_key: Option<PathBuf>,
+    /// Serve them over plain HTTP (behind a proxy that terminates TLS); without it a
+    /// certificate is required.
+    #[arg(
+        long,
+        env = "REWIND_ARGO_API_PLAINTEXT",
+        conflicts_with = "argo_api_tls_cert"
+    )]
+    argo_api_plaintext: bool,
+    /// The auth modes of the Argo Server in front, as its --auth-mode: client, server, sso
+    /// (repeatable or comma-separated).
+    #[arg(
+        long,
+        default_value = "client",
+        env = "REWIND_ARGO_API_AUTH_MODE",
+        value_delimiter = ','
+    )]
+    argo_api_auth_mode: Vec<AuthMode>,
+    /// The Argo Server's ServiceAccount (NAMESPACE/NAME): callers in server mode, and SSO
+    /// callers without SSO RBAC, are authorized as it, as Argo acts as it for them.
+    #[arg(long, env = "REWIND_ARGO_SERVER_SERVICE_ACCOUNT")]
+    argo_server_service_account: Option<Account>,
+    /// The Argo Server (e.g. https://argo-server.argo:2746), asked who an SSO caller is.
+    #[arg(long, env = "REWIND_ARGO_SERVER_URL")]
+    argo_server_url: Option<http::Uri>,
+    /// PEM CA certificate the Argo Server's certificate is signed with.
+    #[arg(long, env = "REWIND_ARGO_SERVER_CA_FILE")]
+    argo_server_ca_file: Option<PathBuf>,
+    /// Trust any certificate of the Argo Server (as `argo --insecure-skip-verify`).
+    #[arg(long, env = "REWIND_ARGO_SERVER_INSECURE_SKIP_VERIFY")]
+    argo_server_insecure_skip_verify: bool,
+}
+
+impl ArgoApiArgs {
+    fn options(self) -> anyhow::Result<Option<ArgoApiOptions>> {
+        let Some(addr) = self.argo_api_addr else {
+            return Ok(None);
+        };
+        let tls = match (self.argo_api_tls_cert, self.argo_api_tls_key) {
+            (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
+            _ if self.argo_api_plaintext => None,
+            _ => bail!(
+                "--argo-api-addr serves TLS: give --argo-api-tls-cert and --argo-api-tls-key (the chart generates a self-signed pair), or --argo-api-plaintext behind a proxy that terminates TLS"
+            ),
+        };
+        let argo_server = self.argo_server_url.map(|url| ArgoServer {
+            url,
+            ca_file: self.argo_server_ca_file,
+            insecure_skip_verify: self.argo_server_insecure_skip_verify,
+        });
+        Ok(Some(ArgoApiOptions {
+            addr,
+            settings: Settings {
+                modes: self.argo_api_auth_mode,
+                server_account: self.argo_server_service_account,
+                argo_server,
+                tls,
+            },
+        }))
+    }
 }
 
 /// Leader election, for running several replicas.
@@ -342,6 +421,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let options = Options {
         leader_election: args.leader.lease(),
         argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
+        argo_api: args.argo_api.options()?,
         ..args.tuning.options(scope, Some(args.http_addr))
     };
     let controller = Controller::new(config, options).context("building the Kubernetes client")?;

@@ -29,7 +29,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: ["get", "list", "watch", "create", "update", "patch"]
 - apiGroups: ["rewind.dev"]
   resources: ["workflowretries"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: ["rewind.dev"]
   resources: ["workflowretries/status"]
   verbs: ["get", "update", "patch"]
