@@ -111,15 +111,11 @@ struct ArgoApiArgs {
     /// PEM private key of that certificate (tls.key).
     #[arg(long, env = "REWIND_ARGO_API_TLS_KEY", requires = "argo_api_tls_cert")]
     argo_api_tls_key: Option<PathBuf>,
-    /// Serve them over plain HTTP (behind a proxy that terminates TLS); without it a
+    /// Serve them over plain HTTP (true, behind a proxy that terminates TLS); when false a
     /// certificate is required.
-    #[arg(
-        long,
-        env = "REWIND_ARGO_API_PLAINTEXT",
-        conflicts_with = "argo_api_tls_cert"
-    )]
+    #[arg(long, env = "REWIND_ARGO_API_PLAINTEXT", default_value_t = false, action = clap::ArgAction::Set)]
     argo_api_plaintext: bool,
-    /// The auth modes of the Argo Server in front, as its --auth-mode: client, server, sso
+    /// The auth modes of the Argo Server in front, as its auth-mode flag gives them: client, server, sso
     /// (repeatable or comma-separated).
     #[arg(
         long,
@@ -138,7 +134,7 @@ struct ArgoApiArgs {
     /// PEM CA certificate the Argo Server's certificate is signed with.
     #[arg(long, env = "REWIND_ARGO_SERVER_CA_FILE")]
     argo_server_ca_file: Option<PathBuf>,
-    /// Trust any certificate of the Argo Server (as `argo --insecure-skip-verify`).
+    /// Trust any certificate of the Argo Server (as the argo CLI does when told to skip verifying).
     #[arg(long, env = "REWIND_ARGO_SERVER_INSECURE_SKIP_VERIFY")]
     argo_server_insecure_skip_verify: bool,
 }
@@ -149,10 +145,13 @@ impl ArgoApiArgs {
             return Ok(None);
         };
         let tls = match (self.argo_api_tls_cert, self.argo_api_tls_key) {
+            (Some(_), Some(_)) if self.argo_api_plaintext => bail!(
+                "--argo-api-plaintext=true serves plain HTTP, yet a certificate is given (--argo-api-tls-cert); give one or the other"
+            ),
             (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
             _ if self.argo_api_plaintext => None,
             _ => bail!(
-                "--argo-api-addr serves TLS: give --argo-api-tls-cert and --argo-api-tls-key (the chart generates a self-signed pair), or --argo-api-plaintext behind a proxy that terminates TLS"
+                "--argo-api-addr serves TLS: give --argo-api-tls-cert and --argo-api-tls-key (the chart generates a self-signed pair), or --argo-api-plaintext=true behind a proxy that terminates TLS"
             ),
         };
         let argo_server = self.argo_server_url.map(|url| ArgoServer {

@@ -60,3 +60,21 @@ The pod's affinity: .Values.affinity, plus replicas spread by
 {{- toYaml . }}
 {{- end }}
 {{- end -}}
+
+
+{{/*
+The Secret holding the Argo API's certificate: the one given, or the chart's
+self-signed one (templates/argo-api.yaml).
+*/}}
+{{- define "rewind.argoApiTLSSecret" -}}
+{{- .Values.argoApi.tls.secretName | default (printf "%s-argo-api-tls" (include "rewind.fullname" .)) }}
+{{- end -}}
+
+{{/*
+The path regular expressions of Argo's two retry calls, as the Ingress and the
+HTTPRoute match them (a name or namespace is one path segment).
+*/}}
+{{- define "rewind.retryPaths" -}}
+- /api/v1/workflows/[^/]+/[^/]+/retry
+- /api/v1/archived-workflows/[^/]+/retry
+{{- end -}}
