@@ -23,6 +23,9 @@ demo:
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
 # Helm, actionlint and hadolint (tests/install.rs and the chart's cluster test)
 # are built first so their cold build is not counted in a test's time.
+# Argo's own `argo` binary (CLI and server, tools/argo/build.sh cli), nginx
+# and Hera (tools/clients/install.sh) serve the end-to-end tests of rewind's
+# Argo API (tests/e2e's cli-* and hera-* scenarios).
 # cargo-deny (tools/deny) checks Cargo.lock against deny.toml (licenses,
 # duplicate versions, sources) before the tests; deny.toml says why the
 # advisories check is not among them.
@@ -33,5 +36,7 @@ test:
 	tools/lint/build.sh >/dev/null
 	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
+	tools/argo/build.sh cli >/dev/null
+	tools/clients/install.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv
