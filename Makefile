@@ -4,7 +4,7 @@
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: demo test controlplane
+.PHONY: demo test test-ui controlplane
 
 # Builds (once) etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl and kwok from Go modules; prints where they are.
@@ -40,3 +40,16 @@ test:
 	tools/clients/install.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv
+
+# Argo's UI in headless Chromium pressing Retry on a live and an archived
+# workflow served by rewind (tests/e2e, scenarios ui-*). Its own target: Argo's
+# UI is built from its module's sources first (tools/argo/build.sh cli-ui: npm
+# install and webpack, about 10 minutes cold on 2 cores), which make test
+# should not wait for. Debian's chromium and playwright-core come from
+# tools/clients/browser.sh.
+test-ui:
+	tools/db/install.sh
+	tools/argo/build.sh v4 peer cli cli-ui >/dev/null
+	tools/clients/install.sh >/dev/null
+	tools/clients/browser.sh >/dev/null
+	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --features testenv --test e2e -- --ignored ui-

@@ -354,3 +354,75 @@ pub async fn argos_archived_retry_call_creates_the_workflow(
     )?;
     controller.stop().await
 }
+
+/// Server auth mode (Argo's `--auth-mode server`): callers need no token and act as the
+/// Argo Server's ServiceAccount, as with Argo; rewind authorizes that account, so what it
+/// may not do is refused (403 naming it) and what it may is done.
+pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 4,
+        succeeded: 1,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    // The Argo Server's account may read workflows but not update them, at first.
+    account(&admin, &namespace, "argo-server", &["get"]).await?;
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    let mut api = api_options(addr, None);
+    api.settings.modes = vec![AuthMode::Server];
+    api.settings.server_account = Some(
+        format!("{namespace}/argo-server")
+            .parse()
+            .map_err(anyhow::Error::msg)?,
+    );
+    options.argo_api = Some(api);
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
+    let selector = format!("{}=wf", labels::WORKFLOW);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    ensure_status(
+        &put(&url, None, &json!({}), None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:argo-server (server mode) may not update workflows.argoproj.io in namespace {namespace}"
+        ),
+    )?;
+    ensure!(
+        ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+        "a refused call deleted pods"
+    );
+    Api::<Role>::namespaced(admin.clone(), &namespace)
+        .patch(
+            "argo-server",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"rules": [rule("argoproj.io", "workflows", &["get", "update"])]}),
+            ),
+        )
+        .await?;
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    // Any token, or none, is the server's account in server mode alone. RBAC's cache takes
+    // the new rule within moments; a refused call deletes nothing, so asking again is safe.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (status, answer) = loop {
+        let answer = put(&url, Some("Bearer whatever"), &json!({}), None).await?;
+        if answer.0 != 403 || tokio::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(
+        status == 200,
+        "the server-mode retry answered {status}: {answer}"
+    );
+    ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
+    controller.stop().await
+}

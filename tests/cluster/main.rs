@@ -113,6 +113,7 @@ fn main() -> ExitCode {
         admission::a_workflowretry_needs_what_argo_would_need_of_the_same_user,
         argoapi::argos_retry_call_is_authorized_like_argos_and_answers_the_reset_workflow,
         argoapi::argos_archived_retry_call_creates_the_workflow,
+        argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

@@ -35,14 +35,19 @@ pub enum Kind {
     CliLabel,
     /// Hera's `WorkflowsService.retry_workflow` (`retry_archived_workflow`).
     Hera,
+    /// Argo's UI in headless Chromium (`ui_retry.js`): RETRY on the workflow's page (the
+    /// archived workflow's, by its UID), then the panel's Retry.
+    Ui,
 }
 
-/// A client with what it needs: Argo's `argo` binary, the argo server, Hera's Python.
+/// A client with what it needs: Argo's `argo` binary, the argo server (serving Argo's UI for
+/// [`Kind::Ui`]), Hera's Python, playwright-core's directory.
 pub struct Client {
     pub kind: Kind,
     pub argo: PathBuf,
     pub argo_server: SocketAddr,
     pub python: PathBuf,
+    pub playwright: Option<PathBuf>,
 }
 
 impl ApiClient for Client {
@@ -252,6 +257,10 @@ impl Client {
                     )
                     .await?
                 }
+                Kind::Ui => {
+                    self.ui(server, &allowed, namespace, &scenario.name, archived_uid)
+                        .await?
+                }
             };
             ensure!(
                 ran.ok,
@@ -395,6 +404,47 @@ print("retried", wf.metadata.namespace, wf.metadata.name, wf.status.phase if wf.
     }
 }
 
+impl Client {
+    /// Argo's UI in headless Chromium, through `server` (`ui_retry.js`).
+    async fn ui(
+        &self,
+        server: SocketAddr,
+        token: &str,
+        namespace: &str,
+        name: &str,
+        archived_uid: Option<&str>,
+    ) -> anyhow::Result<Ran> {
+        let playwright = self
+            .playwright
+            .as_ref()
+            .context("the UI scenarios need playwright-core (tools/clients/browser.sh)")?;
+        let mut command = tokio::process::Command::new("node");
+        command
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/e2e/ui_retry.js"
+            ))
+            .arg(format!("http://{server}/"))
+            .arg(token)
+            .arg(namespace)
+            .arg(name)
+            .args(archived_uid)
+            .env("NODE_PATH", playwright.join("node_modules"))
+            .env(
+                "SCREENSHOT",
+                std::env::temp_dir().join(format!("rewind-ui-{namespace}.png")),
+            )
+            .kill_on_drop(true);
+        let ran = run(command, "node ui_retry.js").await?;
+        ensure!(
+            !ran.ok || ran.out.contains(&format!("retried {namespace} {name}")),
+            "the UI did not show the retried workflow:\n{}",
+            ran.out
+        );
+        Ok(ran)
+    }
+}
+
 async fn run(mut command: tokio::process::Command, what: &str) -> anyhow::Result<Ran> {
     let output = command
         .output()
@@ -408,6 +458,28 @@ async fn run(mut command: tokio::process::Command, what: &str) -> anyhow::Result
             String::from_utf8_lossy(&output.stderr)
         ),
     })
+}
+
+/// The `argo` binary serving Argo's UI, and playwright-core's directory, built or installed
+/// once (slow: the UI's npm install and webpack build).
+pub fn ui_tools() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let argo = rewind::testenv::argo::binary("cli-ui")?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/clients/browser.sh");
+    let output = std::process::Command::new("bash")
+        .arg(script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running tools/clients/browser.sh")?;
+    ensure!(
+        output.status.success(),
+        "tools/clients/browser.sh failed ({})",
+        output.status
+    );
+    let dir = String::from_utf8(output.stdout)?;
+    Ok((
+        argo,
+        PathBuf::from(dir.lines().last().unwrap_or_default().trim()),
+    ))
 }
 
 /// The `argo` binary (Argo's CLI and server, v4.1.4) and Hera's Python, built or installed once.

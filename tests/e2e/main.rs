@@ -88,7 +88,9 @@ fn client_scenarios() -> Vec<(Scenario, Option<clients::Kind>)> {
             find("selector-parameters"),
             clients::Kind::Hera,
         ),
-        ("hera-archive-retry", archived, clients::Kind::Hera),
+        ("hera-archive-retry", archived.clone(), clients::Kind::Hera),
+        ("ui-retry", find("steps"), clients::Kind::Ui),
+        ("ui-archive-retry", archived, clients::Kind::Ui),
     ]
     .into_iter()
     .map(|(name, mut scenario, kind)| {
@@ -402,6 +404,8 @@ struct Env {
     argo_server: ArgoServer,
     argo_cli: PathBuf,
     python: PathBuf,
+    /// Argo's server with its UI built, and playwright-core: only when a `ui-*` scenario runs.
+    ui: Option<(ArgoServer, PathBuf)>,
 }
 
 impl Env {
@@ -414,11 +418,18 @@ impl Env {
 
     /// The client of a client scenario.
     fn client(&self, kind: clients::Kind) -> clients::Client {
+        let (argo_server, playwright) = match (&self.ui, kind) {
+            (Some((server, playwright)), clients::Kind::Ui) => {
+                (server.addr, Some(playwright.clone()))
+            }
+            _ => (self.argo_server.addr, None),
+        };
         clients::Client {
             kind,
             argo: self.argo_cli.clone(),
-            argo_server: self.argo_server.addr,
+            argo_server,
             python: self.python.clone(),
+            playwright,
         }
     }
 
@@ -436,7 +447,8 @@ impl Env {
     }
 }
 
-async fn start() -> anyhow::Result<Env> {
+/// [`Env`] for the trials; `ui`: start Argo's server with its UI too.
+async fn start(ui: bool) -> anyhow::Result<Env> {
     let (peer, peer_v3, (argo_cli, python)) = tokio::task::spawn_blocking(|| {
         anyhow::Ok((
             argo::binary("peer")?,
@@ -483,7 +495,15 @@ async fn start() -> anyhow::Result<Env> {
     let argo_offload = with_database.pop().expect("two controllers");
     let argo_archive = with_database.pop().expect("two controllers");
     let argo_server = ArgoServer::start(&cluster, &argo_cli, &argo_archive.configmap()).await?;
+    let ui = if ui {
+        let (argo_ui, playwright) = tokio::task::spawn_blocking(clients::ui_tools).await??;
+        let server = ArgoServer::start(&cluster, &argo_ui, &argo_archive.configmap()).await?;
+        Some((server, playwright))
+    } else {
+        None
+    };
     Ok(Env {
+        ui,
         argo_server,
         argo_cli,
         python,
@@ -509,16 +529,22 @@ fn main() -> ExitCode {
         .init();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let scenarios = scenarios();
+    // The UI's scenarios need Argo's UI built (minutes: tools/argo/ui.sh), so they run only
+    // when asked: `make test-ui` (`-- --ignored ui-`).
+    let is_ui = |kind: &Option<clients::Kind>| *kind == Some(clients::Kind::Ui);
     let listed: Vec<Trial> = scenarios
         .iter()
-        .map(|(s, _)| Trial::test(s.name.clone(), || Ok(())))
+        .map(|(s, kind)| Trial::test(s.name.clone(), || Ok(())).with_ignored_flag(is_ui(kind)))
         .collect();
+    let ui_wanted = listed
+        .iter()
+        .any(|t| t.has_ignored_flag() && !args.is_filtered_out(t) && !args.is_ignored(t));
     let anything_to_run = !args.list
         && listed
             .iter()
             .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
     let env = if anything_to_run {
-        match runtime.block_on(start()) {
+        match runtime.block_on(start(ui_wanted)) {
             Ok(env) => Some(Arc::new(env)),
             Err(error) => {
                 eprintln!(
@@ -535,6 +561,7 @@ fn main() -> ExitCode {
         .map(|(scenario, kind)| {
             let env = env.clone();
             let handle = runtime.handle().clone();
+            let ignored = is_ui(&kind);
             Trial::test(scenario.name.clone(), move || {
                 let env =
                     env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
@@ -550,6 +577,7 @@ fn main() -> ExitCode {
                     ))
                     .map_err(|error| Failed::from(format!("{error:#}")))
             })
+            .with_ignored_flag(ignored)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
@@ -562,15 +590,18 @@ fn main() -> ExitCode {
             argo_offload,
             db,
             argo_server,
+            ui,
             ..
         }) = Arc::try_unwrap(env)
         else {
             eprintln!("error: a test kept the environment alive");
             return ExitCode::FAILURE;
         };
-        if let Err(error) = runtime.block_on(argo_server.stop()) {
-            eprintln!("error: argo server: {error}");
-            return ExitCode::FAILURE;
+        for server in std::iter::once(argo_server).chain(ui.map(|(server, _)| server)) {
+            if let Err(error) = runtime.block_on(server.stop()) {
+                eprintln!("error: argo server: {error}");
+                return ExitCode::FAILURE;
+            }
         }
         for controller in [argo, argo_v3, argo_archive, argo_offload] {
             if let Err(error) = runtime.block_on(controller.stop()) {

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds Argo's UI from the module's ui/ sources into UI_DIR/dist/app (webpack,
+# production), for `tools/argo/build.sh cli-ui`, which embeds it in the argo
+# binary as Argo's Makefile does.
+#
+# Usage: ui.sh UI_DIR   (a writable copy of the module's ui/)
+#
+# Argo pins argo-ui, its component library, to a commit of its source
+# repository, which nothing here reaches; the npm registry's argo-ui 1.0.0
+# stands in for it. yarn is not installed, so npm resolves package.json's
+# ranges (not Argo's yarn.lock), with --legacy-peer-deps as some of those
+# ranges disagree on peers; ajv 8 is installed at the top because npm's
+# hoisting otherwise puts eslint's ajv 6 where webpack's schema-utils looks.
+set -euo pipefail
+
+ui=$1
+log() { echo "argo-ui: $*" >&2; }
+command -v npm >/dev/null || { log "npm is not on PATH; install Node.js 20+"; exit 1; }
+cd "$ui"
+sed -i 's|"argo-ui": "git+[^"]*"|"argo-ui": "1.0.0"|' package.json
+start=$SECONDS
+log "npm install ($(grep -c '"' package.json) lines of package.json; about 1,500 packages)"
+npm install --legacy-peer-deps --ignore-scripts --no-audit --no-fund >&2
+npm install --legacy-peer-deps --ignore-scripts --no-audit --no-fund --no-save 'ajv@^8' >&2
+log "installed in $((SECONDS - start))s; webpack --mode production"
+NODE_ENV=production NODE_OPTIONS=--max-old-space-size=4096 npx --no-install webpack --mode production >&2
+[ -f dist/app/index.html ] || { log "webpack wrote no dist/app/index.html"; exit 1; }
+rm -rf node_modules
+log "built Argo's UI in $((SECONDS - start))s"
