@@ -28,7 +28,9 @@ demo:
 # Argo API (tests/e2e's cli-* and hera-* scenarios).
 # cargo-deny (tools/deny) checks Cargo.lock against deny.toml (licenses,
 # duplicate versions, sources) before the tests; deny.toml says why the
-# advisories check is not among them.
+# advisories check is not among them. Prometheus and promtool
+# (tools/prometheus) check and test the chart's alerts (tests/monitoring.rs)
+# and evaluate the dashboard against a real controller (tests/cluster).
 test:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
@@ -36,6 +38,7 @@ test:
 	tools/lint/build.sh >/dev/null
 	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
+	tools/prometheus/build.sh >/dev/null
 	tools/argo/build.sh cli >/dev/null
 	tools/clients/install.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources

@@ -10,7 +10,7 @@
 //!   WorkflowRetry resource, the hints refusals carry.
 //! - [`engine`]: the deletion engine: queue, API budget, assessment, delete
 //!   workers, and the one loop that deletes a plan's pods.
-//! - [`telemetry`]: metrics and logging.
+//! - [`telemetry`]: metrics (the process's own among them) and logging.
 //! - [`retry`]: the request flows: a live retry, an archived retry, a
 //!   WorkflowRetry object, and how each reports its end.
 //! - [`client`]: what `rewind retry` and `rewind status` do: ask for a
@@ -21,8 +21,8 @@
 //! - [`controller`]: the wiring: watches, dispatch, pod GC, leader election,
 //!   HTTP endpoints, Argo's retry API.
 //! - `testenv` (feature `testenv`, off by default): the local control plane,
-//!   databases, Argo fixtures and benchmark machinery for tests, benchmarks
-//!   and the demo. The product never carries it.
+//!   databases, Argo fixtures, Prometheus on loopback and benchmark machinery
+//!   for tests, benchmarks and the demo. The product never carries it.
 
 pub mod argo;
 pub mod argoapi;

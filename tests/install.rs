@@ -110,6 +110,10 @@ const EVERYTHING: &[&str] = &[
     "--set",
     "metrics.serviceMonitor.enabled=true",
     "--set",
+    "metrics.grafanaDashboard.enabled=true",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
     "rbac.aggregateToEdit=true",
     "--set",
     "networkPolicy.enabled=true",
@@ -264,6 +268,86 @@ fn the_deployment_is_hardened_and_leader_elected() {
     find(&docs, "PodDisruptionBudget", "rewind");
     find(&docs, "Service", "rewind-metrics");
     find(&docs, "Role", "rewind-leader-election");
+}
+
+/// The dashboard's ConfigMap and the PrometheusRule are off by default; switched on, they carry
+/// the chart's monitoring/ files as they are (the runbook's address aside), which
+/// tests/monitoring.rs and the cluster test check.
+#[test]
+fn the_dashboard_and_the_alerts_are_off_by_default_and_carry_the_charts_files() {
+    let off = documents(&template(&[]));
+    assert_eq!(kinds(&off, "PrometheusRule"), 0);
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["labels"]["grafana_dashboard"].is_string())
+    );
+
+    let on = documents(&template(&[
+        "--set",
+        "metrics.grafanaDashboard.enabled=true",
+        "--set",
+        "metrics.grafanaDashboard.namespace=monitoring",
+        "--set",
+        "metrics.grafanaDashboard.annotations.grafana_folder=rewind",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.labels.release=kube-prometheus-stack",
+    ]));
+    let configmap = find(&on, "ConfigMap", "rewind-dashboard");
+    assert_eq!(configmap["metadata"]["namespace"], "monitoring");
+    assert_eq!(configmap["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(
+        configmap["metadata"]["annotations"]["grafana_folder"],
+        "rewind"
+    );
+    let file = |path: &str| std::fs::read_to_string(root().join(CHART).join(path)).unwrap();
+    let shown: Value = serde_json::from_str(configmap["data"]["rewind.json"].as_str().unwrap())
+        .expect("the dashboard is JSON");
+    let source: Value = serde_json::from_str(&file("monitoring/dashboard.json")).unwrap();
+    assert_eq!(shown, source);
+
+    let rule = find(&on, "PrometheusRule", "rewind");
+    assert_eq!(rule["metadata"]["namespace"], "rewind");
+    assert_eq!(
+        rule["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    let source: Value = serde_yaml_ng::from_str(&file("monitoring/alerts.yaml")).unwrap();
+    assert_eq!(rule["spec"], source);
+
+    let moved = documents(&template(&[
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.prometheusRule.runbookURL=https://wiki.example/rewind",
+    ]));
+    let rules = &find(&moved, "PrometheusRule", "rewind")["spec"]["groups"][0]["rules"];
+    for rule in rules.as_array().unwrap() {
+        let alert = rule["alert"].as_str().unwrap().to_lowercase();
+        assert_eq!(
+            rule["annotations"]["runbook_url"],
+            format!("https://wiki.example/rewind#{alert}")
+        );
+    }
+}
+
+/// The container's limits reach the controller from the downward API.
+#[test]
+fn the_controller_is_told_its_container_limits() {
+    let docs = documents(&template(&[]));
+    let container =
+        &find(&docs, "Deployment", "rewind")["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    let source = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["valueFrom"]["resourceFieldRef"].clone())
+            .unwrap_or_else(|| panic!("no {name} in {env:?}"))
+    };
+    assert_eq!(source("REWIND_MEMORY_LIMIT")["resource"], "limits.memory");
+    assert_eq!(source("REWIND_CPU_LIMIT")["resource"], "limits.cpu");
+    assert_eq!(source("REWIND_CPU_LIMIT")["divisor"], "1m");
 }
 
 fn kinds(docs: &[Value], kind: &str) -> usize {
@@ -457,6 +541,8 @@ fn every_controller_flag_has_a_value() {
     for (flag, var) in [
         ("lease-identity", "POD_NAME"),
         ("lease-namespace", "REWIND_LEASE_NAMESPACE"),
+        ("memory-limit", "REWIND_MEMORY_LIMIT"),
+        ("cpu-limit", "REWIND_CPU_LIMIT"),
     ] {
         if env.contains(&var) {
             given.insert(flag.to_owned());

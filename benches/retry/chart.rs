@@ -3,18 +3,15 @@
 //! (DejaVu Sans, or $REWIND_BENCH_FONT): plotters' own font loading needs system libraries.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
-use anyhow::{Context as _, anyhow};
+use anyhow::Context as _;
 use plotters::prelude::*;
-use plotters::style::FontStyle;
 
 use rewind::testenv::bench::report::RowSummary;
 
-const FONTS: [&str; 2] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-];
+#[path = "../../tests/support/font.rs"]
+mod font;
+
 /// The rows drawn against N, with their colours.
 const LINES: [(&str, RGBColor); 6] = [
     ("floor", BLACK),
@@ -25,33 +22,8 @@ const LINES: [(&str, RGBColor); 6] = [
     ("per-pod floor N/20", RGBColor(140, 140, 140)),
 ];
 
-fn register_font() -> anyhow::Result<()> {
-    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
-    FONT.get_or_init(|| {
-        let path = std::env::var("REWIND_BENCH_FONT")
-            .ok()
-            .or_else(|| {
-                FONTS
-                    .iter()
-                    .find(|p| Path::new(p).is_file())
-                    .map(|p| p.to_string())
-            })
-            .ok_or_else(|| format!("no font file (looked at {FONTS:?}; set REWIND_BENCH_FONT)"))?;
-        let bytes = std::fs::read(&path).map_err(|e| format!("reading {path}: {e}"))?;
-        // Registered once for the whole process, so leaking it is what 'static asks.
-        plotters::style::register_font(
-            "sans-serif",
-            FontStyle::Normal,
-            Box::leak(bytes.into_boxed_slice()),
-        )
-        .map_err(|_| format!("{path} is not a usable TrueType font"))
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
-}
-
 pub fn draw(summary: &[RowSummary], path: &Path) -> anyhow::Result<()> {
-    register_font()?;
+    font::register()?;
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(760);

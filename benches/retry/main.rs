@@ -335,9 +335,9 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     let result = async {
         for (&n, &offloaded) in args.pods.iter().zip(&offloading) {
-            if offloaded && args.rows.iter().any(|r| r.archived()) {
+            if offloaded {
                 println!(
-                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded; archived rows are left out"
+                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded (and a workflow created from the archive offloads them too)"
                 );
             }
             let rows: Vec<Row> = args
@@ -345,7 +345,6 @@ async fn bench(args: Args) -> anyhow::Result<()> {
                 .iter()
                 .copied()
                 .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
-                .filter(|&r| !(offloaded && r.archived()))
                 .collect();
             for rep in 0..args.repetitions {
                 let mut order = rows.clone();
@@ -587,47 +586,39 @@ async fn measure_on(
     let workflow = dag.workflow(NAMESPACE);
     let mut configmap = String::new();
     // The workflow before the retry, its nodes in it.
-    let original = match offloaded(&workflow)? {
-        false => hydrated(
+    let offload = offloaded(&workflow)?;
+    // Argo's persistence as the row needs it: offloading above the size limit (the workflow
+    // an archived retry creates is as large, so offloaded too), the archive for archived rows.
+    if offload || row.archived() {
+        let (db, _) = context
+            .db
+            .as_ref()
+            .context("offloaded nodes and archived rows need the database")?;
+        let persistence = argo::Persistence {
+            database: db.argo_db_config(),
+            archive: row.archived(),
+            offload,
+        };
+        let name = argo::install_config(cluster, None, Some(&persistence)).await?;
+        configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
+    }
+    let original = match (offload, &context.db) {
+        (true, Some((db, code))) => create_offloaded(&admin, db, code, &dag, workflow).await?,
+        _ => hydrated(
             dag.create(&admin, NAMESPACE, 64, || ())
                 .await
                 .context("creating the workflow and its pods")?,
         )?,
-        true => {
-            ensure!(
-                !row.archived(),
-                "archived rows run only below Argo's size limit"
-            );
-            let (db, code) = context
-                .db
-                .as_ref()
-                .context("a workflow over Argo's size limit needs the database")?;
-            let persistence = argo::Persistence {
-                database: db.argo_db_config(),
-                archive: false,
-                offload: true,
-            };
-            let name = argo::install_config(cluster, None, Some(&persistence)).await?;
-            configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
-            create_offloaded(&admin, db, code, &dag, workflow).await?
-        }
     };
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     let mut archived_uid = None;
-    if row.archived() {
-        let (db, code) = context
-            .db
-            .as_ref()
-            .context("archived rows need the database")?;
-        let persistence = argo::Persistence {
-            database: db.argo_db_config(),
-            archive: true,
-            offload: false,
+    if let (true, Some((db, code))) = (row.archived(), &context.db) {
+        // What Argo's controller does when it archives a workflow: hydrate (from the offload
+        // table, when offloaded), ArchiveWorkflow.
+        let hydrated = match offload {
+            true => original.clone(),
+            false => hydrated(workflows.get(WORKFLOW).await?)?,
         };
-        let name = argo::install_config(cluster, None, Some(&persistence)).await?;
-        configmap = format!("{}/{name}", argo::CONTROLLER_NAMESPACE);
-        // What Argo's controller does when it archives a workflow: hydrate, ArchiveWorkflow.
-        let hydrated = hydrated(workflows.get(WORKFLOW).await?)?;
         let uid = hydrated.uid().context("a created workflow has a UID")?;
         let archive = db.archive_request(&hydrated);
         let code = code.clone();

@@ -6,7 +6,7 @@
 //! large or when `ALWAYS_OFFLOAD_NODE_STATUS` is set.
 
 use crate::argo::db::{ArgoDatabase, DbError};
-use crate::argo::plan::compress::{self, Nodes};
+use crate::argo::plan::compress;
 use crate::argo::workflow::Workflow;
 
 /// Why offloaded nodes could not be read or written.
@@ -21,14 +21,6 @@ pub enum OffloadError {
         name: String,
         version: String,
         source: DbError,
-    },
-    #[error(
-        "the offloaded nodes of workflow {name} (version {version}) are not Argo's node status: {source}"
-    )]
-    Corrupt {
-        name: String,
-        version: String,
-        source: serde_json::Error,
     },
     #[error("offloading the reset nodes of workflow {name}: {source}")]
     Write { name: String, source: DbError },
@@ -64,19 +56,14 @@ pub async fn hydrate(db: Option<&dyn ArgoDatabase>, wf: &mut Workflow) -> Result
         return Err(OffloadError::NoDatabase { name, version });
     };
     let uid = wf.metadata.uid.clone().unwrap_or_default();
-    let value = db
+    let nodes = db
         .offloaded_nodes(&uid, &version)
         .await
         .map_err(|source| OffloadError::Read {
-            name: name.clone(),
-            version: version.clone(),
+            name,
+            version,
             source,
         })?;
-    let nodes: Nodes = serde_json::from_value(value).map_err(|source| OffloadError::Corrupt {
-        name,
-        version,
-        source,
-    })?;
     wf.status.nodes = Some(nodes);
     wf.status.offload_node_status_version = None;
     Ok(())
@@ -97,8 +84,7 @@ pub async fn dehydrate(
         wf.status.offload_node_status_version = None;
         return Ok(());
     }
-    let nodes =
-        serde_json::to_value(wf.status.nodes.take().unwrap_or_default()).expect("nodes serialize");
+    let nodes = wf.status.nodes.take().unwrap_or_default();
     let uid = wf.metadata.uid.clone().unwrap_or_default();
     let namespace = wf.metadata.namespace.clone().unwrap_or_default();
     let version = db
@@ -120,6 +106,8 @@ mod tests {
 
     use futures::future::BoxFuture;
     use serde_json::{Value, json};
+
+    use crate::argo::plan::compress::Nodes;
 
     use super::*;
 
@@ -147,19 +135,27 @@ mod tests {
             &'a self,
             uid: &'a str,
             version: &'a str,
-        ) -> BoxFuture<'a, Result<Value, DbError>> {
+        ) -> BoxFuture<'a, Result<Nodes, DbError>> {
             let row = self
                 .0
                 .lock()
                 .unwrap()
                 .get(&(uid.into(), version.into()))
                 .cloned();
+            // As the database's rows: JSON, read into node statuses.
             Box::pin(async move {
-                row.ok_or_else(|| DbError::OffloadedNodesMissing {
+                let row = row.ok_or_else(|| DbError::OffloadedNodesMissing {
                     uid: uid.into(),
                     version: version.into(),
                     table: "t".into(),
                     target: "test".into(),
+                })?;
+                serde_json::from_value(row).map_err(|source| DbError::CorruptOffloadedNodes {
+                    uid: uid.into(),
+                    version: version.into(),
+                    table: "t".into(),
+                    target: "test".into(),
+                    source,
                 })
             })
         }
@@ -168,11 +164,12 @@ mod tests {
             &'a self,
             uid: &'a str,
             _namespace: &'a str,
-            nodes: &'a Value,
+            nodes: &'a Nodes,
         ) -> BoxFuture<'a, Result<String, DbError>> {
             let mut rows = self.0.lock().unwrap();
             let version = format!("v{}", rows.len() + 1);
-            rows.insert((uid.into(), version.clone()), nodes.clone());
+            let row = serde_json::to_value(nodes).expect("nodes serialize");
+            rows.insert((uid.into(), version.clone()), row);
             Box::pin(async move { Ok(version) })
         }
     }
@@ -217,7 +214,13 @@ mod tests {
             .insert(("u1".into(), "v1".into()), json!(["not nodes"]));
         let err = hydrate(Some(&table), &mut offloaded).await.unwrap_err();
         assert!(
-            matches!(err, OffloadError::Corrupt { .. }) && !err.is_transient(),
+            matches!(
+                err,
+                OffloadError::Read {
+                    source: DbError::CorruptOffloadedNodes { .. },
+                    ..
+                }
+            ) && !err.is_transient(),
             "{err}"
         );
     }

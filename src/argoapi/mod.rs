@@ -76,8 +76,9 @@ pub enum SettingsError {
     #[error("building a client of the Argo Server at {url}: {source}")]
     ArgoServerClient {
         url: Uri,
+        // Boxed: kube's error is large and this one is rare.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
@@ -133,7 +134,7 @@ fn argo_server_client(server: &ArgoServer) -> Result<kube::Client, SettingsError
     config.accept_invalid_certs = server.insecure_skip_verify;
     kube::Client::try_from(config).map_err(|source| SettingsError::ArgoServerClient {
         url: server.url.clone(),
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -87,7 +87,9 @@ async fn retry_live(
     )
     .await?;
     let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
-    let asked = ask::ask(&workflows, &namespace, &name, &options)
+    // A token per call: Argo's clients make one call per workflow (`argo
+    // retry -l` too, one after another), so each call is its own asker.
+    let asked = ask::ask(&workflows, &namespace, &name, &options, &ask::new_token())
         .await
         .map_err(asking)?;
     log_asked(&caller, &asked);

@@ -44,15 +44,18 @@ pub fn new_token() -> String {
         .to_string()
 }
 
-/// Asks for a retry of `workflow` (one metadata patch).
+/// Asks for a retry of `workflow` as request `token` (one metadata patch).
+/// Workflows asked with one token (a [`new_token`] per batch) are one asker
+/// to the controller: their retries take the turns one retry would beside
+/// other users'.
 pub async fn ask(
     workflows: &Api<Workflow>,
     namespace: &str,
     workflow: &str,
     options: &RequestOptions,
+    token: &str,
 ) -> Result<Asked, FollowError> {
-    let token = new_token();
-    let patch = request::patch(&token, options);
+    let patch = request::patch(token, options);
     match workflows
         .patch_metadata(workflow, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -60,7 +63,7 @@ pub async fn ask(
         Ok(_) => Ok(Asked {
             namespace: namespace.to_owned(),
             workflow: workflow.to_owned(),
-            token,
+            token: token.to_owned(),
             source: Source::Annotation,
         }),
         Err(kube::Error::Api(s)) if s.code == 404 => Err(FollowError::NotFound {

@@ -19,8 +19,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
+use crate::engine::budget::asking;
+use crate::engine::workers::RequestKey;
 use crate::protocol::crd::WorkflowRetry;
-use crate::protocol::request;
+use crate::protocol::request::{self, workflowretry_token};
 use crate::retry::Context;
 use crate::retry::live::{self, Target};
 use crate::retry::workflowretry;
@@ -199,9 +201,15 @@ impl Dispatcher {
             if served && !self.pause(&mut delay).await {
                 return;
             }
-            // Its end is reported (status, Event) by `serve`.
-            let served_now =
-                guarded(workflowretry::serve(&self.ctx, &object, &self.shutdown)).await;
+            // Its end is reported (status, Event) by `serve`. Its requests take turns with
+            // other askers' in the namespace, as a retry it asks for does.
+            let asker = RequestKey::retry(
+                &object.namespace().unwrap_or_default(),
+                uid,
+                &workflowretry_token(uid),
+            );
+            let serving = workflowretry::serve(&self.ctx, &object, &self.shutdown);
+            let served_now = guarded(asking(asker.asker().into(), serving)).await;
             if let Err(panic) = served_now {
                 error!(
                     workflowretry = object.name_any(),

@@ -60,7 +60,9 @@ async fn metrics(AxumState(e): AxumState<Endpoints>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            // What prometheus-client writes (it ends with `# EOF`, and has an
+            // info metric, which the older text format has no type for).
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         e.metrics.encode(e.queue.depths()),
     )

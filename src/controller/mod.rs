@@ -29,9 +29,10 @@ use crate::engine::Engine;
 use crate::engine::budget::{self, Budget, BudgetConfig};
 use crate::engine::queue::{QueueConfig, WorkQueue};
 use crate::engine::workers::{self, Outcomes};
+use crate::retry::admission::Admission;
 use crate::retry::cache::WorkflowCache;
 use crate::retry::{Context, RetryConfig, Scope};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{ContainerLimits, Metrics};
 
 /// Everything the controller can be told.
 #[derive(Clone, Debug)]
@@ -55,6 +56,8 @@ pub struct Options {
     pub argo_configmap: Option<String>,
     /// Serve the Argo Server's retry calls here; `None` serves none.
     pub argo_api: Option<ArgoApiOptions>,
+    /// The container's limits, exported beside the process's own use.
+    pub limits: ContainerLimits,
 }
 
 /// Where and how to serve the Argo Server's retry calls (see [`argoapi`]).
@@ -97,6 +100,7 @@ impl Default for Options {
             leader_election: None,
             argo_configmap: None,
             argo_api: None,
+            limits: ContainerLimits::default(),
         }
     }
 }
@@ -119,7 +123,14 @@ pub struct Controller {
 impl Controller {
     /// Builds the budgeted client. Must be called inside a tokio runtime.
     pub fn new(config: kube::Config, options: Options) -> Result<Self, kube::Error> {
-        let metrics = Arc::new(Metrics::default());
+        let pod_name = std::env::var("POD_NAME").ok();
+        // The Lease's name for this replica, which is also what the leader's
+        // series tell apart.
+        let identity = match &options.leader_election {
+            Some(lease) => lease.identity.clone(),
+            None => pod_name.clone().unwrap_or_else(|| options.reporter.clone()),
+        };
+        let metrics = Arc::new(Metrics::new(&identity, &options.budget, options.limits));
         let lease_client = match &options.leader_election {
             Some(lease) => {
                 let mut config = config.clone();
@@ -135,11 +146,12 @@ impl Controller {
         let client = budget::client(config, &budget)?;
         let reporter = Reporter {
             controller: options.reporter.clone(),
-            instance: std::env::var("POD_NAME").ok(),
+            instance: pod_name,
         };
         let (workflows, writers) = WorkflowCache::new(options.scope.namespaces.len().max(1));
         let ctx = Context {
             workflows,
+            admission: Admission::new(options.retry.max_pods_in_flight),
             recorder: Recorder::new(client.clone(), reporter),
             engine: Engine {
                 client,

@@ -174,6 +174,8 @@ pub struct Deletion {
     /// Pods this deletion's requests removed.
     removed: usize,
     note: Option<String>,
+    /// How long the list took that last found every plan pod gone.
+    confirm_took: Duration,
 }
 
 impl Deletion {
@@ -197,6 +199,7 @@ impl Deletion {
             pod_nodes: BTreeMap::new(),
             removed: 0,
             note: None,
+            confirm_took: Duration::ZERO,
         }
     }
 
@@ -241,6 +244,13 @@ impl Deletion {
         self.removed
     }
 
+    /// How long the list took that confirmed every plan pod gone, when
+    /// [`Deletion::run`] last returned: the part of its time that is not
+    /// deleting (the step metrics tell it apart).
+    pub fn confirm_took(&self) -> Duration {
+        self.confirm_took
+    }
+
     /// Deletes the plan's pods until a fresh list shows every one gone, or
     /// the sink or `stop` ends it.
     pub async fn run<S: Sink>(
@@ -251,6 +261,7 @@ impl Deletion {
         let mut next_tick = Instant::now() + self.config.tick;
         let mut announced = false;
         loop {
+            let listing = Instant::now();
             let listed = tokio::select! {
                 _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                 listed = self.list() => listed?,
@@ -258,6 +269,7 @@ impl Deletion {
             let assessment = self.assess(&listed)?;
             let total = self.tracker.plan().len();
             if assessment.all_gone(total) {
+                self.confirm_took = listing.elapsed();
                 return Ok(());
             }
             if !announced {

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, VersionMatch};
 use kube::{Client, Resource as _};
+use tokio_util::compat::FuturesAsyncReadCompatExt as _;
 
 use crate::argo::workflow::labels;
 use crate::engine::assess::{Listed, SUCCEEDED};
@@ -119,7 +120,9 @@ fn kept(meta: ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// The part of a DeleteCollection response rewind reads: how many pods it removed.
+/// The part of a DeleteCollection response rewind reads: how many pods it
+/// removed. The items are skipped as they are read, not kept (a vector of a
+/// zero-sized type allocates nothing).
 #[derive(serde::Deserialize)]
 struct DeletedPods {
     #[serde(default)]
@@ -147,8 +150,21 @@ pub async fn delete_collection(
         http::header::ACCEPT,
         http::HeaderValue::from_static(METADATA_LIST),
     );
-    let deleted: DeletedPods = client.request(request).await?;
-    Ok(deleted.items.len())
+    // Read as it arrives rather than held whole: the answer for 20,000 pods is
+    // tens of megabytes of metadata, of which rewind needs only the count.
+    let answer = client.request_stream(request).await?.compat();
+    let answer = tokio_util::io::SyncIoBridge::new(answer);
+    let counted = tokio::task::spawn_blocking(move || {
+        serde_json::from_reader::<_, DeletedPods>(std::io::BufReader::new(answer))
+    })
+    .await
+    .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    match counted {
+        Ok(deleted) => Ok(deleted.items.len()),
+        // The connection broke while the answer came: the request was cut short.
+        Err(e) if e.is_io() => Err(kube::Error::Service(Box::new(e))),
+        Err(e) => Err(kube::Error::SerdeError(e)),
+    }
 }
 
 #[cfg(test)]

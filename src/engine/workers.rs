@@ -20,7 +20,7 @@ use crate::engine::assess::DeleteWork;
 use crate::engine::budget::Budget;
 use crate::engine::fault::{api_code, is_transient};
 use crate::engine::pods::delete_collection;
-use crate::engine::queue::{Lease, WorkQueue};
+use crate::engine::queue::{Lease, Request, WorkQueue};
 
 /// A queued unit of work: one API request in one namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -29,28 +29,53 @@ pub struct WorkItem {
     pub work: DeleteWork,
 }
 
-/// Identifies the request (a retry, or a GC sweep) that queued an item: the
-/// queue is fair between keys, and a key's outcomes go back to it. One
-/// scheme for every request, so no two requests can share a key.
+/// Identifies the request (a retry, or a GC sweep) that queued an item: its
+/// outcomes go back to it, and its items take turns in its asker's lane. One
+/// scheme for every request, so no two requests share a key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestKey(Arc<str>);
+pub struct RequestKey {
+    /// Who asked: requests asked together (one token on many workflows, as
+    /// `rewind retry -l` asks) share a lane, so a batch of 200 takes the
+    /// turns one request would beside another user's single retry.
+    asker: Arc<str>,
+    id: Arc<str>,
+}
 
 impl RequestKey {
     /// A retry request: `token` asked on the object with UID `uid` (the
     /// workflow, or the WorkflowRetry) in `namespace`.
     pub fn retry(namespace: &str, uid: &str, token: &str) -> Self {
-        RequestKey(format!("retry/{namespace}/{uid}/{token}").into())
+        RequestKey {
+            asker: format!("{namespace}/{token}").into(),
+            id: format!("retry/{namespace}/{uid}/{token}").into(),
+        }
     }
 
     /// Pod garbage collection's sweeps.
     pub fn gc() -> Self {
-        RequestKey("gc".into())
+        RequestKey {
+            asker: "gc".into(),
+            id: "gc".into(),
+        }
+    }
+
+    /// Who asked, as a budget flow names it.
+    pub fn asker(&self) -> &str {
+        &self.asker
+    }
+}
+
+impl Request for RequestKey {
+    type Lane = Arc<str>;
+
+    fn lane(&self) -> Arc<str> {
+        self.asker.clone()
     }
 }
 
 impl std::fmt::Display for RequestKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.id)
     }
 }
 

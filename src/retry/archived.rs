@@ -28,8 +28,9 @@ use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
-use crate::protocol::request::RetryPhase;
+use crate::protocol::request::{RetryPhase, workflowretry_token};
 use crate::retry::object::ObjectStatus;
+use crate::telemetry::metrics::{RetryKind, Step as Metered};
 
 /// Why an archived retry did not (yet) create its workflow.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +101,7 @@ fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ArchivedError {
     move |source| ArchivedError::Api { what, source }
 }
 
-/// The steps of an archived retry, as the status and the metric name them.
+/// The steps of an archived retry, as the status names them.
 #[derive(Clone, Copy, Debug)]
 enum Step {
     Read,
@@ -110,17 +111,8 @@ enum Step {
 }
 
 impl Step {
-    fn as_str(self) -> &'static str {
-        match self {
-            Step::Read => "read",
-            Step::Plan => "plan",
-            Step::Delete => "delete",
-            Step::Create => "create",
-        }
-    }
-
-    /// Records that the step took `elapsed`: in the request's status (visible
-    /// at its next write) and in the step histogram.
+    /// Records that the step took `elapsed` in the request's status (visible
+    /// at its next write).
     fn took(self, status: &mut ObjectStatus<'_>, elapsed: Duration) {
         // Milliseconds are plenty, and keep the status readable.
         let seconds = Some(elapsed.as_millis() as f64 / 1000.0);
@@ -131,10 +123,6 @@ impl Step {
             Step::Delete => shown.delete_seconds = seconds,
             Step::Create => shown.create_seconds = seconds,
         }
-        status
-            .ctx
-            .metrics
-            .observe_archived_step(self.as_str(), elapsed);
     }
 }
 
@@ -154,18 +142,9 @@ pub async fn run(
     let namespace = status.namespace();
     let started = Instant::now();
 
-    let step = Instant::now();
-    let archived = database
-        .archived_workflow(uid)
-        .await
-        .map_err(|source| ArchivedError::Read {
-            uid: uid.to_owned(),
-            source,
-        })?
-        .ok_or_else(|| ArchivedError::UnknownUid {
-            uid: uid.to_owned(),
-        })?;
-    Step::Read.took(status, step.elapsed());
+    let step = ctx.metrics.step(RetryKind::Archived, Metered::Read);
+    let archived = read(database, uid).await?;
+    Step::Read.took(status, step.done());
     let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
     if archived_namespace != namespace {
         return Err(ArchivedError::OtherNamespace {
@@ -192,18 +171,43 @@ pub async fn run(
         return Ok(());
     }
 
-    let step = Instant::now();
+    let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
     let options = ctx
         .config
         .plan_options(status.object.spec.options(), database.offloads());
-    let (_, planned) = crate::retry::plan_off_thread(archived, options).await;
-    let planned = planned?;
-    Step::Plan.took(status, step.elapsed());
+    let mut planned = crate::retry::plan_off_thread(archived, options.clone()).await?;
+    Step::Plan.took(status, step.done());
+    let pods = planned.pods_to_delete.len();
+    let _admitted = match ctx.admission.try_admit(pods) {
+        Some(admitted) => admitted,
+        None => {
+            // Wait holding nothing of the workflow, then read and plan it again.
+            drop(planned);
+            status.status.phase = Some(RetryPhase::Pending);
+            status.status.message = ctx.admission.waiting_message(pods);
+            status.write().await.map_err(api(format!(
+                "writing the status of WorkflowRetry {namespace}/{}",
+                status.name()
+            )))?;
+            let admitted = tokio::select! {
+                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                admitted = ctx.admission.admit(pods) => admitted,
+            };
+            let archived = read(database, uid).await?;
+            planned = crate::retry::plan_off_thread(archived, options).await?;
+            status.status.message.clear();
+            admitted
+        }
+    };
 
-    let step = Instant::now();
+    let step = ctx.metrics.step(RetryKind::Archived, Metered::Delete);
     let mut deletion = Deletion::new(
         &ctx.engine,
-        RequestKey::retry(&namespace, &status.uid(), "archived"),
+        RequestKey::retry(
+            &namespace,
+            &status.uid(),
+            &workflowretry_token(&status.uid()),
+        ),
         &namespace,
         &name,
         ctx.config.drive(),
@@ -213,9 +217,9 @@ pub async fn run(
     status.status.pods_total = deletion.count().total as u64;
     deletion.run(&mut Deleting(status), stop).await?;
     status.status.pods_deleted = deletion.count().deleted as u64;
-    Step::Delete.took(status, step.elapsed());
+    Step::Delete.took(status, step.done_confirmed(deletion.confirm_took()));
 
-    let step = Instant::now();
+    let step = ctx.metrics.step(RetryKind::Archived, Metered::Create);
     status.status.phase = Some(RetryPhase::Committing);
     status.write().await.map_err(api(format!(
         "writing the status of WorkflowRetry {namespace}/{}",
@@ -247,7 +251,7 @@ pub async fn run(
     if let Some(version) = offload::offloaded_version(&workflow) {
         copy_offloaded(database, uid, &created, &namespace, version).await?;
     }
-    Step::Create.took(status, step.elapsed());
+    Step::Create.took(status, step.done());
     let timings = status.status.timings.unwrap_or_default();
     let seconds = |s: Option<f64>| s.unwrap_or_default();
     info!(
@@ -267,6 +271,20 @@ pub async fn run(
         seconds(timings.create_seconds),
     );
     Ok(())
+}
+
+/// Archived workflow `uid` as Argo's archive has it.
+async fn read(database: &dyn ArgoDatabase, uid: &str) -> Result<Workflow, ArchivedError> {
+    database
+        .archived_workflow(uid)
+        .await
+        .map_err(|source| ArchivedError::Read {
+            uid: uid.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ArchivedError::UnknownUid {
+            uid: uid.to_owned(),
+        })
 }
 
 /// The WorkflowRetry's status as the deletion's sink: the phase is written

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::{Api, GetParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -21,13 +21,16 @@ use tracing::{info, warn};
 use crate::argo::offload::{self, OffloadError};
 use crate::argo::plan::{Plan, PlanError};
 use crate::argo::workflow::{Workflow, labels};
+use crate::engine::budget::asking;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
+use crate::retry::admission::Admitted;
 use crate::retry::report::{self, Ending, Events, Report};
+use crate::telemetry::metrics::{RetryKind, Step};
 
 /// The workflow and request a retry works on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -141,18 +144,24 @@ pub async fn run(
     shutdown: &CancellationToken,
 ) -> Result<Finished, RetryError> {
     let started = Instant::now();
-    let mut job = Job::new(ctx, target);
-    let result = job.run(shutdown).await;
-    drop(job.deletion.take());
-    let grace = async {
-        shutdown.cancelled().await;
-        tokio::time::sleep(REPORT_GRACE).await;
-    };
-    tokio::select! {
-        _ = job.report(&result, started) => {}
-        _ = grace => warn!(workflow = target.name, namespace = target.namespace, "stopping before the end of the retry was reported"),
-    }
-    result
+    // Its API requests take turns with other askers' in its namespace.
+    let asker = target.key().asker().into();
+    asking(asker, async {
+        let mut job = Job::new(ctx, target);
+        let result = job.run(shutdown).await;
+        drop(job.deletion.take());
+        drop(job.admitted.take());
+        let grace = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(REPORT_GRACE).await;
+        };
+        tokio::select! {
+            _ = job.report(&result, started) => {}
+            _ = grace => warn!(workflow = target.name, namespace = target.namespace, "stopping before the end of the retry was reported"),
+        }
+        result
+    })
+    .await
 }
 
 /// Ends `target`'s request Failed after it panicked: its status says so and
@@ -171,6 +180,8 @@ struct Job<'a> {
     target: &'a Target,
     /// Created at the first plan; kept across re-plans.
     deletion: Option<Deletion>,
+    /// Its share of the bound on pods in deletion at once, from its first plan on.
+    admitted: Option<Admitted>,
     status: Annotation<'a>,
     /// The RetryStarted Event being sent.
     announcing: Option<tokio::task::JoinHandle<()>>,
@@ -182,6 +193,7 @@ impl<'a> Job<'a> {
             ctx,
             target,
             deletion: None,
+            admitted: None,
             status: Annotation::new(ctx, target),
             announcing: None,
         }
@@ -242,6 +254,7 @@ impl<'a> Job<'a> {
     /// Reads, plans, deletes and commits, again after each conflict (up to
     /// [`MAX_CONFLICTS`]).
     async fn run(&mut self, shutdown: &CancellationToken) -> Result<Finished, RetryError> {
+        let metrics = &self.ctx.metrics;
         let mut conflicts = 0;
         let mut backoff = CONFLICT_BACKOFF;
         loop {
@@ -251,12 +264,14 @@ impl<'a> Job<'a> {
                 _ = shutdown.cancelled() => return Err(DeleteError::Stopped.into()),
                 p = self.prepare(shutdown) => p?,
             };
-            let Some((wf, plan)) = prepared else {
+            let Some(plan) = prepared else {
                 return Ok(Finished::AlreadyObserved);
             };
             if !self.status.stale {
-                match self.status.commit(wf, plan).await {
+                let commit = metrics.step(RetryKind::Live, Step::Commit);
+                match self.status.commit(plan).await {
                     Ok(()) => {
+                        commit.done();
                         let removed = self.deletion.as_ref().map_or(0, Deletion::removed);
                         return Ok(Finished::Retried {
                             pods_deleted: removed,
@@ -283,38 +298,64 @@ impl<'a> Job<'a> {
             // the read at once, leaving a writer the least time to come
             // between them.
             if let Some(deletion) = self.deletion.as_mut() {
+                let delete = metrics.step(RetryKind::Live, Step::Delete);
                 deletion.run(&mut self.status, shutdown).await?;
+                delete.done_confirmed(deletion.confirm_took());
             }
         }
     }
 
     /// Reads and plans the workflow and deletes the plan's pods; `None` if the
     /// request is already answered.
-    async fn prepare(
-        &mut self,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<(Workflow, Plan)>, RetryError> {
-        let Some(mut wf) = self.status.read().await? else {
-            return Ok(None);
+    async fn prepare(&mut self, shutdown: &CancellationToken) -> Result<Option<Plan>, RetryError> {
+        let metrics = &self.ctx.metrics;
+        let plan = loop {
+            let read = metrics.step(RetryKind::Live, Step::Read);
+            let Some(mut wf) = self.status.read().await? else {
+                return Ok(None);
+            };
+            offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
+            read.done();
+            // Announced once the workflow confirms the request is pending: a
+            // late watch event about a finished request says nothing.
+            if self.announcing.is_none() {
+                info!(
+                    workflow = self.target.name,
+                    namespace = self.target.namespace,
+                    token = self.target.token,
+                    "retry started"
+                );
+                // Off the retry's path; the request's last Event waits for it.
+                self.announcing = Some(tokio::spawn(self.status.events.publish(
+                    kube::runtime::events::EventType::Normal,
+                    report::reasons::STARTED,
+                    format!("rewind started retry request {}", self.target.token),
+                )));
+            }
+            // The workflow as read is not kept: the plan holds the one copy of its nodes.
+            let planning = metrics.step(RetryKind::Live, Step::Plan);
+            let plan = self.plan(wf).await?;
+            planning.done();
+            if self.admitted.is_some() {
+                break plan;
+            }
+            let pods = plan.pods_to_delete.len();
+            let admission = &self.ctx.admission;
+            if let Some(admitted) = admission.try_admit(pods) {
+                self.admitted = Some(admitted);
+                break plan;
+            }
+            // Wait holding nothing of the workflow, then read and plan it again: it may
+            // have changed meanwhile.
+            drop(plan);
+            self.status
+                .waiting(&admission.waiting_message(pods))
+                .await?;
+            self.admitted = Some(tokio::select! {
+                _ = shutdown.cancelled() => return Err(DeleteError::Stopped.into()),
+                admitted = admission.admit(pods) => admitted,
+            });
         };
-        offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
-        // Announced once the workflow confirms the request is pending: a
-        // late watch event about a finished request says nothing.
-        if self.announcing.is_none() {
-            info!(
-                workflow = self.target.name,
-                namespace = self.target.namespace,
-                token = self.target.token,
-                "retry started"
-            );
-            // Off the retry's path; the request's last Event waits for it.
-            self.announcing = Some(tokio::spawn(self.status.events.publish(
-                kube::runtime::events::EventType::Normal,
-                report::reasons::STARTED,
-                format!("rewind started retry request {}", self.target.token),
-            )));
-        }
-        let (wf, plan) = self.plan(wf).await?;
         let deletion = self.deletion.get_or_insert_with(|| {
             Deletion::new(
                 &self.ctx.engine,
@@ -327,15 +368,17 @@ impl<'a> Job<'a> {
         deletion.plan(plan.pods_to_delete.iter().cloned(), &plan.pod_nodes);
         self.status.status.pods_total = deletion.count().total as u64;
         if !deletion.confirmed() {
+            let delete = metrics.step(RetryKind::Live, Step::Delete);
             deletion.run(&mut self.status, shutdown).await?;
+            delete.done_confirmed(deletion.confirm_took());
         }
         self.status.counted(&deletion.count());
-        Ok(Some((wf, plan)))
+        Ok(Some(plan))
     }
 
     /// Plans the retry the annotations ask for, off the async workers (a
     /// large workflow takes a while to decompress and plan).
-    async fn plan(&mut self, wf: Workflow) -> Result<(Workflow, Plan), RetryError> {
+    async fn plan(&mut self, wf: Workflow) -> Result<Plan, RetryError> {
         let empty = BTreeMap::new();
         let annotations = wf.metadata.annotations.as_ref().unwrap_or(&empty);
         let request = match request::pending(annotations) {
@@ -351,8 +394,7 @@ impl<'a> Job<'a> {
             .ctx
             .config
             .plan_options(request.options, self.ctx.offloading().is_some());
-        let (wf, plan) = crate::retry::plan_off_thread(wf, options).await;
-        Ok((wf, plan?))
+        Ok(crate::retry::plan_off_thread(wf, options).await?)
     }
 }
 
@@ -441,6 +483,17 @@ impl<'a> Annotation<'a> {
         self.was_completed = wf.label(labels::COMPLETED) == Some("true");
     }
 
+    /// Says the request waits for room under the bound (a write of the
+    /// status annotation alone).
+    async fn waiting(&mut self, message: &str) -> Result<(), RetryError> {
+        self.status.phase = RetryPhase::Pending;
+        self.status.message = message.to_owned();
+        self.patch_status(false, false).await.map_err(api(format!(
+            "writing the status of the retry of workflow {}/{}",
+            self.target.namespace, self.target.name
+        )))
+    }
+
     /// Takes the deletion's count into the status.
     fn counted(&mut self, count: &Count) {
         self.status.pods_total = count.total as u64;
@@ -452,16 +505,13 @@ impl<'a> Annotation<'a> {
 
     /// Writes the reset workflow, the observed token and the final status in
     /// one update that fails if the workflow changed since it was read.
-    async fn commit(&mut self, wf: Workflow, plan: Plan) -> Result<(), RetryError> {
+    async fn commit(&mut self, plan: Plan) -> Result<(), RetryError> {
         self.status.phase = RetryPhase::Committing;
         let mut reset = plan.workflow;
         if let Some(db) = self.ctx.offloading() {
             self.ctx.dehydrate(db, &mut reset).await?;
         }
-        reset.metadata.resource_version = self
-            .resource_version
-            .clone()
-            .or(wf.metadata.resource_version);
+        reset.metadata.resource_version = self.resource_version.clone();
         // The final status goes with the reset; until it is written, the
         // request is Committing (what a progress write after a conflict says).
         let done = RetryStatus {
@@ -572,16 +622,12 @@ impl<'a> Annotation<'a> {
             return Ok(());
         }
         self.last_check = Instant::now();
-        // From the API server's watch cache (resourceVersion 0): a read from etcd would
-        // decode the whole workflow, a megabyte at 20,000 pods, while the server deletes.
+        // From the controller's own watch cache: no request at all, however many retries
+        // run (the watch is milliseconds behind; the commit's precondition is exact).
         let meta = self
-            .workflows()
-            .get_metadata_opt_with(&self.target.name, &GetParams::any())
-            .await
-            .map_err(api(format!(
-                "reading workflow {}/{}",
-                self.target.namespace, self.target.name
-            )))?;
+            .ctx
+            .workflows
+            .get(&self.target.namespace, &self.target.name);
         let Some(meta) =
             meta.filter(|m| m.metadata.uid.as_deref() == Some(self.target.uid.as_str()))
         else {

@@ -2,6 +2,7 @@
 //! retry, and a WorkflowRetry object serving either; [`report`] tells the
 //! user how each ends, in one way for all.
 
+pub mod admission;
 pub mod archived;
 pub mod cache;
 pub mod live;
@@ -46,6 +47,8 @@ pub struct RetryConfig {
     pub always_offload_node_status: bool,
     /// The most bytes a workflow's `compressedNodes` may inflate to.
     pub max_nodes_size: usize,
+    /// Planned pods in deletion at once, across retries.
+    pub max_pods_in_flight: usize,
 }
 
 impl Default for RetryConfig {
@@ -60,6 +63,7 @@ impl Default for RetryConfig {
             terminating_poll: Duration::from_millis(500),
             always_offload_node_status: false,
             max_nodes_size: plan::compress::DEFAULT_MAX_NODES_SIZE,
+            max_pods_in_flight: admission::DEFAULT_MAX_PODS,
         }
     }
 }
@@ -125,6 +129,8 @@ pub struct Context {
     pub scope: Scope,
     /// The watched workflows' metadata.
     pub workflows: Arc<cache::WorkflowCache>,
+    /// The bound on planned pods in deletion at once.
+    pub admission: admission::Admission,
     pub metrics: Arc<Metrics>,
     /// Argo's database, when its persistence is configured: archived
     /// workflows and offloaded node status.
@@ -171,15 +177,8 @@ impl Context {
 pub async fn plan_off_thread(
     wf: crate::argo::workflow::Workflow,
     options: RetryOptions,
-) -> (
-    crate::argo::workflow::Workflow,
-    Result<plan::Plan, plan::PlanError>,
-) {
-    let planned = tokio::task::spawn_blocking(move || {
-        let plan = plan::plan_retry(&wf, &options);
-        (wf, plan)
-    })
-    .await;
+) -> Result<plan::Plan, plan::PlanError> {
+    let planned = tokio::task::spawn_blocking(move || plan::plan_retry(&wf, &options)).await;
     match planned {
         Ok(planned) => planned,
         Err(e) => match e.try_into_panic() {

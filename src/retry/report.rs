@@ -209,6 +209,24 @@ mod tests {
     }
 
     #[test]
+    fn every_result_label_is_one_the_metrics_create_up_front() {
+        for ending in [
+            Ending::Succeeded(String::new()),
+            Ending::Failed(String::new()),
+            Ending::Retrying(String::new()),
+            Ending::Interrupted,
+            Ending::AlreadyAnswered,
+            Ending::Gone,
+        ] {
+            let label = ending.metric_label();
+            assert!(
+                crate::telemetry::metrics::RESULTS.contains(&label),
+                "{label}"
+            );
+        }
+    }
+
+    #[test]
     fn truncation_keeps_whole_characters() {
         assert_eq!(truncate("abc".into(), 5), "abc");
         assert_eq!(truncate("aé".into(), 2), "a");

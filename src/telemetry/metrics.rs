@@ -1,18 +1,105 @@
-//! Prometheus metrics, served on `/metrics` in the text exposition format.
+//! Prometheus metrics, served on `/metrics` in the OpenMetrics text format.
+//!
+//! Every label has a fixed, small set of values (no workflow or namespace
+//! names), and every series a dashboard or alert reads is created at zero up
+//! front: `increase()` and `rate()` then see a request's first observation,
+//! and a panel shows 0 rather than "no data" before anything happened.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::engine::budget::{Bucket, BudgetObserver, Verb};
+use crate::engine::budget::{Bucket, BudgetConfig, BudgetObserver, Verb};
 use crate::engine::queue::QueueDepths;
+use crate::telemetry::process::ProcessCollector;
+
+/// The `result` label values of `rewind_retry_duration_seconds` (what
+/// `retry::report::Ending::metric_label` gives).
+pub const RESULTS: [&str; 5] = [
+    "succeeded",
+    "failed",
+    "transient_error",
+    "interrupted",
+    "already_observed",
+];
+
+/// Which flow a retry runs: the `kind` label of the step metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryKind {
+    /// A workflow in the cluster (an annotation, or a WorkflowRetry naming it).
+    Live,
+    /// A workflow from Argo's archive (a WorkflowRetry naming its UID).
+    Archived,
+}
+
+impl RetryKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            RetryKind::Live => "live",
+            RetryKind::Archived => "archived",
+        }
+    }
+
+    /// The steps a retry of this kind goes through, in order.
+    fn steps(self) -> [Step; 5] {
+        let last = match self {
+            RetryKind::Live => Step::Commit,
+            RetryKind::Archived => Step::Create,
+        };
+        [Step::Read, Step::Plan, Step::Delete, Step::Confirm, last]
+    }
+}
+
+/// A step of a retry: the `step` label of the step metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Reading the workflow (live: from the API server, with offloaded
+    /// nodes; archived: the archive's row).
+    Read,
+    /// Planning the retry (Argo's rules).
+    Plan,
+    /// Deleting the plan's pods: lists, delete requests, and waits for pods
+    /// that terminate gracefully.
+    Delete,
+    /// The last list of the deletion, the one that found every plan pod gone.
+    Confirm,
+    /// Writing the reset workflow (live).
+    Commit,
+    /// Creating the workflow anew (archived).
+    Create,
+}
+
+impl Step {
+    fn as_str(self) -> &'static str {
+        match self {
+            Step::Read => "read",
+            Step::Plan => "plan",
+            Step::Delete => "delete",
+            Step::Confirm => "confirm",
+            Step::Commit => "commit",
+            Step::Create => "create",
+        }
+    }
+}
+
+/// The container's resource limits, as the downward API gives them (the
+/// chart sets them); without them the memory and CPU limit gauges are not
+/// exported, rather than exported as 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ContainerLimits {
+    pub memory_bytes: Option<u64>,
+    pub cpu_cores: Option<f64>,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
@@ -47,8 +134,85 @@ struct KindLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StepLabels {
-    /// read, plan, delete or create.
+    /// live or archived.
+    kind: &'static str,
+    /// read, plan, delete, confirm, commit (live) or create (archived).
     step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IdentityLabels {
+    /// The replica's name in the Lease (its pod's name): one value per
+    /// replica, so bounded.
+    identity: String,
+}
+
+const BUCKETS: [Bucket; 2] = [Bucket::Read, Bucket::Write];
+
+/// Creates the series of `labels` in `family`, at zero.
+fn start_at_zero<S, M, C>(family: &Family<S, M, C>, labels: &S)
+where
+    S: Clone + std::hash::Hash + Eq,
+    C: MetricConstructor<M>,
+{
+    drop(family.get_or_create(labels));
+}
+
+/// A bucket's place in per-bucket arrays.
+fn slot(bucket: Bucket) -> usize {
+    match bucket {
+        Bucket::Read => 0,
+        Bucket::Write => 1,
+    }
+}
+
+/// The most tokens a budget bucket gave out within one second, over the
+/// last minute. A minute, longer than any scrape interval, so no peak falls
+/// between two scrapes.
+#[derive(Debug)]
+struct BusiestSecond {
+    /// When tokens were taken in the last second, oldest first: at most
+    /// burst + qps of them (see `engine::budget`).
+    recent: VecDeque<Instant>,
+    /// For each of the last 60 seconds (since `origin`, modulo 60): that
+    /// second, and the most tokens a one-second window ending in it held.
+    peaks: [(u64, u64); 60],
+}
+
+impl BusiestSecond {
+    fn new() -> Self {
+        BusiestSecond {
+            recent: VecDeque::new(),
+            peaks: [(0, 0); 60],
+        }
+    }
+
+    fn took(&mut self, now: Instant, origin: Instant) {
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= Duration::from_secs(1))
+        {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(now);
+        let second = now.duration_since(origin).as_secs();
+        let peak = &mut self.peaks[(second % 60) as usize];
+        if peak.0 != second {
+            *peak = (second, 0);
+        }
+        peak.1 = peak.1.max(self.recent.len() as u64);
+    }
+
+    fn busiest(&self, now: Instant, origin: Instant) -> u64 {
+        let second = now.duration_since(origin).as_secs();
+        self.peaks
+            .iter()
+            .filter(|(at, _)| second - at < 60)
+            .map(|(_, peak)| *peak)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Every metric rewind exports.
@@ -57,13 +221,20 @@ pub struct Metrics {
     queue_depth: Family<QueueLabels, Gauge>,
     api_requests: Family<RequestLabels, Counter>,
     token_wait: Family<BucketLabels, Counter<f64, AtomicU64>>,
+    tokens: Family<BucketLabels, Counter>,
+    busiest_second: Family<BucketLabels, Gauge>,
+    busiest: Mutex<[BusiestSecond; 2]>,
+    /// Where the busiest-second windows count their seconds from.
+    origin: Instant,
     pauses: Family<BucketLabels, Counter>,
     pause_seconds: Family<BucketLabels, Counter<f64, AtomicU64>>,
     in_flight: Gauge,
     pods_deleted: Counter,
     retry_duration: Family<ResultLabels, Histogram>,
-    archived_step: Family<StepLabels, Histogram>,
+    step_seconds: Family<StepLabels, Histogram>,
+    in_progress: Family<StepLabels, Gauge>,
     leader: Gauge,
+    leader_changes: Counter,
     panics: Family<KindLabels, Counter>,
     /// Plain totals beside the families, which are costly to sum.
     requests_total: AtomicU64,
@@ -88,9 +259,14 @@ impl std::ops::Sub for RequestCounts {
     }
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("rewind");
+impl Metrics {
+    /// The metrics of the replica named `identity`, which spends `budget`
+    /// and runs within `limits`.
+    pub fn new(identity: &str, budget: &BudgetConfig, limits: ContainerLimits) -> Self {
+        let mut root = Registry::default();
+        // The process metrics keep the names every Prometheus client gives them.
+        root.register_collector(Box::new(ProcessCollector));
+        let registry = root.sub_registry_with_prefix("rewind");
         let queue_depth = Family::<QueueLabels, Gauge>::default();
         registry.register(
             "queue_depth",
@@ -109,6 +285,37 @@ impl Default for Metrics {
             "Seconds API requests spent waiting for a budget token, by bucket (read or write)",
             token_wait.clone(),
         );
+        let tokens = Family::<BucketLabels, Counter>::default();
+        registry.register(
+            "api_tokens",
+            "Tokens taken from each budget bucket (one per API request sent), by bucket",
+            tokens.clone(),
+        );
+        let busiest_second = Family::<BucketLabels, Gauge>::default();
+        registry.register(
+            "api_tokens_busiest_second",
+            "The most tokens taken from a budget bucket within one second, over the last minute (at most qps + burst)",
+            busiest_second.clone(),
+        );
+        let qps = Family::<BucketLabels, Gauge>::default();
+        registry.register(
+            "api_budget_qps",
+            "Tokens each budget bucket refills per second (--qps, --read-qps)",
+            qps.clone(),
+        );
+        let burst = Family::<BucketLabels, Gauge>::default();
+        registry.register(
+            "api_budget_burst",
+            "Tokens each budget bucket holds at most (--burst, --read-burst)",
+            burst.clone(),
+        );
+        for (bucket, rate) in [(Bucket::Read, budget.reads), (Bucket::Write, budget.writes)] {
+            let labels = BucketLabels {
+                bucket: bucket.as_str(),
+            };
+            qps.get_or_create(&labels).set(rate.qps.get().into());
+            burst.get_or_create(&labels).set(rate.burst.get().into());
+        }
         let pauses = Family::<BucketLabels, Counter>::default();
         registry.register(
             "api_pauses",
@@ -121,6 +328,16 @@ impl Default for Metrics {
             "Seconds of the pauses the API server ordered with Retry-After, by bucket",
             pause_seconds.clone(),
         );
+        for bucket in BUCKETS {
+            let labels = BucketLabels {
+                bucket: bucket.as_str(),
+            };
+            start_at_zero(&token_wait, &labels);
+            start_at_zero(&tokens, &labels);
+            start_at_zero(&busiest_second, &labels);
+            start_at_zero(&pauses, &labels);
+            start_at_zero(&pause_seconds, &labels);
+        }
         let in_flight = Gauge::default();
         registry.register(
             "api_requests_in_flight",
@@ -143,48 +360,107 @@ impl Default for Metrics {
             "Seconds from picking up a retry request to its end, by result",
             retry_duration.clone(),
         );
-        let archived_step = Family::<StepLabels, Histogram>::new_with_constructor(|| {
+        for result in RESULTS {
+            start_at_zero(&retry_duration, &ResultLabels { result });
+        }
+        let step_seconds = Family::<StepLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([
                 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
             ])
         });
         registry.register(
-            "archived_retry_step_seconds",
-            "Seconds each step of an archived retry took, by step (read, plan, delete, create)",
-            archived_step.clone(),
+            "retry_step_seconds",
+            "Seconds each step of a retry took, by kind (live, archived) and step (read, plan, delete, confirm, commit, create)",
+            step_seconds.clone(),
         );
+        let in_progress = Family::<StepLabels, Gauge>::default();
+        registry.register(
+            "retries_in_progress",
+            "Retries in progress, by kind (live, archived) and the step each is in (read, plan, delete, commit, create; delete includes its confirming list)",
+            in_progress.clone(),
+        );
+        for kind in [RetryKind::Live, RetryKind::Archived] {
+            for step in kind.steps() {
+                let labels = StepLabels {
+                    kind: kind.as_str(),
+                    step: step.as_str(),
+                };
+                start_at_zero(&step_seconds, &labels);
+                if step != Step::Confirm {
+                    start_at_zero(&in_progress, &labels);
+                }
+            }
+        }
         let leader = Gauge::default();
         registry.register(
             "leader",
             "1 while this replica works (holds the lease, or runs without leader election), 0 while it stands by",
             leader.clone(),
         );
+        let leader_changes = Counter::default();
+        registry.register(
+            "leader_changes",
+            "Times this replica started or stopped working as the leader",
+            leader_changes.clone(),
+        );
+        registry.register(
+            "replica",
+            "This replica's identity (its name in the Lease); rewind_leader says whether it leads",
+            Info::new(IdentityLabels {
+                identity: identity.to_owned(),
+            }),
+        );
+        if let Some(bytes) = limits.memory_bytes {
+            let limit = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+            limit.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            registry.register(
+                "memory_limit_bytes",
+                "The container's memory limit (--memory-limit; the chart sets it from the downward API)",
+                limit,
+            );
+        }
+        if let Some(cores) = limits.cpu_cores {
+            let limit = Gauge::<f64, AtomicU64>::default();
+            limit.set(cores);
+            registry.register(
+                "cpu_limit_cores",
+                "The container's CPU limit in cores (--cpu-limit; the chart sets it from the downward API)",
+                limit,
+            );
+        }
         let panics = Family::<KindLabels, Counter>::default();
         registry.register(
             "request_panics",
             "Requests that panicked and were ended Failed, by kind (workflow, workflowretry); each is a bug to report",
             panics.clone(),
         );
+        for kind in ["workflow", "workflowretry"] {
+            start_at_zero(&panics, &KindLabels { kind });
+        }
         Metrics {
-            registry,
+            registry: root,
             panics,
             leader,
+            leader_changes,
             queue_depth,
             api_requests,
             token_wait,
+            tokens,
+            busiest_second,
+            busiest: Mutex::new([BusiestSecond::new(), BusiestSecond::new()]),
+            origin: Instant::now(),
             pauses,
             pause_seconds,
             in_flight,
             pods_deleted,
             retry_duration,
-            archived_step,
+            step_seconds,
+            in_progress,
             requests_total: AtomicU64::new(0),
             mutating_total: AtomicU64::new(0),
         }
     }
-}
 
-impl Metrics {
     /// The text exposition, with queue depths as of `queue`.
     pub fn encode(&self, queue: QueueDepths) -> String {
         for (class, depths) in [
@@ -201,6 +477,16 @@ impl Metrics {
                     .set(depth as i64);
             }
         }
+        let busiest = self.busiest.lock().unwrap_or_else(PoisonError::into_inner);
+        for bucket in BUCKETS {
+            let peak = busiest[slot(bucket)].busiest(Instant::now(), self.origin);
+            self.busiest_second
+                .get_or_create(&BucketLabels {
+                    bucket: bucket.as_str(),
+                })
+                .set(i64::try_from(peak).unwrap_or(i64::MAX));
+        }
+        drop(busiest);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");
@@ -213,10 +499,28 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// One step of an archived retry ended: `step` is read, plan, delete or create.
-    pub fn observe_archived_step(&self, step: &'static str, elapsed: Duration) {
-        self.archived_step
-            .get_or_create(&StepLabels { step })
+    /// A retry of `kind` starts `step`: it counts as in progress until the
+    /// returned timer is dropped, and its time is observed when the timer
+    /// says the step is done (a step that fails is not timed).
+    pub fn step(&self, kind: RetryKind, step: Step) -> StepTimer<'_> {
+        let labels = StepLabels {
+            kind: kind.as_str(),
+            step: step.as_str(),
+        };
+        self.in_progress.get_or_create(&labels).inc();
+        StepTimer {
+            metrics: self,
+            labels,
+            started: Instant::now(),
+        }
+    }
+
+    fn observe_step(&self, kind: &'static str, step: Step, elapsed: Duration) {
+        self.step_seconds
+            .get_or_create(&StepLabels {
+                kind,
+                step: step.as_str(),
+            })
             .observe(elapsed.as_secs_f64());
     }
 
@@ -233,7 +537,49 @@ impl Metrics {
     }
 
     pub fn set_leader(&self, leading: bool) {
-        self.leader.set(leading.into());
+        let was = self.leader.set(leading.into());
+        if was != i64::from(leading) {
+            self.leader_changes.inc();
+        }
+    }
+}
+
+/// A step of one retry in progress; see [`Metrics::step`].
+pub struct StepTimer<'m> {
+    metrics: &'m Metrics,
+    labels: StepLabels,
+    started: Instant,
+}
+
+impl StepTimer<'_> {
+    /// The step ended: its time goes into `rewind_retry_step_seconds`.
+    /// Returns that time.
+    pub fn done(self) -> Duration {
+        let elapsed = self.started.elapsed();
+        self.metrics
+            .step_seconds
+            .get_or_create(&self.labels)
+            .observe(elapsed.as_secs_f64());
+        elapsed
+    }
+
+    /// A delete step ended, its last `confirm` spent on the list that found
+    /// every pod gone: that part is the confirm step, the rest the delete.
+    /// Returns the whole time.
+    pub fn done_confirmed(self, confirm: Duration) -> Duration {
+        let elapsed = self.started.elapsed();
+        let confirm = confirm.min(elapsed);
+        let kind = self.labels.kind;
+        self.metrics
+            .observe_step(kind, Step::Delete, elapsed - confirm);
+        self.metrics.observe_step(kind, Step::Confirm, confirm);
+        elapsed
+    }
+}
+
+impl Drop for StepTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_progress.get_or_create(&self.labels).dec();
     }
 }
 
@@ -250,6 +596,16 @@ impl BudgetObserver for Metrics {
                 bucket: bucket.as_str(),
             })
             .inc_by(waited.as_secs_f64());
+    }
+
+    fn token_taken(&self, bucket: Bucket) {
+        self.tokens
+            .get_or_create(&BucketLabels {
+                bucket: bucket.as_str(),
+            })
+            .inc();
+        self.busiest.lock().unwrap_or_else(PoisonError::into_inner)[slot(bucket)]
+            .took(Instant::now(), self.origin);
     }
 
     fn in_flight(&self, requests: usize) {
@@ -286,15 +642,26 @@ mod tests {
     use super::*;
     use crate::engine::queue::ClassDepths;
 
+    fn metrics(limits: ContainerLimits) -> Metrics {
+        Metrics::new("rewind-a", &BudgetConfig::default(), limits)
+    }
+
     #[test]
     fn exposition_has_every_family() {
-        let m = Metrics::default();
+        let m = metrics(ContainerLimits {
+            memory_bytes: Some(512 << 20),
+            cpu_cores: Some(0.5),
+        });
         m.response(Verb::Delete, Some(StatusCode::OK));
         m.response(Verb::Delete, None);
         m.token_wait(Bucket::Write, Duration::from_millis(250));
+        m.token_taken(Bucket::Write);
+        m.token_taken(Bucket::Write);
         m.paused(Bucket::Write, Duration::from_secs(1));
         m.observe_retry("succeeded", Duration::from_secs(3));
-        m.observe_archived_step("delete", Duration::from_millis(1500));
+        drop(m.step(RetryKind::Live, Step::Read));
+        m.step(RetryKind::Archived, Step::Create).done();
+        let deleting = m.step(RetryKind::Live, Step::Delete);
         crate::engine::Observer::pods_deleted(&m, 5);
         m.set_leader(true);
         m.request_panicked("workflow");
@@ -317,22 +684,54 @@ mod tests {
             r#"rewind_api_requests_total{verb="DELETE",code="200"} 1"#,
             r#"rewind_api_requests_total{verb="DELETE",code="error"} 1"#,
             r#"rewind_api_token_wait_seconds_total{bucket="write"} 0.25"#,
+            r#"rewind_api_tokens_total{bucket="write"} 2"#,
+            r#"rewind_api_tokens_total{bucket="read"} 0"#,
+            r#"rewind_api_tokens_busiest_second{bucket="write"} 2"#,
+            r#"rewind_api_budget_qps{bucket="write"} 20"#,
+            r#"rewind_api_budget_burst{bucket="write"} 30"#,
+            r#"rewind_api_budget_qps{bucket="read"} 50"#,
+            r#"rewind_api_budget_burst{bucket="read"} 100"#,
             r#"rewind_api_pauses_total{bucket="write"} 1"#,
+            r#"rewind_api_pauses_total{bucket="read"} 0"#,
             r#"rewind_api_pause_seconds_total{bucket="write"} 1.0"#,
             r#"rewind_queue_depth{class="interactive",state="ready"} 2"#,
             r#"rewind_queue_depth{class="interactive",state="leased"} 3"#,
             r#"rewind_queue_depth{class="background",state="waiting"} 0"#,
             "rewind_pods_deleted_total 5",
             r#"rewind_retry_duration_seconds_count{result="succeeded"} 1"#,
-            "# TYPE rewind_archived_retry_step_seconds histogram",
-            r#"rewind_archived_retry_step_seconds_sum{step="delete"} 1.5"#,
-            r#"rewind_archived_retry_step_seconds_bucket{le="2.0",step="delete"} 1"#,
-            r#"rewind_archived_retry_step_seconds_bucket{le="1.0",step="delete"} 0"#,
+            r#"rewind_retry_duration_seconds_count{result="transient_error"} 0"#,
+            "# TYPE rewind_retry_step_seconds histogram",
+            // A step dropped unfinished is not timed; its series is there from the start.
+            r#"rewind_retry_step_seconds_count{kind="live",step="read"} 0"#,
+            r#"rewind_retry_step_seconds_count{kind="live",step="confirm"} 0"#,
+            r#"rewind_retry_step_seconds_count{kind="archived",step="create"} 1"#,
+            r#"rewind_retry_step_seconds_bucket{le="0.01",kind="archived",step="create"} 1"#,
+            r#"rewind_retries_in_progress{kind="live",step="delete"} 1"#,
+            r#"rewind_retries_in_progress{kind="live",step="read"} 0"#,
+            r#"rewind_retries_in_progress{kind="archived",step="create"} 0"#,
             "rewind_api_requests_in_flight 0",
             "rewind_leader 1",
+            "rewind_leader_changes_total 1",
+            r#"rewind_replica_info{identity="rewind-a"} 1"#,
+            "rewind_memory_limit_bytes 536870912",
+            "rewind_cpu_limit_cores 0.5",
             r#"rewind_request_panics_total{kind="workflow"} 1"#,
+            r#"rewind_request_panics_total{kind="workflowretry"} 0"#,
+            "# TYPE process_cpu_seconds counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_start_time_seconds gauge",
+            "# EOF",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        // Only the steps each kind has, and no in-progress series for the
+        // confirming list, which is part of the delete step.
+        for absent in [
+            r#"kind="live",step="create""#,
+            r#"kind="archived",step="commit""#,
+            r#"rewind_retries_in_progress{kind="live",step="confirm"}"#,
+        ] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
         }
         // One label per idea: no state hides in the class label any more.
         for mixed in [r#"class="waiting""#, r#"class="leased""#] {
@@ -342,9 +741,12 @@ mod tests {
         for family in [
             "api_requests",
             "api_token_wait_seconds",
+            "api_tokens",
             "api_pauses",
             "api_pause_seconds",
             "pods_deleted",
+            "leader_changes",
+            "request_panics",
         ] {
             assert!(
                 text.contains(&format!("# TYPE rewind_{family} counter")),
@@ -355,5 +757,72 @@ mod tests {
                 "{family}\n{text}"
             );
         }
+        drop(deleting);
+        let text = m.encode(QueueDepths::default());
+        assert!(text.contains(r#"rewind_retries_in_progress{kind="live",step="delete"} 0"#));
+    }
+
+    #[test]
+    fn unknown_limits_are_not_exported_as_zero() {
+        let text = metrics(ContainerLimits::default()).encode(QueueDepths::default());
+        for name in ["rewind_memory_limit_bytes", "rewind_cpu_limit_cores"] {
+            assert!(!text.contains(name), "{name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_delete_step_gives_its_last_list_to_the_confirm_step() {
+        let m = metrics(ContainerLimits::default());
+        let delete = m.step(RetryKind::Live, Step::Delete);
+        std::thread::sleep(Duration::from_millis(30));
+        let whole = delete.done_confirmed(Duration::from_millis(10));
+        assert!(whole >= Duration::from_millis(30));
+        let sum = |step: &str| {
+            let text = m.encode(QueueDepths::default());
+            let prefix = format!(r#"rewind_retry_step_seconds_sum{{kind="live",step="{step}"}} "#);
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        };
+        assert_eq!(sum("confirm"), 0.01);
+        assert!((sum("delete") + 0.01 - whole.as_secs_f64()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn leader_changes_count_transitions_only() {
+        let m = metrics(ContainerLimits::default());
+        // A standby starts as one: no change.
+        m.set_leader(false);
+        m.set_leader(true);
+        m.set_leader(true);
+        m.set_leader(false);
+        assert!(
+            m.encode(QueueDepths::default())
+                .contains("rewind_leader_changes_total 2")
+        );
+    }
+
+    #[test]
+    fn the_busiest_second_is_the_fullest_sliding_second_of_the_last_minute() {
+        let origin = Instant::now();
+        let at = |ms: u64| origin + Duration::from_millis(ms);
+        let mut busiest = BusiestSecond::new();
+        assert_eq!(busiest.busiest(at(0), origin), 0);
+        // 30 at once, then one each 50 ms: the second from 0 holds 30 + 19.
+        for _ in 0..30 {
+            busiest.took(at(0), origin);
+        }
+        for i in 1..=40 {
+            busiest.took(at(i * 50), origin);
+        }
+        assert_eq!(busiest.busiest(at(2000), origin), 49);
+        // Slower later: the peak stays for a minute, then is forgotten.
+        for i in 0..10 {
+            busiest.took(at(30_000 + i * 500), origin);
+        }
+        assert_eq!(busiest.busiest(at(59_000), origin), 49);
+        assert_eq!(busiest.busiest(at(63_000), origin), 2);
+        assert_eq!(busiest.busiest(at(120_000), origin), 0);
     }
 }

@@ -69,14 +69,8 @@ impl Version {
 /// Why Argo's controller (or the driver) could not be started or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error(
-        "building Argo's binaries with `bash {script} {target}` failed ({status}); its output is above"
-    )]
-    Build {
-        script: PathBuf,
-        target: String,
-        status: ExitStatus,
-    },
+    #[error(transparent)]
+    Build(#[from] crate::testenv::BuildError),
 
     #[error("{action} {path}: {source}")]
     Io {
@@ -148,31 +142,7 @@ fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
 /// Builds (once; cached under ~/.cache/rewind) what tools/argo/build.sh makes for `target`
 /// (`v4`, `v3` or `peer`) and returns the binary's path.
 pub fn binary(target: &str) -> Result<PathBuf, Error> {
-    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join(BUILD_SCRIPT);
-    let script = if compiled_in.is_file() {
-        compiled_in
-    } else {
-        PathBuf::from(BUILD_SCRIPT)
-    };
-    // stderr is inherited so a cold build's progress is visible.
-    let output = Command::new("bash")
-        .arg(&script)
-        .arg(target)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(io("running", &script))?;
-    if !output.status.success() {
-        return Err(Error::Build {
-            script,
-            target: target.to_owned(),
-            status: output.status,
-        });
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    Ok(PathBuf::from(
-        stdout.lines().last().unwrap_or_default().trim(),
-    ))
+    Ok(crate::testenv::build_tool(BUILD_SCRIPT, &[target])?)
 }
 
 /// How to run the controller.

@@ -281,27 +281,7 @@ impl Router {
 
 /// Installs (once) nginx and Hera (tools/clients/install.sh); the Python that has Hera.
 pub fn hera_python() -> Result<PathBuf, Error> {
-    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join(CLIENTS_SCRIPT);
-    let output = Command::new("bash")
-        .arg(&compiled_in)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(io("running", &compiled_in))?;
-    if !output.status.success() {
-        return Err(Error::Build {
-            script: compiled_in,
-            target: "nginx and hera".into(),
-            status: output.status,
-        });
-    }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim(),
-    ))
+    Ok(crate::testenv::build_tool(CLIENTS_SCRIPT, &[])?)
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! plane built from Go modules ([`localcluster`]), real PostgreSQL and MariaDB
 //! servers ([`db`]), Argo's own workflow-controller ([`argo`]), generators
 //! of failed Argo workloads ([`workload`]), the retry benchmark's
-//! measuring ([`bench`]) and crash trials ([`trials`]). Behind the
+//! measuring ([`bench`]), crash trials ([`trials`]) and Prometheus on
+//! loopback for the dashboard and alerts ([`prometheus`]). Behind the
 //! `testenv` feature, so a reader (or a build) of the controller never
 //! wades through it.
 
@@ -11,5 +12,61 @@ pub mod bench;
 pub mod clients;
 pub mod db;
 pub mod localcluster;
+pub mod prometheus;
 pub mod trials;
 pub mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+/// Why one of tools/*/build.sh did not give its tools.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("running {script}: {source}")]
+    Run {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building with `bash {script} {args}` failed ({status}); its output is above")]
+    Failed {
+        script: PathBuf,
+        args: String,
+        status: ExitStatus,
+    },
+}
+
+/// Runs `bash SCRIPT ARGS...`, one of tools/*/build.sh, which builds its tools from their
+/// modules once and caches them (later runs only check the cache), and returns the last line
+/// it printed: the path of what it built. The script is found beside this crate's manifest,
+/// else under the working directory.
+pub fn build_tool(script: &str, args: &[&str]) -> Result<PathBuf, BuildError> {
+    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join(script);
+    let script = if compiled_in.is_file() {
+        compiled_in
+    } else {
+        PathBuf::from(script)
+    };
+    // stderr is inherited so a cold build's progress is visible.
+    let output = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| BuildError::Run {
+            script: script.clone(),
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(BuildError::Failed {
+            script,
+            args: args.join(" "),
+            status: output.status,
+        });
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Ok(PathBuf::from(
+        stdout.lines().last().unwrap_or_default().trim(),
+    ))
+}

@@ -75,7 +75,7 @@ pub async fn a_workflowretry_needs_what_argo_would_need_of_the_same_user(
     // workflows, so an archived retry is refused by the policy, once it is in force.
     ensure_refused(
         &retries,
-        &archived("archived", "4f1c-0001"),
+        &archived("archived", "4f1c0000-0000-4000-8000-000000000001"),
         &[
             ARCHIVED_REFUSAL,
             &namespace,
@@ -95,9 +95,12 @@ pub async fn a_workflowretry_needs_what_argo_would_need_of_the_same_user(
     // Granted create on workflows, as Argo's own edit role would, the archived retry is admitted.
     let create = rule("argoproj.io", "workflows", &["create"]);
     grant_user(&admin, &namespace, "create-workflows", vec![create]).await?;
-    wait_admitted(&retries, &archived("archived", "4f1c-0001"))
-        .await
-        .context("an archived retry once the user may create workflows")?;
+    wait_admitted(
+        &retries,
+        &archived("archived", "4f1c0000-0000-4000-8000-000000000001"),
+    )
+    .await
+    .context("an archived retry once the user may create workflows")?;
 
     // Now without rewind-retry: WorkflowRetry objects, and patch on one workflow by name.
     Api::<RoleBinding>::namespaced(admin.clone(), &namespace)

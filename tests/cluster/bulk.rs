@@ -21,7 +21,7 @@ const CONCURRENCY: usize = 32;
 
 /// A pod labelled with `workflow` as Argo creates its pods (completed=false), made by someone
 /// else, with phase `phase`.
-async fn unfinished_pod(
+pub async fn unfinished_pod(
     pods: &Api<Pod>,
     name: &str,
     workflow: &str,

@@ -14,6 +14,8 @@ mod budget;
 mod bulk;
 mod bulk_parallel;
 mod cli;
+mod concurrency;
+mod dashboard_png;
 mod db_restart;
 mod faults;
 mod hostile;
@@ -22,6 +24,11 @@ mod install;
 mod kills;
 mod leader;
 mod lifecycle;
+mod monitoring;
+// The chart's dashboard and alerts as files, shared with tests/monitoring.rs.
+#[allow(dead_code)]
+#[path = "../support/monitoring.rs"]
+mod monitoring_files;
 // Argo's retry code as an oracle, shared with the planner's differential test.
 #[allow(dead_code)]
 #[path = "../support/oracle.rs"]
@@ -41,11 +48,16 @@ mod workflowretry_kill;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use futures::future::Either;
 use libtest_mimic::{Arguments, Failed, Trial};
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use tracing_subscriber::EnvFilter;
 
 use support::{Test, namespace_for};
+
+/// The tests that need the control plane to themselves (see `quiet` in `main`).
+const ALONE: &[&str] =
+    &["hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another"];
 
 macro_rules! tests {
     ($($module:ident :: $test:ident),* $(,)?) => {
@@ -120,6 +132,7 @@ fn main() -> ExitCode {
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
         throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
         hostile::malformed_and_oversize_annotations_each_fail_clearly_and_delete_nothing,
+        concurrency::a_retry_past_the_bound_waits_pending_then_both_end_as_planned,
         hostile::workflowretry_fields_past_their_bounds_are_refused_and_at_them_served,
         hostile::a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_small,
         hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another,
@@ -128,7 +141,14 @@ fn main() -> ExitCode {
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
         kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
         kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
+        monitoring::a_scraped_retry_gives_every_panel_data_and_raises_no_alert,
     ];
+    for alone in ALONE {
+        assert!(
+            tests.iter().any(|(name, _)| name == alone),
+            "ALONE names {alone}, which is no test"
+        );
+    }
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
 
     let listed: Vec<Trial> = tests
@@ -158,17 +178,26 @@ fn main() -> ExitCode {
         None
     };
 
+    // Tests that compare times run with the control plane to themselves: the others
+    // take this lock shared, these exclusively, so no other test's load lands in their
+    // figures.
+    let quiet = Arc::new(tokio::sync::RwLock::new(()));
     let trials = tests
         .into_iter()
         .map(|(name, test)| {
             let cluster = cluster.clone();
             let handle = runtime.handle().clone();
+            let quiet = quiet.clone();
             Trial::test(name, move || {
                 let cluster = cluster.ok_or_else(|| {
                     Failed::from("the local control plane did not start (see above)")
                 })?;
                 handle
                     .block_on(async {
+                        let _quiet = match ALONE.contains(&name) {
+                            true => Either::Left(quiet.write().await),
+                            false => Either::Right(quiet.read().await),
+                        };
                         let namespace = namespace_for(name);
                         cluster.create_namespace(&namespace).await?;
                         test(cluster, namespace).await

@@ -19,6 +19,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource as _, ResourceExt as _};
 use rewind::argo::db::{ArgoDatabase, DbError};
+use rewind::argo::plan::compress::Nodes;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::workflowretry_token;
@@ -54,7 +55,7 @@ impl ArgoDatabase for Rows {
         &'a self,
         _uid: &'a str,
         _version: &'a str,
-    ) -> BoxFuture<'a, Result<serde_json::Value, DbError>> {
+    ) -> BoxFuture<'a, Result<Nodes, DbError>> {
         Box::pin(async { Err(no_offload_table()) })
     }
 
@@ -62,7 +63,7 @@ impl ArgoDatabase for Rows {
         &'a self,
         _uid: &'a str,
         _namespace: &'a str,
-        _nodes: &'a serde_json::Value,
+        _nodes: &'a Nodes,
     ) -> BoxFuture<'a, Result<String, DbError>> {
         Box::pin(async { Err(no_offload_table()) })
     }

@@ -371,8 +371,7 @@ async fn hydrate(
     let database =
         database.context("the workflow's nodes are offloaded but no database is configured")?;
     let uid = workflow.metadata.uid.clone().unwrap_or_default();
-    let nodes = database.offloaded_nodes(&uid, &version).await?;
-    workflow.status.nodes = Some(serde_json::from_value(nodes)?);
+    workflow.status.nodes = Some(database.offloaded_nodes(&uid, &version).await?);
     Ok(true)
 }
 

@@ -21,15 +21,31 @@
 
 use serde_json::{Map, Number, Value};
 
-/// Go's `json.Marshal` of a nodes map (node ID -> NodeStatus).
-pub fn marshal_nodes(nodes: &Value) -> Vec<u8> {
+use crate::argo::plan::compress::Nodes;
+
+/// Go's `json.Marshal` of a nodes map (node ID -> NodeStatus). One node is
+/// turned into a JSON value at a time, so the bytes written are the only
+/// copy of the whole map this makes (a value tree of 20,000 nodes would be
+/// several times their size).
+pub fn marshal_nodes(nodes: &Nodes) -> Vec<u8> {
     let mut out = Vec::new();
-    write(&mut out, nodes, Kind::MapOf(&NODE_STATUS));
+    out.push(b'{');
+    // A BTreeMap's keys come sorted by their bytes, as Go sorts map keys.
+    for (i, (id, node)) in nodes.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(&mut out, id);
+        out.push(b':');
+        let node = serde_json::to_value(node).expect("a node status serializes");
+        write(&mut out, &node, Kind::Struct(&NODE_STATUS));
+    }
+    out.push(b'}');
     out
 }
 
 /// The version Argo's offload repo gives these nodes.
-pub fn nodes_version(nodes: &Value) -> String {
+pub fn nodes_version(nodes: &Nodes) -> String {
     offload_version(&marshal_nodes(nodes))
 }
 
@@ -52,8 +68,6 @@ enum Kind {
     Plain,
     /// A Go map: keys sorted, values plain.
     Map,
-    /// A Go map whose values are one struct.
-    MapOf(&'static [Field]),
     Struct(&'static [Field]),
     SliceOf(&'static [Field]),
     /// Argo's `AnyString`: always written as a JSON string.
@@ -178,7 +192,6 @@ const NODE_SYNCHRONIZATION_STATUS: [Field; 1] = [Field("waiting", Empty, Plain)]
 fn write(out: &mut Vec<u8>, value: &Value, kind: Kind) {
     match (kind, value) {
         (Kind::Map, Value::Object(map)) => write_map(out, map, Plain),
-        (Kind::MapOf(fields), Value::Object(map)) => write_map(out, map, Struct(fields)),
         (Struct(fields), Value::Object(map)) => write_struct(out, map, fields),
         (SliceOf(fields), Value::Array(items)) => write_array(out, items, Struct(fields)),
         (SliceOfAnyString, Value::Array(items)) => write_array(out, items, AnyString),
@@ -345,7 +358,7 @@ mod tests {
     use super::*;
 
     fn marshal(v: Value) -> String {
-        String::from_utf8(marshal_nodes(&v)).unwrap()
+        String::from_utf8(marshal_nodes(&serde_json::from_value(v).unwrap())).unwrap()
     }
 
     #[test]

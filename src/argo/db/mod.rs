@@ -10,7 +10,6 @@ pub mod go_json;
 mod sql;
 
 use futures::future::BoxFuture;
-use serde_json::Value;
 
 pub use config::{
     ConnectionPool, DEFAULT_CLUSTER_NAME, DEFAULT_TABLE_NAME, Database, PersistConfig, Persistence,
@@ -18,6 +17,7 @@ pub use config::{
 };
 pub use sql::{ARCHIVE_TABLE, Sql};
 
+use crate::argo::plan::compress::Nodes;
 use crate::argo::workflow::Workflow;
 
 /// Argo's database, as the retry flows use it.
@@ -35,12 +35,12 @@ pub trait ArgoDatabase: Send + Sync {
         uid: &'a str,
     ) -> BoxFuture<'a, Result<Option<Workflow>, DbError>>;
 
-    /// The nodes (a JSON object by node ID) offloaded for workflow `uid` at `version`.
+    /// The nodes offloaded for workflow `uid` at `version`.
     fn offloaded_nodes<'a>(
         &'a self,
         uid: &'a str,
         version: &'a str,
-    ) -> BoxFuture<'a, Result<Value, DbError>>;
+    ) -> BoxFuture<'a, Result<Nodes, DbError>>;
 
     /// Offloads `nodes` for workflow `uid` as Argo does; returns the version
     /// Argo would (`fnv:` and the FNV-32 hash of Go's JSON of the nodes).
@@ -48,7 +48,7 @@ pub trait ArgoDatabase: Send + Sync {
         &'a self,
         uid: &'a str,
         namespace: &'a str,
-        nodes: &'a Value,
+        nodes: &'a Nodes,
     ) -> BoxFuture<'a, Result<String, DbError>>;
 }
 

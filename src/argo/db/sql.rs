@@ -3,12 +3,12 @@
 //! offload nodes the way Argo's offload repo does, so Argo reads them back.
 
 use futures::future::BoxFuture;
-use serde_json::Value;
 use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgSslMode};
 
 use super::{ArgoDatabase, Database, DbError, Persistence, go_json};
+use crate::argo::plan::compress::Nodes;
 use crate::argo::workflow::{Workflow, labels};
 
 /// Argo's archive table (fixed name).
@@ -249,7 +249,7 @@ impl Sql {
     }
 
     /// Offloaded nodes (status.offloadNodeStatusVersion) of a live or archived workflow.
-    async fn read_offloaded(&self, uid: &str, version: &str) -> Result<Value, DbError> {
+    async fn read_offloaded(&self, uid: &str, version: &str) -> Result<Nodes, DbError> {
         let what = || format!("reading offloaded nodes of workflow {uid} version {version}");
         let row: Option<String> = match &self.pool {
             Pool::Postgres(pool) => sqlx::query_scalar(&format!(
@@ -287,14 +287,8 @@ impl Sql {
             target: self.target.clone(),
             source,
         };
-        let nodes: Value = serde_json::from_str(&text).map_err(corrupt)?;
-        if nodes.is_object() {
-            Ok(nodes)
-        } else {
-            Err(corrupt(serde::de::Error::custom(
-                "expected a map of node ID to node status",
-            )))
-        }
+        // Straight into node statuses: no value tree of them in between.
+        serde_json::from_str(&text).map_err(corrupt)
     }
 
     /// Writes nodes as Argo's offload repo Save does (an insert; an existing
@@ -304,7 +298,7 @@ impl Sql {
         &self,
         uid: &str,
         namespace: &str,
-        nodes: &Value,
+        nodes: &Nodes,
     ) -> Result<String, DbError> {
         let marshalled = go_json::marshal_nodes(nodes);
         let version = go_json::offload_version(&marshalled);
@@ -377,7 +371,7 @@ impl ArgoDatabase for Sql {
         &'a self,
         uid: &'a str,
         version: &'a str,
-    ) -> BoxFuture<'a, Result<Value, DbError>> {
+    ) -> BoxFuture<'a, Result<Nodes, DbError>> {
         Box::pin(self.read_offloaded(uid, version))
     }
 
@@ -385,7 +379,7 @@ impl ArgoDatabase for Sql {
         &'a self,
         uid: &'a str,
         namespace: &'a str,
-        nodes: &'a Value,
+        nodes: &'a Nodes,
     ) -> BoxFuture<'a, Result<String, DbError>> {
         Box::pin(self.write_offloaded(uid, namespace, nodes))
     }

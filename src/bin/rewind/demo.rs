@@ -143,7 +143,15 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<Dur
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     // What a user types; the demo runs the same code in-process.
     println!("\nrewind retry {} -n {NAMESPACE}", dag.name);
-    let asked = ask::ask(&workflows, NAMESPACE, &dag.name, &RequestOptions::default()).await?;
+    let token = ask::new_token();
+    let asked = ask::ask(
+        &workflows,
+        NAMESPACE,
+        &dag.name,
+        &RequestOptions::default(),
+        &token,
+    )
+    .await?;
     let followed =
         crate::retry::follow_asked(&workflows, vec![asked], Duration::from_secs(15)).await;
     let used = metrics.api_requests() - before;

@@ -19,8 +19,10 @@ use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
 use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
+use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
+use rewind::telemetry::metrics::ContainerLimits;
 
 mod connect;
 #[cfg(feature = "testenv")]
@@ -48,7 +50,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller (kubeconfig rules as kubectl's, or in-cluster config).
-    Controller(ControllerArgs),
+    // Boxed: its many flags make it far larger than the other commands.
+    Controller(Box<ControllerArgs>),
     /// Retry workflows as `argo retry` does, through the rewind controller, and follow the retries.
     Retry(retry::RetryArgs),
     /// Show retry requests and their progress, kubectl-style.
@@ -90,6 +93,14 @@ struct ControllerArgs {
         env = "REWIND_ARGO_CONFIGMAP"
     )]
     argo_configmap: String,
+    /// The container's memory limit in bytes, exported as rewind_memory_limit_bytes so alerts
+    /// compare the process's memory with it (the chart sets it from the downward API).
+    #[arg(long, value_name = "BYTES", env = "REWIND_MEMORY_LIMIT")]
+    memory_limit: Option<u64>,
+    /// The container's CPU limit in millicores, exported as rewind_cpu_limit_cores (the chart
+    /// sets it from the downward API).
+    #[arg(long, value_name = "MILLICORES", env = "REWIND_CPU_LIMIT")]
+    cpu_limit: Option<u64>,
     #[command(flatten)]
     tuning: Tuning,
     #[command(flatten)]
@@ -244,6 +255,10 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
+    /// Planned pods in deletion at once, across retries: a retry past it waits (Pending, saying
+    /// why) until enough others are done. Bounds the controller's memory.
+    #[arg(long, default_value_t = DEFAULT_MAX_PODS, env = "REWIND_MAX_PODS_IN_FLIGHT")]
+    max_pods_in_flight: usize,
     /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
     /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
     #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
@@ -302,6 +317,7 @@ impl Tuning {
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,
                 max_nodes_size: self.max_nodes_size,
+                max_pods_in_flight: self.max_pods_in_flight,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
@@ -391,7 +407,7 @@ fn main() -> anyhow::Result<()> {
         }
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
-                Command::Controller(args) => controller(args).await,
+                Command::Controller(args) => controller(*args).await,
                 Command::Retry(args) => retry::run(args).await,
                 Command::Status(args) => status::run(args).await,
                 #[cfg(feature = "testenv")]
@@ -421,6 +437,10 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         leader_election: args.leader.lease(),
         argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
         argo_api: args.argo_api.options()?,
+        limits: ContainerLimits {
+            memory_bytes: args.memory_limit,
+            cpu_cores: args.cpu_limit.map(|millicores| millicores as f64 / 1000.0),
+        },
         ..args.tuning.options(scope, Some(args.http_addr))
     };
     let controller = Controller::new(config, options).context("building the Kubernetes client")?;

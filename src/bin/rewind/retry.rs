@@ -138,9 +138,11 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
     if args.dry_run {
         return dry_run(&client, &namespace, &names, &args).await;
     }
+    // One token for all: to the controller, one asker, however many workflows.
+    let token = ask::new_token();
     let mut asked = Vec::new();
     for name in &names {
-        asked.push(ask::ask(&workflows, &namespace, name, &options).await?);
+        asked.push(ask::ask(&workflows, &namespace, name, &options, &token).await?);
     }
     if args.no_wait {
         for a in &asked {

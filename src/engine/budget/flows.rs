@@ -3,8 +3,10 @@
 //! wait for a token one at a time, so the bucket's FIFO line holds at most
 //! one request per flow and serves the flows in turn. A tenant with
 //! thousands of requests queued delays another's by one token, not by
-//! thousands. A flow can also be paused alone (API Priority and Fairness
-//! rejected one of its requests) while the others go on.
+//! thousands. Inside a namespace, the askers (see [`asking`]) take turns the
+//! same way: one request per asker waits in the namespace's line. A flow can
+//! also be paused alone (API Priority and Fairness rejected one of its
+//! requests) while the others go on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,6 +15,27 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Bucket;
+
+tokio::task_local! {
+    /// Who the current task's requests are for (see [`asking`]).
+    static ASKER: Arc<str>;
+}
+
+/// Runs `work` with its API requests counted as `asker`'s: inside their
+/// namespace they take turns with other askers' requests, not behind them.
+pub async fn asking<F: std::future::Future>(asker: Arc<str>, work: F) -> F::Output {
+    ASKER.scope(asker, work).await
+}
+
+/// The asker of the current task's requests, if it set one.
+pub(super) fn asker() -> Option<Arc<str>> {
+    ASKER.try_with(Arc::clone).ok()
+}
+
+/// The flow of one asker's requests inside namespace `flow`.
+pub(super) fn of_asker(flow: &str, asker: &str) -> String {
+    format!("{flow}\u{0}{asker}")
+}
 
 /// The flow of the delete workers' tokens, taken before they know which
 /// request (and namespace) they will serve.

@@ -6,6 +6,8 @@
 
 mod bucket;
 mod flows;
+
+pub use flows::asking;
 mod layer;
 mod slots;
 
@@ -133,6 +135,8 @@ pub trait BudgetObserver: Send + Sync {
     /// A request of `bucket` waited `waited` for a token (zero when one was there), pauses
     /// included.
     fn token_wait(&self, _bucket: Bucket, _waited: Duration) {}
+    /// A token was taken from `bucket` (for a request, or ahead of one).
+    fn token_taken(&self, _bucket: Bucket) {}
     /// Requests in flight changed to `requests`.
     fn in_flight(&self, _requests: usize) {}
     /// A request ended: with a response status, or `None` when no response came.
@@ -196,6 +200,7 @@ impl Budget {
     pub async fn take_write_token(&self) -> WriteToken {
         let _turn = self.inner.flows.turn(flows::WORKERS, Bucket::Write).await;
         let waited = self.inner.writes.acquire().await;
+        self.inner.observer.token_taken(Bucket::Write);
         self.inner.observer.token_wait(Bucket::Write, waited);
         WriteToken(())
     }
@@ -212,6 +217,12 @@ impl Budget {
         // The flow's turn first: a flow holds at most one slot while it waits for a token, so
         // a flow with thousands of requests cannot take every slot and leave the others none.
         let start = tokio::time::Instant::now();
+        // The asker's turn inside its namespace, then the namespace's turn.
+        let asker = flows::asker().map(|asker| flows::of_asker(flow, &asker));
+        let _asker_turn = match &asker {
+            Some(asker) => Some(self.inner.flows.turn(asker, bucket).await),
+            None => None,
+        };
         let _turn = self.inner.flows.turn(flow, bucket).await;
         let slot = match verb {
             Verb::Watch => None,
@@ -225,7 +236,11 @@ impl Budget {
             }
             match prepaid {
                 true => self.bucket(bucket).sit_out_pause().await,
-                false => self.bucket(bucket).acquire().await,
+                false => {
+                    let waited = self.bucket(bucket).acquire().await;
+                    observer.token_taken(bucket);
+                    waited
+                }
             };
             // A pause of the flow that began meanwhile holds this request back too (a token
             // taken is dropped: nothing is sent before the pause ends).

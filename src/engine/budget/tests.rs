@@ -12,6 +12,7 @@ use super::*;
 #[derive(Default)]
 struct Recorder {
     waits: Mutex<Vec<(Bucket, Duration)>>,
+    tokens: Mutex<Vec<Bucket>>,
     responses: Mutex<Vec<(Verb, Option<StatusCode>)>>,
     pauses: Mutex<Vec<(Bucket, Duration)>>,
     max_in_flight: AtomicUsize,
@@ -20,6 +21,9 @@ struct Recorder {
 impl BudgetObserver for Recorder {
     fn token_wait(&self, bucket: Bucket, waited: Duration) {
         self.waits.lock().unwrap().push((bucket, waited));
+    }
+    fn token_taken(&self, bucket: Bucket) {
+        self.tokens.lock().unwrap().push(bucket);
     }
     fn in_flight(&self, requests: usize) {
         self.max_in_flight.fetch_max(requests, Ordering::SeqCst);
@@ -210,6 +214,7 @@ async fn no_second_has_more_writes_than_burst_plus_qps() {
     let waits = recorder.waits.lock().unwrap();
     assert_eq!(waits.iter().filter(|(_, w)| w.is_zero()).count(), 30);
     assert!(waits.iter().all(|(bucket, _)| *bucket == Bucket::Write));
+    assert_eq!(*recorder.tokens.lock().unwrap(), [Bucket::Write; 200]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -522,7 +527,7 @@ async fn the_kube_client_sends_every_attempt_through_the_budget() {
 #[tokio::test(start_paused = true)]
 async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
     let start = Instant::now();
-    let (budget, _) = budget((1, 1), (50, 100), 10);
+    let (budget, recorder) = budget((1, 1), (50, 100), 10);
     let (server, sent) = server(start, ok);
     let service = budget.layer().layer(server);
     let token = budget.take_write_token().await;
@@ -543,6 +548,8 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
             Duration::from_secs(2)
         ]
     );
+    // Three writes, three tokens: the one taken ahead is counted once.
+    assert_eq!(*recorder.tokens.lock().unwrap(), [Bucket::Write; 3]);
 }
 
 /// A worker takes its token, then waits for a slot; a 429 pauses the bucket meanwhile: the
@@ -735,4 +742,42 @@ async fn a_waiting_flow_does_not_hold_every_slot() {
         "the read waited for a slot behind the busy writes"
     );
     flooding.abort();
+}
+
+/// Inside one namespace, askers take turns: a batch of a thousand writes delays another
+/// asker's few by a token or two.
+#[tokio::test(start_paused = true)]
+async fn askers_in_one_namespace_take_turns() {
+    let start = Instant::now();
+    let (budget, _) = budget((20, 1), (50, 100), 2000);
+    let (server, sent) = path_server(start, |_| Response::new(()));
+    let service = budget.layer().layer(server);
+    let send_as = |asker: &'static str, n: usize, namespace: &'static str| {
+        let service = service.clone();
+        tokio::spawn(asking(asker.into(), async move {
+            let tasks: Vec<_> = (0..n)
+                .map(|_| {
+                    tokio::spawn(asking(
+                        asker.into(),
+                        service.clone().oneshot(post_in(namespace)),
+                    ))
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap().unwrap();
+            }
+        }))
+    };
+    let batch = send_as("batch", 1000, "team");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = start.elapsed();
+    let before = sent.lock().unwrap().len();
+    send_as("user", 3, "team").await.unwrap();
+    let sent_since = sent.lock().unwrap()[before..].to_vec();
+    let took = sent_since.last().unwrap().1 - asked;
+    assert!(
+        took <= Duration::from_millis(350),
+        "the other asker's three writes took {took:?} beside the batch"
+    );
+    batch.abort();
 }

@@ -1,4 +1,6 @@
-//! Round-robin between the requests of one class.
+//! Round-robin between the lanes of one class (a lane is the requests of one
+//! asker: a `rewind retry -l` of 200 workflows is one lane, a user's single
+//! retry another).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -48,19 +50,13 @@ impl<K, R: Clone + Eq + Hash> Fair<K, R> {
         self.ready += 1;
     }
 
-    /// Marks one live item of `request` stale; the caller has changed its ticket.
-    pub(super) fn unready(&mut self, request: &R) {
-        if let Some(lane) = self.lanes.get_mut(request) {
-            lane.ready -= 1;
-            self.ready -= 1;
-        }
-    }
-
-    /// Drops every item of `request`.
-    pub(super) fn remove(&mut self, request: &R) {
-        if let Some(lane) = self.lanes.remove(request) {
-            self.ready -= lane.ready;
-            self.turns.retain(|r| r != request);
+    /// Marks `n` live items of `lane` stale: the caller changed their tickets
+    /// or dropped them, and `pop` skips them when it meets them.
+    pub(super) fn unready(&mut self, lane: &R, n: usize) {
+        if let Some(lane) = self.lanes.get_mut(lane) {
+            let n = n.min(lane.ready);
+            lane.ready -= n;
+            self.ready -= n;
         }
     }
 
@@ -126,16 +122,18 @@ mod tests {
     }
 
     #[test]
-    fn stale_items_are_skipped_and_removed_lanes_are_gone() {
+    fn stale_items_are_skipped() {
         let mut fair = Fair::new();
         fair.push(&"a", 1, 0);
         fair.push(&"a", 2, 0);
         fair.push(&"b", 3, 0);
         fair.push(&"c", 4, 0);
-        fair.unready(&"a");
-        fair.remove(&"c");
+        fair.unready(&"a", 1);
+        fair.unready(&"c", 5);
         assert_eq!(fair.ready(), 2);
         assert_eq!(fair.pop(|item, _| *item != 1), Some(("a", 2)));
-        assert_eq!(drain(&mut fair), [("b", 3)]);
+        assert_eq!(fair.pop(|item, _| *item != 4), Some(("b", 3)));
+        assert_eq!(fair.pop(|_, _| false), None);
+        assert_eq!(fair.ready(), 0);
     }
 }

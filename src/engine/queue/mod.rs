@@ -26,6 +26,23 @@ use tokio::time::Instant;
 
 use fair::Fair;
 
+/// The key of a request that queues items: whom its outcomes go to, and the
+/// lane its items take turns in (requests of one lane share their turns).
+pub trait Request: Clone + Eq + Hash {
+    type Lane: Clone + Eq + Hash;
+
+    fn lane(&self) -> Self::Lane;
+}
+
+/// A string key is its own lane.
+impl<'a> Request for &'a str {
+    type Lane = &'a str;
+
+    fn lane(&self) -> &'a str {
+        self
+    }
+}
+
 /// Priority class of a request's items.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Class {
@@ -114,11 +131,11 @@ pub struct ClassDepths {
 }
 
 /// The queue; clones share it.
-pub struct WorkQueue<K, R> {
+pub struct WorkQueue<K, R: Request> {
     shared: Arc<Shared<K, R>>,
 }
 
-impl<K, R> Clone for WorkQueue<K, R> {
+impl<K, R: Request> Clone for WorkQueue<K, R> {
     fn clone(&self) -> Self {
         WorkQueue {
             shared: Arc::clone(&self.shared),
@@ -126,7 +143,7 @@ impl<K, R> Clone for WorkQueue<K, R> {
     }
 }
 
-struct Shared<K, R> {
+struct Shared<K, R: Request> {
     state: Mutex<State<K, R>>,
     changed: Notify,
 }
@@ -134,7 +151,7 @@ struct Shared<K, R> {
 impl<K, R> WorkQueue<K, R>
 where
     K: Clone + Eq + Hash,
-    R: Clone + Eq + Hash,
+    R: Request,
 {
     pub fn new(config: QueueConfig) -> Self {
         WorkQueue {
@@ -333,11 +350,11 @@ impl<K> PartialEq for Timer<K> {
 
 impl<K> Eq for Timer<K> {}
 
-struct State<K, R> {
+struct State<K, R: Request> {
     config: QueueConfig,
     entries: HashMap<K, Entry<R>>,
-    interactive: Fair<K, R>,
-    background: Fair<K, R>,
+    interactive: Fair<K, R::Lane>,
+    background: Fair<K, R::Lane>,
     timers: BinaryHeap<Timer<K>>,
     waiting: usize,
     leased: usize,
@@ -351,7 +368,7 @@ struct State<K, R> {
 impl<K, R> State<K, R>
 where
     K: Clone + Eq + Hash,
-    R: Clone + Eq + Hash,
+    R: Request,
 {
     fn new(config: QueueConfig) -> Self {
         State {
@@ -413,7 +430,7 @@ where
                     let old = std::mem::replace(&mut entry.request, request.clone());
                     entry.ticket = ticket;
                     entry.class = class;
-                    self.lane(Class::Background).unready(&old);
+                    self.lane(Class::Background).unready(&old.lane(), 1);
                     self.push_ready(&request, class, item, ticket, now);
                 }
                 Added::Merged
@@ -437,7 +454,7 @@ where
             Class::Interactive
         };
         let entries = &self.entries;
-        let (request, item) = match class {
+        let (_, item) = match class {
             Class::Interactive => &mut self.interactive,
             Class::Background => &mut self.background,
         }
@@ -454,8 +471,8 @@ where
         self.leased += 1;
         Some(Lease {
             failures: entry.failures,
+            request: entry.request.clone(),
             item,
-            request,
             class,
         })
     }
@@ -541,10 +558,10 @@ where
     }
 
     fn cancel(&mut self, request: &R) -> usize {
-        self.interactive.remove(request);
-        self.background.remove(request);
         let before = self.entries.len();
         let mut waiting = 0;
+        // Ready items dropped, by class: their lanes skip them when met.
+        let mut ready = [0, 0];
         self.entries.retain(|_, entry| {
             if entry.request != *request {
                 return true;
@@ -558,10 +575,18 @@ where
                     waiting += 1;
                     false
                 }
-                Slot::Ready => false,
+                Slot::Ready => {
+                    ready[entry.class as usize] += 1;
+                    false
+                }
             }
         });
         self.waiting -= waiting;
+        let lane = request.lane();
+        self.interactive
+            .unready(&lane, ready[Class::Interactive as usize]);
+        self.background
+            .unready(&lane, ready[Class::Background as usize]);
         before - self.entries.len()
     }
 
@@ -569,10 +594,10 @@ where
         if class == Class::Background && self.background.ready() == 0 {
             self.background_since = Some(now);
         }
-        self.lane(class).push(request, item, ticket);
+        self.lane(class).push(&request.lane(), item, ticket);
     }
 
-    fn lane(&mut self, class: Class) -> &mut Fair<K, R> {
+    fn lane(&mut self, class: Class) -> &mut Fair<K, R::Lane> {
         match class {
             Class::Interactive => &mut self.interactive,
             Class::Background => &mut self.background,

@@ -33,7 +33,18 @@ impl RewindController {
         let http = free_port()?;
         let out = File::create(&log).map_err(io("creating", &log))?;
         let err = out.try_clone().map_err(io("opening", &log))?;
-        let mut command = Command::new(binary);
+        // REWIND_BENCH_WRAP runs the controller under a profiler, e.g. "heaptrack -o DIR/h":
+        // its figures then are the profiler's, its profile the controller's.
+        let wrap = std::env::var("REWIND_BENCH_WRAP").unwrap_or_default();
+        let mut wrap = wrap.split_whitespace();
+        let mut command = match wrap.next() {
+            Some(profiler) => {
+                let mut command = Command::new(profiler);
+                command.args(wrap).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
         command
             .arg("controller")
             .args(["--http-addr", &http.to_string()])
@@ -87,6 +98,11 @@ impl RewindController {
 
     pub fn log(&self) -> &Path {
         &self.log
+    }
+
+    /// Where it serves /metrics, /healthz and /readyz.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
     }
 
     /// SIGTERM (it shuts down cleanly), then waits.
@@ -168,7 +184,7 @@ pub fn run_measured(mut command: Command) -> Result<Finished, Error> {
 }
 
 /// The child dies with us, whatever ends us.
-fn kill_with_parent(command: &mut Command) {
+pub(crate) fn kill_with_parent(command: &mut Command) {
     // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
     unsafe {
         command.pre_exec(|| {

@@ -1,0 +1,125 @@
+//! A bound on what runs at once, by weight: the planned pods of every retry
+//! deleting at the same time. What a retry holds (its plan, the names and
+//! UIDs of its pods) and the work it queues grow with its pods, so two large
+//! retries must not run side by side past what the controller was sized for;
+//! a retry over the bound waits (its status says so) rather than being
+//! refused, and holds nothing while it waits.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Planned pods in deletion at once by default: what the chart's memory
+/// limit leaves room for (README, "Memory").
+pub const DEFAULT_MAX_PODS: usize = 50_000;
+
+/// The bound; clones share it.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    permits: Arc<Semaphore>,
+    limit: usize,
+}
+
+/// A retry's share of the bound, given back when dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Admission {
+    /// At most `limit` planned pods (at least one) in deletion at once.
+    pub fn new(limit: usize) -> Self {
+        let limit = limit.clamp(1, Semaphore::MAX_PERMITS);
+        Admission {
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+        }
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The weight of a retry of `pods`: a retry larger than the bound takes
+    /// all of it (and runs alone) rather than waiting forever.
+    fn weight(&self, pods: usize) -> u32 {
+        // `limit` fits a semaphore, whose permits fit a u32.
+        u32::try_from(pods.min(self.limit)).unwrap_or(u32::MAX)
+    }
+
+    /// Admits a retry of `pods` now, if the bound has room.
+    pub fn try_admit(&self, pods: usize) -> Option<Admitted> {
+        match self.weight(pods) {
+            0 => Some(Admitted { _permit: None }),
+            n => self
+                .permits
+                .clone()
+                .try_acquire_many_owned(n)
+                .ok()
+                .map(|p| Admitted { _permit: Some(p) }),
+        }
+    }
+
+    /// Waits until a retry of `pods` fits, first come first served.
+    pub async fn admit(&self, pods: usize) -> Admitted {
+        match self.weight(pods) {
+            0 => Admitted { _permit: None },
+            n => Admitted {
+                _permit: Some(
+                    self.permits
+                        .clone()
+                        .acquire_many_owned(n)
+                        .await
+                        .expect("the semaphore is never closed"),
+                ),
+            },
+        }
+    }
+
+    /// Why a retry of `pods` waits: for its status.
+    pub fn waiting_message(&self, pods: usize) -> String {
+        format!(
+            "waiting for room: retries are deleting {} of the {} planned pods rewind deletes at once (--max-pods-in-flight); this retry's {pods} pods start when enough of them are done",
+            self.in_use(),
+            self.limit
+        )
+    }
+
+    /// Planned pods in deletion now.
+    pub fn in_use(&self) -> usize {
+        self.limit - self.permits.available_permits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn retries_run_together_up_to_the_bound_then_wait_their_turn() {
+        let admission = Admission::new(100);
+        let first = admission.try_admit(60).expect("room for 60");
+        assert!(admission.try_admit(50).is_none(), "60 + 50 is past 100");
+        let small = admission.try_admit(40).expect("room for 40 more");
+        assert_eq!(admission.in_use(), 100);
+        // Nothing to delete waits for nothing.
+        assert!(admission.try_admit(0).is_some());
+        let waiting = tokio::spawn({
+            let admission = admission.clone();
+            async move { admission.admit(50).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(first);
+        let admitted = tokio::time::timeout(std::time::Duration::from_secs(1), waiting)
+            .await
+            .expect("admitted once the first retry ended")
+            .unwrap();
+        drop((small, admitted));
+        assert_eq!(admission.in_use(), 0);
+        // A retry larger than the bound takes all of it.
+        let huge = admission.try_admit(1_000).expect("alone, it runs");
+        assert_eq!(admission.in_use(), 100);
+        drop(huge);
+    }
+}
