@@ -207,20 +207,20 @@ impl Authenticator {
             .expect("a request of a fixed path and a header from a request builds");
         let text = match argo.request_text(request).await {
             Ok(text) => text,
-            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
-                return Err(unauthenticated(
-                    &argo_message(&s.message),
-                    "the Argo Server refused this SSO token; log in to Argo's UI again",
-                ));
-            }
             Err(e) => {
-                return Err(Status::new(
-                    Code::Unavailable,
-                    format!(
-                        "asking the Argo Server who the SSO caller is (GET /api/v1/userinfo) failed: {}; check --argo-server-url and that the Argo Server runs",
-                        fault::explain(&e)
+                return Err(match refusal(&e) {
+                    Some(message) => unauthenticated(
+                        message,
+                        "the Argo Server refused this SSO token; log in to Argo's UI again",
                     ),
-                ));
+                    None => Status::new(
+                        Code::Unavailable,
+                        format!(
+                            "asking the Argo Server who the SSO caller is (GET /api/v1/userinfo) failed: {}; check --argo-server-url and that the Argo Server runs",
+                            fault::explain(&e)
+                        ),
+                    ),
+                });
             }
         };
         let info: UserInfo = serde_json::from_str(&text).map_err(|e| {
@@ -242,16 +242,15 @@ impl Authenticator {
     }
 }
 
-/// The message of an Argo Server's error answer (a rendered gRPC status,
-/// which kube passes on whole as the message), or the text as it is.
-fn argo_message(text: &str) -> String {
-    #[derive(Deserialize)]
-    struct Rendered {
-        message: String,
+/// The message of the Argo Server's refusal of a token, if `e` is one. kube reads an
+/// error answer's body as a Kubernetes Status, and Argo's body is a rendered gRPC status:
+/// its `code` (16 Unauthenticated, 7 PermissionDenied) stands where the HTTP status would.
+/// A body that is no JSON (from a proxy in between) keeps the HTTP status.
+fn refusal(e: &kube::Error) -> Option<&str> {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 16 | 7) => Some(&s.message),
+        _ => None,
     }
-    serde_json::from_str::<Rendered>(text)
-        .map(|r| r.message)
-        .unwrap_or_else(|_| text.to_owned())
 }
 
 /// What `GET /api/v1/userinfo` answers (info.proto GetUserInfoResponse).
@@ -471,12 +470,22 @@ mod tests {
     }
 
     #[test]
-    fn an_argo_servers_refusal_is_read_for_its_message() {
+    fn an_argo_servers_refusal_is_told_by_its_grpc_or_http_code() {
+        let answer = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        // Argo's body, as kube reads it: the gRPC code.
         assert_eq!(
-            argo_message(r#"{"code":16,"message":"token not valid","details":[]}"#),
-            "token not valid"
+            refusal(&answer(16, "failed to decrypt token")),
+            Some("failed to decrypt token")
         );
-        assert_eq!(argo_message("Unauthorized"), "Unauthorized");
+        // A proxy's plain-text 401.
+        assert_eq!(refusal(&answer(401, "Unauthorized")), Some("Unauthorized"));
+        assert_eq!(refusal(&answer(503, "no upstream")), None);
     }
 
     #[test]

@@ -111,6 +111,9 @@ pub enum Error {
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout { what: String, waited: Duration },
 
+    #[error("logging {user} in through Argo's SSO and dex: {what}")]
+    SsoLogin { user: String, what: String },
+
     #[error(
         "Argo's workflow-controller exited ({status}); last lines of {log}:\n{log_tail}\n\
          (check the ConfigMap, which Argo parses strictly, and the CRDs)"
@@ -365,7 +368,7 @@ pub(crate) fn stop(mut child: Child) {
 }
 
 /// The last 30 lines of a log, for an error message.
-pub(crate) fn log_tail(path: &Path) -> String {
+pub fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read: {e})"));
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")

@@ -148,33 +148,55 @@ fn command_in<'a>(command: &'a mut Command, dir: &Path) -> Result<&'a mut Comman
 
 use std::os::unix::process::CommandExt as _;
 
-/// A real `argo server` v4.1.4 with the admin's credentials, plain HTTP on loopback, in
-/// client auth mode (every call acts as its caller's Kubernetes token), reading Argo's
-/// database from an Argo controller's ConfigMap (for its archive, and its instance ID).
+/// A real `argo server` v4.1.4 with the admin's credentials, plain HTTP on loopback, reading
+/// its configuration from a ConfigMap in its namespace (an Argo controller's, for its
+/// archive and instance ID; or one with an `sso` section).
 pub struct ArgoServer {
     process: Process,
     pub addr: SocketAddr,
 }
 
 impl ArgoServer {
-    /// `argo` is the binary of `tools/argo/build.sh cli` (or `cli-ui`, which serves Argo's UI).
+    /// In client auth mode (every call acts as its caller's Kubernetes token), beside Argo's
+    /// controller: `configmap` is its ConfigMap (`argo/NAME`). `argo` is the binary of
+    /// `tools/argo/build.sh cli` (or `cli-ui`, which serves Argo's UI).
     pub async fn start(
         cluster: &LocalCluster,
         argo: &Path,
         configmap: &str,
     ) -> Result<Self, Error> {
-        let port = free_port()?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let name = configmap
             .strip_prefix(&format!("{CONTROLLER_NAMESPACE}/"))
             .unwrap_or(configmap);
+        Self::start_in(
+            cluster,
+            argo,
+            CONTROLLER_NAMESPACE,
+            name,
+            "client",
+            free_port()?,
+        )
+        .await
+    }
+
+    /// In `auth_mode` (Argo's `--auth-mode`), on `port`, in `namespace` with its ConfigMap
+    /// `configmap` there: SSO's callback URL names the port, so the caller picks it.
+    pub async fn start_in(
+        cluster: &LocalCluster,
+        argo: &Path,
+        namespace: &str,
+        configmap: &str,
+        auth_mode: &str,
+        port: u16,
+    ) -> Result<Self, Error> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut command = Command::new(argo);
         command
             .arg("server")
             .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path(Role::Admin))
-            .args(["--namespace", CONTROLLER_NAMESPACE, "--configmap", name])
-            .args(["--auth-mode", "client", "--secure=false"])
+            .args(["--namespace", namespace, "--configmap", configmap])
+            .args(["--auth-mode", auth_mode, "--secure=false"])
             .args(["--port", &port.to_string()])
             // The UI's own links point at this server; nothing is fetched from elsewhere.
             .args(["--x-frame-options", "SAMEORIGIN", "--loglevel", "info"])
@@ -183,7 +205,7 @@ impl ArgoServer {
             .env("ARGO_SERVER_METRICS_PORT", free_port()?.to_string());
         let mut process = Process::start("argo server", command)?;
         process.wait_listening(addr).await?;
-        tracing::info!(%addr, log = %process.log.display(), "argo server started");
+        tracing::info!(%addr, auth_mode, log = %process.log.display(), "argo server started");
         Ok(ArgoServer { process, addr })
     }
 
@@ -282,6 +304,178 @@ impl Router {
 /// Installs (once) nginx and Hera (tools/clients/install.sh); the Python that has Hera.
 pub fn hera_python() -> Result<PathBuf, Error> {
     Ok(crate::testenv::build_tool(CLIENTS_SCRIPT, &[])?)
+}
+
+const DEX_SCRIPT: &str = "tools/dex/build.sh";
+
+/// The password of every [`Dex`] user.
+pub const SSO_PASSWORD: &str = "rewind-sso";
+/// [`SSO_PASSWORD`] hashed with bcrypt (cost 10, the least dex takes), as dex's static
+/// passwords are given.
+const SSO_PASSWORD_HASH: &str = "$2b$10$NYAAlKTlJI.8b5gvaKzccu7zCH/md7VT/N.LGXk2uCfXhoZS19y3K";
+
+/// dex (built from its Go module by tools/dex/build.sh), an OpenID Connect provider on
+/// loopback for Argo's SSO: its own password database with the given users, one static
+/// client (the Argo Server), no approval screen.
+pub struct Dex {
+    process: Process,
+    /// The issuer URL Argo's `sso.issuer` names.
+    pub issuer: String,
+}
+
+impl Dex {
+    /// `users` are e-mail addresses, each with [`SSO_PASSWORD`]; `redirect` is the Argo
+    /// Server's `/oauth2/callback`.
+    pub async fn start(
+        client_id: &str,
+        client_secret: &str,
+        redirect: &str,
+        users: &[&str],
+    ) -> Result<Self, Error> {
+        let dex = crate::testenv::build_tool(DEX_SCRIPT, &[])?;
+        let port = free_port()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let issuer = format!("http://{addr}/dex");
+        let passwords: Vec<serde_json::Value> = users
+            .iter()
+            .enumerate()
+            .map(|(i, email)| {
+                serde_json::json!({
+                    "email": email,
+                    "hash": SSO_PASSWORD_HASH,
+                    "username": email.split('@').next().unwrap_or(email),
+                    "userID": format!("rewind-sso-user-{i}"),
+                })
+            })
+            .collect();
+        let config = serde_json::json!({
+            "issuer": issuer,
+            "storage": {"type": "memory"},
+            "web": {"http": addr.to_string()},
+            "logger": {"level": "info"},
+            "oauth2": {"skipApprovalScreen": true},
+            "enablePasswordDB": true,
+            "staticPasswords": passwords,
+            "staticClients": [{
+                "id": client_id,
+                "secret": client_secret,
+                "name": "Argo Server",
+                "redirectURIs": [redirect],
+            }],
+        });
+        let dir = tempfile::Builder::new()
+            .prefix("rewind-dex-")
+            .tempdir()
+            .map_err(io(
+                "creating a temporary directory in",
+                std::env::temp_dir(),
+            ))?;
+        // dex reads YAML, of which JSON is a part.
+        let file = dir.path().join("config.yaml");
+        fs::write(&file, config.to_string()).map_err(io("writing", &file))?;
+        let mut command = Command::new(dex);
+        command.arg("serve").arg(&file);
+        let mut process = Process::start_in("dex", command_in(&mut command, dir.path())?, dir)?;
+        process.wait_listening(addr).await?;
+        tracing::info!(%issuer, log = %process.log.display(), "dex started");
+        Ok(Dex { process, issuer })
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.process.log
+    }
+
+    pub async fn stop(self) -> Result<(), Error> {
+        self.process.stop().await
+    }
+}
+
+/// Logs `email` in to the Argo Server at `argo` as a browser does (Argo's
+/// `/oauth2/redirect`, dex's login form, Argo's callback) and returns the `authorization`
+/// cookie Argo sets: `Bearer v2:` and Argo's encrypted token, what its UI then sends.
+pub async fn sso_login(argo: SocketAddr, email: &str) -> Result<String, Error> {
+    let failed = |what: String| Error::SsoLogin {
+        user: email.to_owned(),
+        what,
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("rewind-sso-")
+        .tempdir()
+        .map_err(io(
+            "creating a temporary directory in",
+            std::env::temp_dir(),
+        ))?;
+    let jar = dir.path().join("cookies");
+    let curl = |args: &[&str]| {
+        let mut command = tokio::process::Command::new("curl");
+        command
+            .args([
+                "-sS",
+                "-L",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{url_effective}",
+            ])
+            .arg("-c")
+            .arg(&jar)
+            .arg("-b")
+            .arg(&jar)
+            .args(args);
+        command
+    };
+    let run = |mut command: tokio::process::Command, step: &'static str| async move {
+        let out = command
+            .output()
+            .await
+            .map_err(io("running curl for", step))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(failed(format!(
+                "{step}: curl failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(text)
+    };
+    // Argo's redirect to dex, which shows its one connector's login form.
+    let form = run(
+        curl(&[&format!("http://{argo}/oauth2/redirect")]),
+        "opening Argo's SSO login",
+    )
+    .await?;
+    let (code, form_url) = form.split_once(' ').unwrap_or((&form, ""));
+    if code != "200" || !form_url.contains("/auth/local") {
+        return Err(failed(format!(
+            "Argo's /oauth2/redirect should end at dex's login form, it ended at {code} {form_url}"
+        )));
+    }
+    // The form posted: dex sends the browser back to Argo's callback, which sets the cookie.
+    let ended = run(
+        curl(&[
+            "--data-urlencode",
+            &format!("login={email}"),
+            "--data-urlencode",
+            &format!("password={SSO_PASSWORD}"),
+            form_url,
+        ]),
+        "posting dex's login form",
+    )
+    .await?;
+    let cookies = fs::read_to_string(&jar).map_err(io("reading", &jar))?;
+    cookies
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            (fields.len() == 7 && fields[5] == "authorization").then(|| fields[6].trim_matches('"'))
+        })
+        .find(|value| value.starts_with("Bearer v2:"))
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            failed(format!(
+                "the login ended at {ended} and Argo's callback set no `authorization` cookie of `Bearer v2:`; the cookies:\n{cookies}"
+            ))
+        })
 }
 
 #[cfg(test)]

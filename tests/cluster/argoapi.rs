@@ -10,16 +10,17 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
+use rewind::testenv::clients::{self, ArgoServer, Dex};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
 use serde_json::{Value, json};
@@ -401,10 +402,8 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
     Api::<Role>::namespaced(admin.clone(), &namespace)
         .patch(
             "argo-server",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(
-                json!({"rules": [rule("argoproj.io", "workflows", &["get", "update"])]}),
-            ),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": [rule("argoproj.io", "workflows", &["get", "update"])]})),
         )
         .await?;
     let from = Timestamp::now() - SignedDuration::from_secs(1);
@@ -425,4 +424,186 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
     );
     ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
     controller.stop().await
+}
+
+/// A ServiceAccount `name` holding `verbs` on workflows, which Argo's SSO RBAC maps the
+/// user `email` to: its rule annotation, and its token in the Secret Argo reads it from
+/// (`NAME.service-account-token`).
+async fn sso_account(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    verbs: &[&str],
+    email: &str,
+) -> anyhow::Result<()> {
+    let token = account(admin, namespace, name, verbs).await?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "workflows.argoproj.io/rbac-rule": format!("email == '{email}'"),
+                "workflows.argoproj.io/rbac-rule-precedence": "1",
+            }}})),
+        )
+        .await?;
+    secret(
+        admin,
+        namespace,
+        &format!("{name}.service-account-token"),
+        &[("token", &token)],
+    )
+    .await
+}
+
+async fn secret(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: named(name),
+                string_data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("creating Secret {name}"))?;
+    Ok(())
+}
+
+/// SSO auth mode: a real `argo server --auth-mode sso` logs users in through dex (SSO RBAC
+/// on), and rewind asks it who a `v2:` token is (`/api/v1/userinfo`) and authorizes the
+/// ServiceAccount it names. The user mapped to an account without `update` is refused (403
+/// naming it) and leaves every pod, a tampered token is refused (401), and the user mapped
+/// to an account with it has the workflow reset as planned, its pods deleted by rewind.
+pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 5,
+        succeeded: 2,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    let selector = format!("{}=wf", labels::WORKFLOW);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    let (alice, bob) = ("alice@example.com", "bob@example.com");
+    sso_account(&admin, &namespace, "sso-retrier", &["get", "update"], alice).await?;
+    sso_account(&admin, &namespace, "sso-reader", &["get"], bob).await?;
+
+    // Argo's SSO: its client in dex, the secrets it reads, its ConfigMap's `sso` section.
+    let client_secret = format!("secret-{}", fastrand::u64(..));
+    secret(
+        &admin,
+        &namespace,
+        "argo-server-sso",
+        &[
+            ("client-id", "argo-server"),
+            ("client-secret", &client_secret),
+        ],
+    )
+    .await?;
+    let argo_port = clients::free_port()?;
+    let redirect = format!("http://127.0.0.1:{argo_port}/oauth2/callback");
+    let dex = Dex::start("argo-server", &client_secret, &redirect, &[alice, bob]).await?;
+    let sso = json!({
+        "issuer": dex.issuer,
+        "clientId": {"name": "argo-server-sso", "key": "client-id"},
+        "clientSecret": {"name": "argo-server-sso", "key": "client-secret"},
+        "redirectUrl": redirect,
+        "scopes": ["email"],
+        "rbac": {"enabled": true},
+    });
+    Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: named("argo-sso"),
+                data: Some(BTreeMap::from([("sso".to_owned(), sso.to_string())])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let argo = rewind::testenv::argo::binary("cli")?;
+    let server =
+        ArgoServer::start_in(&cluster, &argo, &namespace, "argo-sso", "sso", argo_port).await?;
+
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    let mut api = api_options(addr, None);
+    api.settings.modes = vec![AuthMode::Sso];
+    api.settings.argo_server = Some(rewind::argoapi::ArgoServer {
+        url: format!("http://{}", server.addr).parse()?,
+        ca_file: None,
+        insecure_skip_verify: false,
+    });
+    options.argo_api = Some(api);
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
+    let body = json!({"name": "wf", "namespace": namespace});
+
+    let logs = || {
+        format!(
+            "argo server's log:\n{}\ndex's log:\n{}",
+            rewind::testenv::argo::log_tail(server.log_path()),
+            rewind::testenv::argo::log_tail(dex.log_path())
+        )
+    };
+    let reader = clients::sso_login(server.addr, bob)
+        .await
+        .with_context(logs)?;
+    let retrier = clients::sso_login(server.addr, alice)
+        .await
+        .with_context(logs)?;
+    ensure_status(
+        &put(&url, Some(&reader), &body, None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:sso-reader (SSO (the ServiceAccount Argo's SSO RBAC maps the user to)) may not update workflows.argoproj.io in namespace {namespace}"
+        ),
+    )?;
+    ensure_status(
+        &put(&url, Some(&format!("{retrier}x")), &body, None).await?,
+        401,
+        16,
+        "the Argo Server refused this SSO token",
+    )?;
+    ensure!(
+        ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+        "a refused call deleted pods"
+    );
+
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let (status, answer) = put(&url, Some(&retrier), &body, None).await?;
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(status == 200, "the SSO retry answered {status}: {answer}");
+    ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
+    let deleters: Vec<String> = ctl::audit_log(&cluster, &namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.resource == "pods" && matches!(a.verb.as_str(), "delete" | "deletecollection")
+        })
+        .map(|a| a.user)
+        .collect();
+    ensure!(
+        !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
+        "pods must be deleted by the controller alone: {deleters:?}"
+    );
+    controller.stop().await?;
+    server.stop().await?;
+    dex.stop().await?;
+    Ok(())
 }

@@ -464,22 +464,8 @@ async fn run(mut command: tokio::process::Command, what: &str) -> anyhow::Result
 /// once (slow: the UI's npm install and webpack build).
 pub fn ui_tools() -> anyhow::Result<(PathBuf, PathBuf)> {
     let argo = rewind::testenv::argo::binary("cli-ui")?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/clients/browser.sh");
-    let output = std::process::Command::new("bash")
-        .arg(script)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running tools/clients/browser.sh")?;
-    ensure!(
-        output.status.success(),
-        "tools/clients/browser.sh failed ({})",
-        output.status
-    );
-    let dir = String::from_utf8(output.stdout)?;
-    Ok((
-        argo,
-        PathBuf::from(dir.lines().last().unwrap_or_default().trim()),
-    ))
+    let playwright = rewind::testenv::build_tool("tools/clients/browser.sh", &[])?;
+    Ok((argo, playwright))
 }
 
 /// The `argo` binary (Argo's CLI and server, v4.1.4) and Hera's Python, built or installed once.

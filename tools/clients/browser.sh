@@ -23,7 +23,10 @@ if [ ! -f "$dir/.complete" ]; then
   mkdir -p "$cache/bin"
   tmp=$(mktemp -d "$cache/bin/.build.XXXXXX")
   log "npm install playwright-core@$PLAYWRIGHT_VERSION"
-  (cd "$tmp" && npm init -y >/dev/null && npm install --no-audit --no-fund "playwright-core@$PLAYWRIGHT_VERSION" >&2)
+  # npm init names the package after the directory, and a temp dir's
+  # leading dot is no valid name: the package.json is written instead.
+  echo '{"name": "rewind-ui-test", "private": true}' >"$tmp/package.json"
+  (cd "$tmp" && npm install --no-audit --no-fund "playwright-core@$PLAYWRIGHT_VERSION" >&2)
   touch "$tmp/.complete"
   rm -rf "$dir"
   mv "$tmp" "$dir"
