@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -309,8 +309,21 @@ async fn plane(rewind_bin: &Path, argo: &Path) -> anyhow::Result<Plane> {
         Duration::from_secs(60),
     )
     .await?;
-    // The argo server's informers need Argo's configuration namespace.
+    // The argo server reads its configuration from a ConfigMap in its namespace and stops
+    // without one; Argo's defaults (no archive) are what this bench needs.
     cluster.create_namespace("argo").await?;
+    Api::<ConfigMap>::namespaced(admin.clone(), "argo")
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("workflow-controller-configmap".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?;
     let argo_server =
         ArgoServer::start(&cluster, argo, "argo/workflow-controller-configmap").await?;
     let router = Router::start(api, true, argo_server.addr).await?;

@@ -847,6 +847,13 @@ fn normalized(wf: &Workflow) -> anyhow::Result<Value> {
         ] {
             meta.remove(key);
         }
+        if let Some(meta_labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
+            // Argo archives a finished workflow in the background: the label says Pending
+            // until the row is written, a moment that falls differently in two runs.
+            if meta_labels.get(labels::WORKFLOW_ARCHIVING_STATUS) == Some(&Value::from("Pending")) {
+                meta_labels.insert(labels::WORKFLOW_ARCHIVING_STATUS.into(), "Archived".into());
+            }
+        }
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             // Argo's controller gives every workflow its own trace ID.
             annotations.retain(|k, _| {

@@ -22,9 +22,27 @@ async function main() {
         page.setDefaultTimeout(60000);
         const path = uid ? `workflows/${namespace}/${name}?uid=${uid}` : `workflows/${namespace}/${name}`;
         await page.goto(new URL(path, base).toString());
-        await page.getByRole('button', {name: 'RETRY', exact: true}).click();
+        // Once the toolbar's RETRY is pressed, the panel that opens has a second Retry
+        // button, its submit.
+        const retry = page.locator('button', {hasText: /retry/i});
+        await retry.first().waitFor();
+        // A new browser is greeted with modals (first-time user, then new version) over
+        // the page: closed as a user closes them.
+        for (let i = 0; i < 5; i++) {
+            const closed = await page.locator('.modal .modal-close').first().click({timeout: 3000}).then(() => true, () => false);
+            if (!closed) break;
+        }
+        await retry.first().click().catch(async e => {
+            // What the page offers instead, for the error.
+            const buttons = await page.locator('button').evaluateAll(bs => bs.map(b => b.outerHTML)).catch(() => []);
+            const text = (await page.locator('body').innerText().catch(() => '')).slice(0, 2000);
+            await page.screenshot({path: process.env.SCREENSHOT || '/dev/null'}).catch(() => {});
+            throw new Error(`${e.message}\nbuttons: ${JSON.stringify(buttons)}\npage text:\n${text}`);
+        });
         const call = page.waitForResponse(r => r.request().method() === 'PUT' && r.url().endsWith('/retry'), {timeout: 600000});
-        await page.getByRole('button', {name: 'Retry', exact: true}).click();
+        await page.waitForFunction(() => [...document.querySelectorAll('button')]
+            .filter(b => b.innerText.trim().toLowerCase() === 'retry').length > 1);
+        await retry.last().click();
         const answer = await call;
         const body = await answer.json();
         if (answer.status() !== 200) {
