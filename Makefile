@@ -4,7 +4,7 @@
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: demo test controlplane
+.PHONY: demo test test-ui controlplane
 
 # Builds (once) etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl and kwok from Go modules; prints where they are.
@@ -23,6 +23,11 @@ demo:
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
 # Helm, actionlint and hadolint (tests/install.rs and the chart's cluster test)
 # are built first so their cold build is not counted in a test's time.
+# Argo's own `argo` binary (CLI and server, tools/argo/build.sh cli), nginx
+# and Hera (tools/clients/install.sh) serve the end-to-end tests of rewind's
+# Argo API (tests/e2e's cli-* and hera-* scenarios); dex (tools/dex), an
+# OpenID Connect provider built from its Go module, logs users in to a real
+# argo server in SSO mode for the API's SSO test (tests/cluster).
 # cargo-deny (tools/deny) checks Cargo.lock against deny.toml (licenses,
 # duplicate versions, sources) before the tests; deny.toml says why the
 # advisories check is not among them. Prometheus and promtool
@@ -36,5 +41,21 @@ test:
 	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null
 	tools/prometheus/build.sh >/dev/null
+	tools/argo/build.sh cli >/dev/null
+	tools/clients/install.sh >/dev/null
+	tools/dex/build.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv
+
+# Argo's UI in headless Chromium pressing Retry on a live and an archived
+# workflow served by rewind (tests/e2e, scenarios ui-*). Its own target: Argo's
+# UI is built from its module's sources first (tools/argo/build.sh cli-ui: npm
+# install and webpack, then the argo binary: 438 s cold on 2 cores), which make test
+# should not wait for. Debian's chromium and playwright-core come from
+# tools/clients/browser.sh.
+test-ui:
+	tools/db/install.sh
+	tools/argo/build.sh v4 peer cli cli-ui >/dev/null
+	tools/clients/install.sh >/dev/null
+	tools/clients/browser.sh >/dev/null
+	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --features testenv --test e2e -- --ignored ui-

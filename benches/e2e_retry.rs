@@ -13,6 +13,8 @@
 //! archives to PostgreSQL; the failed workflow is deleted with its pods and retried from the
 //! archive: a WorkflowRetry against the Argo Server's RetryArchivedWorkflow).
 
+// The end-to-end tests' runner; its Argo-API client hook (ApiCall) is the tests' alone.
+#[allow(dead_code)]
 #[path = "../tests/e2e/run.rs"]
 mod run;
 
@@ -141,7 +143,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     if args.archived {
         scenario.argo_configmap = Some(controller.configmap());
     }
-    let outcome = run::run(&cluster, &peer, &scenario, args.budgets(), true).await;
+    let outcome = run::run(&cluster, &peer, &scenario, args.budgets(), true, None).await;
     controller.stop().await?;
     if let Some(db) = db {
         db.stop();

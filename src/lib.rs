@@ -13,15 +13,19 @@
 //! - [`telemetry`]: metrics (the process's own among them) and logging.
 //! - [`retry`]: the request flows: a live retry, an archived retry, a
 //!   WorkflowRetry object, and how each reports its end.
+//! - [`client`]: what `rewind retry` and `rewind status` do: ask for a
+//!   request and follow it (it uses `argo`, `protocol` and `engine` only).
+//! - [`argoapi`]: the Argo Server's two retry calls, served: Argo's shapes,
+//!   authentication and authorization as Argo's, each call asked and
+//!   followed through `client`.
 //! - [`controller`]: the wiring: watches, dispatch, pod GC, leader election,
-//!   HTTP endpoints.
-//! - [`client`]: what `rewind retry` and `rewind status` do, beside the
-//!   controller (it uses `argo`, `protocol` and `engine` only).
+//!   HTTP endpoints, Argo's retry API.
 //! - `testenv` (feature `testenv`, off by default): the local control plane,
 //!   databases, Argo fixtures, Prometheus on loopback and benchmark machinery
 //!   for tests, benchmarks and the demo. The product never carries it.
 
 pub mod argo;
+pub mod argoapi;
 pub mod client;
 pub mod controller;
 pub mod engine;

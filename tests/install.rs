@@ -123,6 +123,22 @@ const EVERYTHING: &[&str] = &[
     "podAntiAffinity.type=required",
     "--set",
     "admission.namespaceSelector.matchLabels.rewind=on",
+    "--set",
+    "argoApi.authModes={client,server,sso}",
+    "--set",
+    "argoApi.argoServer.serviceAccount=argo/argo-server",
+    "--set",
+    "argoApi.argoServer.url=https://argo-server.argo:2746",
+    "--set",
+    "argoApi.argoServer.caSecretName=argo-server-ca",
+    "--set",
+    "argoApi.argoServer.insecureSkipVerify=true",
+    "--set",
+    "argoApi.ingress.enabled=true",
+    "--set",
+    "argoApi.httpRoute.enabled=true",
+    "--set",
+    "networkPolicy.argoApiFrom[0].namespaceSelector.matchLabels.team=ingress",
 ];
 
 #[test]
@@ -148,6 +164,9 @@ fn the_values_schema_refuses_bad_values() {
         "admission.enabled=maybe",
         "podAntiAffinity.type=sometimes",
         "networkPolicy.from[0].anyone=true",
+        "argoApi.authModes={hybrid}",
+        "argoApi.argoServer.serviceAccount=argo-server",
+        "argoApi.port=0",
     ] {
         let (ok, _, err) = helm(&["template", "rewind", CHART, "--set", bad]);
         assert!(!ok, "helm template accepted --set {bad}");
@@ -173,11 +192,14 @@ fn the_plain_manifests_match_the_chart() {
     );
 }
 
-/// What `kubectl apply -f deploy/manifests/` installs: a namespace and the chart with its defaults.
+/// What `kubectl apply -f deploy/manifests/` installs: a namespace and the chart with its
+/// defaults, but for Argo's retry API: the chart serves it with a certificate it generates,
+/// and a committed file would give every reader the key.
 fn manifests() -> String {
-    let chart = template(&["--include-crds"]);
+    let chart = template(&["--include-crds", "--set", "argoApi.enabled=false"]);
     format!(
-        "# Rendered from {CHART} with its default values (namespace rewind) by\n\
+        "# Rendered from {CHART} with its default values (namespace rewind) but\n\
+         # argoApi.enabled=false (a generated key must not be committed) by\n\
          # `{UPDATE}=1 cargo test --test install`. Do not edit: change the chart.\n\
          ---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: rewind\n{chart}"
     )
@@ -614,6 +636,7 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
         ("controller.yaml", "ClusterRole", "rewind"),
         ("leader-election.yaml", "Role", "rewind-leader-election"),
         ("argo-archive.yaml", "Role", "rewind-archive"),
+        ("argo-api.yaml", "ClusterRole", "rewind-argo-api"),
     ] {
         let binding = find(&cluster, &format!("{kind}Binding"), name);
         ensure_agrees(file, kind, find(&cluster, kind, name), binding);
@@ -654,6 +677,135 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
             .unwrap_or_else(|| panic!("no Role rewind in {ns}"));
         assert_eq!(rules(role), cluster_wide, "Role in {ns}");
     }
+}
+
+/// The container's args of the chart rendered with `values`.
+fn args(values: &[&str]) -> Vec<String> {
+    let docs = documents(&template(values));
+    let deployment = find(&docs, "Deployment", "rewind");
+    serde_json::from_value(deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+        .unwrap()
+}
+
+#[test]
+fn argos_retry_api_is_served_over_tls_and_routed_on_exactly_its_two_paths() {
+    let docs = documents(&template(&[
+        "--set",
+        "argoApi.ingress.enabled=true",
+        "--set",
+        "argoApi.httpRoute.enabled=true",
+    ]));
+    // On by default, with a certificate the chart generates, mounted where the flags say.
+    let deployment = find(&docs, "Deployment", "rewind");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let given = args(&[]);
+    for flag in [
+        "--argo-api-addr=0.0.0.0:2746",
+        "--argo-api-plaintext=false",
+        "--argo-api-tls-cert=/etc/rewind/argo-api-tls/tls.crt",
+        "--argo-api-tls-key=/etc/rewind/argo-api-tls/tls.key",
+        "--argo-api-auth-mode=client",
+    ] {
+        assert!(given.iter().any(|a| a == flag), "{flag} missing: {given:?}");
+    }
+    let secret = find(&docs, "Secret", "rewind-argo-api-tls");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        "rewind-argo-api-tls"
+    );
+    assert_eq!(
+        pod["containers"][0]["volumeMounts"][0]["mountPath"],
+        "/etc/rewind/argo-api-tls"
+    );
+    let service = find(&docs, "Service", "rewind-argo-api");
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "argo-api");
+
+    let retry_paths = [
+        "/api/v1/workflows/[^/]+/[^/]+/retry",
+        "/api/v1/archived-workflows/[^/]+/retry",
+    ];
+    let ingress = find(&docs, "Ingress", "rewind-argo");
+    let paths = ingress["spec"]["rules"][0]["http"]["paths"]
+        .as_array()
+        .unwrap();
+    let routed: Vec<(&str, &str)> = paths
+        .iter()
+        .map(|p| {
+            (
+                p["path"].as_str().unwrap(),
+                p["backend"]["service"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        routed,
+        [
+            (retry_paths[0], "rewind-argo-api"),
+            (retry_paths[1], "rewind-argo-api"),
+            ("/", "rewind-argo-server"),
+        ]
+    );
+    assert_eq!(
+        ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"],
+        "HTTPS"
+    );
+    let argo_server = find(&docs, "Service", "rewind-argo-server");
+    assert_eq!(
+        argo_server["spec"]["externalName"],
+        "argo-server.argo.svc.cluster.local"
+    );
+    let route = find(&docs, "HTTPRoute", "rewind-argo");
+    let rules = route["spec"]["rules"].as_array().unwrap();
+    let retry_matches: Vec<(&str, &str)> = rules[0]["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["method"].as_str().unwrap(),
+                m["path"]["value"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        retry_matches,
+        [
+            ("PUT", "^/api/v1/workflows/[^/]+/[^/]+/retry$"),
+            ("PUT", "^/api/v1/archived-workflows/[^/]+/retry$"),
+        ]
+    );
+    assert_eq!(rules[0]["backendRefs"][0]["name"], "rewind-argo-api");
+    assert_eq!(rules[1]["backendRefs"][0]["name"], "argo-server");
+    assert_eq!(rules[1]["backendRefs"][0]["namespace"], "argo");
+    let grant = find(&docs, "ReferenceGrant", "rewind-argo");
+    assert_eq!(grant["metadata"]["namespace"], "argo");
+
+    // Plain HTTP only when asked; a Secret of one's own is mounted, none generated.
+    let plain = args(&["--set", "argoApi.tls.enabled=false"]);
+    assert!(
+        plain.iter().any(|a| a == "--argo-api-plaintext=true"),
+        "{plain:?}"
+    );
+    assert!(
+        !plain.iter().any(|a| a.starts_with("--argo-api-tls")),
+        "{plain:?}"
+    );
+    let own = documents(&template(&["--set", "argoApi.tls.secretName=mine"]));
+    assert_eq!(kinds(&own, "Secret"), 0);
+    let pod = &find(&own, "Deployment", "rewind")["spec"]["template"]["spec"];
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "mine");
+    // Off: no listener, no Service, no review rights.
+    let off = documents(&template(&["--set", "argoApi.enabled=false"]));
+    assert!(
+        !args(&["--set", "argoApi.enabled=false"])
+            .iter()
+            .any(|a| a.starts_with("--argo-api"))
+    );
+    assert!(
+        !off.iter()
+            .any(|d| d["metadata"]["name"] == "rewind-argo-api")
+    );
 }
 
 #[test]

@@ -17,6 +17,18 @@ const LAYERS: &[(&str, &[&str])] = &[
         "retry",
         &["argo", "protocol", "engine", "telemetry", "retry"],
     ),
+    ("client", &["argo", "protocol", "engine", "client"]),
+    (
+        "argoapi",
+        &[
+            "argo",
+            "protocol",
+            "engine",
+            "telemetry",
+            "client",
+            "argoapi",
+        ],
+    ),
     (
         "controller",
         &[
@@ -25,10 +37,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "engine",
             "telemetry",
             "retry",
+            "argoapi",
             "controller",
         ],
     ),
-    ("client", &["argo", "protocol", "engine", "client"]),
 ];
 
 fn src() -> PathBuf {

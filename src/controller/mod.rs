@@ -1,6 +1,7 @@
 //! The controller: wires the watches (workflows and WorkflowRetry objects),
 //! the workflow archive, the queue, the delete workers, the API
-//! budget, garbage collection and the HTTP endpoints together.
+//! budget, garbage collection, the HTTP endpoints and Argo's retry API
+//! together.
 
 pub mod argo_config;
 pub mod dispatch;
@@ -21,6 +22,7 @@ use tracing::info;
 
 use crate::argo::db::ArgoDatabase;
 use crate::argo::workflow::Workflow;
+use crate::argoapi::{self, ArgoApi};
 use crate::controller::leader::{LeaderError, LeaseConfig, Role};
 use crate::controller::watch::State;
 use crate::engine::Engine;
@@ -52,8 +54,17 @@ pub struct Options {
     /// Argo's workflow-controller ConfigMap (NAMESPACE/NAME), read for Argo's
     /// database before work starts, unless [`Controller::with_database`] gave one.
     pub argo_configmap: Option<String>,
+    /// Serve the Argo Server's retry calls here; `None` serves none.
+    pub argo_api: Option<ArgoApiOptions>,
     /// The container's limits, exported beside the process's own use.
     pub limits: ContainerLimits,
+}
+
+/// Where and how to serve the Argo Server's retry calls (see [`argoapi`]).
+#[derive(Clone, Debug)]
+pub struct ArgoApiOptions {
+    pub addr: SocketAddr,
+    pub settings: argoapi::Settings,
 }
 
 /// Why the controller stopped other than by a requested shutdown.
@@ -67,6 +78,12 @@ pub enum RunError {
     },
     #[error(transparent)]
     Leader(#[from] LeaderError),
+    #[error("serving Argo's retry API on {addr}: {source}")]
+    ArgoApi {
+        addr: SocketAddr,
+        #[source]
+        source: argoapi::SettingsError,
+    },
 }
 
 impl Default for Options {
@@ -82,6 +99,7 @@ impl Default for Options {
             reporter: "rewind".into(),
             leader_election: None,
             argo_configmap: None,
+            argo_api: None,
             limits: ContainerLimits::default(),
         }
     }
@@ -205,6 +223,15 @@ impl Controller {
             }
             None => None,
         };
+        // Every replica serves Argo's retry calls: a call only writes a
+        // request and reads its progress, and the leader serves the request.
+        let argo_api = match &self.options.argo_api {
+            Some(options) => Some((
+                options.addr,
+                tokio::spawn(self.serve_argo_api(options, shutdown.clone()).await?),
+            )),
+            None => None,
+        };
         let result = match (&self.options.leader_election, &self.lease_client) {
             (Some(lease), Some(client)) => {
                 let (lease, client) = (lease.clone(), client.clone());
@@ -237,16 +264,42 @@ impl Controller {
                 Ok(())
             }
         };
-        if let Some((addr, server)) = server {
-            // After a lost lease the caller has not asked to stop; the
-            // process ends, so stop serving too.
-            shutdown.cancel();
+        // After a lost lease the caller has not asked to stop; the process
+        // ends, so stop serving too.
+        shutdown.cancel();
+        for (addr, server) in server.into_iter().chain(argo_api) {
             server
                 .await
-                .expect("the HTTP server does not panic")
+                .expect("the HTTP servers do not panic")
                 .map_err(|source| RunError::Http { addr, source })?;
         }
         Ok(result?)
+    }
+
+    /// Binds Argo's retry API and loads its certificate: a listener that
+    /// cannot serve stops the controller at start, saying why.
+    async fn serve_argo_api(
+        &self,
+        options: &ArgoApiOptions,
+        shutdown: CancellationToken,
+    ) -> Result<impl Future<Output = std::io::Result<()>> + use<>, RunError> {
+        let addr = options.addr;
+        let settings = |source| RunError::ArgoApi { addr, source };
+        let api = ArgoApi::new(self.ctx.client(), &options.settings).map_err(settings)?;
+        let tls = match &options.settings.tls {
+            Some(files) => {
+                Some(argoapi::tls::server_config(files).map_err(|e| settings(e.into()))?)
+            }
+            None => None,
+        };
+        let http = |source| RunError::Http { addr, source };
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(http)?;
+        info!(
+            addr = %listener.local_addr().map_err(http)?,
+            tls = tls.is_some(),
+            "serving Argo's retry API (PUT /api/v1/workflows/{{namespace}}/{{name}}/retry, PUT /api/v1/archived-workflows/{{uid}}/retry)"
+        );
+        Ok(argoapi::serve(listener, tls, api, shutdown))
     }
 
     /// Watches and works until `shutdown` is cancelled.

@@ -97,11 +97,22 @@ pub enum Error {
     #[error("{0}")]
     Cluster(#[from] localcluster::Error),
 
+    #[error("{what} exited ({status}); last lines of {log}:\n{log_tail}")]
+    ProcessExited {
+        what: &'static str,
+        status: ExitStatus,
+        log: PathBuf,
+        log_tail: String,
+    },
+
     #[error("writing Argo's configuration as YAML: {0}")]
     Config(#[from] serde_yaml_ng::Error),
 
     #[error("timed out after {waited:?} waiting for {what}")]
     Timeout { what: String, waited: Duration },
+
+    #[error("logging {user} in through Argo's SSO and dex: {what}")]
+    SsoLogin { user: String, what: String },
 
     #[error(
         "Argo's workflow-controller exited ({status}); last lines of {log}:\n{log_tail}\n\
@@ -114,7 +125,10 @@ pub enum Error {
     },
 }
 
-fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+pub(crate) fn io(
+    action: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.into();
     move |source| Error::Io {
         action,
@@ -237,17 +251,7 @@ impl ArgoController {
         if options.persistence.as_ref().is_some_and(|p| p.offload) {
             command.env("ALWAYS_OFFLOAD_NODE_STATUS", "true");
         }
-        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
-        unsafe {
-            command.pre_exec(|| {
-                // Killed with us if this thread (a runtime worker) or the process dies first.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = command.spawn().map_err(io("starting", &binary))?;
+        let child = spawn_tied(&mut command).map_err(io("starting", &binary))?;
         tracing::info!(pid = child.id(), version = ?options.version, log = %log.display(), "Argo's workflow-controller started");
         let mut controller = ArgoController {
             child: Some(child),
@@ -329,7 +333,22 @@ impl Drop for ArgoController {
     }
 }
 
-fn stop(mut child: Child) {
+/// Starts `command`, killed with us if this thread (a runtime worker) or the process dies first.
+pub(crate) fn spawn_tied(command: &mut Command) -> std::io::Result<Child> {
+    // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// SIGTERM, then SIGKILL after 10 s.
+pub(crate) fn stop(mut child: Child) {
     let pid = libc::pid_t::try_from(child.id()).expect("a pid fits in pid_t");
     // SAFETY: kill(2) has no memory-safety preconditions; the child is not reaped yet.
     unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -342,13 +361,14 @@ fn stop(mut child: Child) {
     }
     tracing::warn!(
         pid,
-        "Argo's workflow-controller did not stop after SIGTERM; killing it"
+        "a child process did not stop after SIGTERM; killing it"
     );
     let _ = child.kill();
     let _ = child.wait();
 }
 
-fn log_tail(path: &Path) -> String {
+/// The last 30 lines of a log, for an error message.
+pub fn log_tail(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_else(|e| format!("(cannot read: {e})"));
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(30)..].join("\n")

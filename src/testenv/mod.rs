@@ -9,6 +9,7 @@
 
 pub mod argo;
 pub mod bench;
+pub mod clients;
 pub mod db;
 pub mod localcluster;
 pub mod prometheus;

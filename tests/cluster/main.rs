@@ -6,6 +6,7 @@
 
 // Argo's own database code (tools/argodb), shared with the archive tests.
 mod admission;
+mod argoapi;
 #[allow(dead_code)]
 #[path = "../archive/argodb.rs"]
 mod argodb;
@@ -125,6 +126,10 @@ fn main() -> ExitCode {
         leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
         admission::a_workflowretry_needs_what_argo_would_need_of_the_same_user,
+        argoapi::argos_retry_call_is_authorized_like_argos_and_answers_the_reset_workflow,
+        argoapi::argos_archived_retry_call_creates_the_workflow,
+        argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
+        argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

@@ -12,7 +12,12 @@
 //! `offloaded` (its nodes offloaded). One control plane, the database and Argo's controllers (v4, v3.7.6, v4 with
 //! the archive, v4 offloading) serve the whole binary; if they cannot start, every test fails
 //! (never skipped).
+//!
+//! The `cli-*` and `hera-*` scenarios ask rewind through its Argo API with Argo's own
+//! clients instead ([`clients`]): the real `argo` CLI and Hera, through nginx routing as the
+//! chart's Ingress, beside a real `argo server` (the archive controller's ConfigMap).
 
+mod clients;
 mod run;
 
 use std::path::PathBuf;
@@ -25,11 +30,12 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use rewind::argo::plan::ArgoVersion;
 use rewind::argo::workflow::Workflow;
 use rewind::testenv::argo::{self, ArgoController};
+use rewind::testenv::clients::ArgoServer;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use tracing_subscriber::EnvFilter;
 
-use run::{Budgets, Mode, Retry, Scenario};
+use run::{ApiClient, Budgets, Mode, Retry, Scenario};
 
 const WORK: &str = r#"
   - name: work
@@ -52,7 +58,50 @@ fn workflow(body: &str) -> Workflow {
 
 /// The v4 scenarios, then the DAG with retryStrategy again under Argo v3.7.6 (its own
 /// controller, instance ID `v3`; rewind with v3.7 rules; v3.7.6's RetryWorkflow).
-fn scenarios() -> Vec<Scenario> {
+fn scenarios() -> Vec<(Scenario, Option<clients::Kind>)> {
+    let mut all: Vec<_> = plain_scenarios().into_iter().map(|s| (s, None)).collect();
+    all.extend(client_scenarios());
+    all
+}
+
+/// Argo's clients through rewind's Argo API: on the archive controller, whose ConfigMap the
+/// argo server reads (its archive and instance ID); live with every option, by label, and
+/// archived.
+fn client_scenarios() -> Vec<(Scenario, Option<clients::Kind>)> {
+    let v4 = v4_scenarios();
+    let find = |name: &str| {
+        v4.iter()
+            .find(|s| s.name == name)
+            .expect("a v4 scenario")
+            .clone()
+    };
+    let archived = database_scenarios()
+        .into_iter()
+        .find(|s| s.mode == Mode::Archived)
+        .expect("the archived scenario");
+    [
+        ("cli-retry", find("selector-parameters"), clients::Kind::Cli),
+        ("cli-retry-label", find("steps"), clients::Kind::CliLabel),
+        ("cli-archive-retry", archived.clone(), clients::Kind::Cli),
+        (
+            "hera-retry",
+            find("selector-parameters"),
+            clients::Kind::Hera,
+        ),
+        ("hera-archive-retry", archived.clone(), clients::Kind::Hera),
+        ("ui-retry", find("steps"), clients::Kind::Ui),
+        ("ui-archive-retry", archived, clients::Kind::Ui),
+    ]
+    .into_iter()
+    .map(|(name, mut scenario, kind)| {
+        scenario.name = name.into();
+        scenario.instance_id = Some(ARCHIVE_INSTANCE.into());
+        (scenario, Some(kind))
+    })
+    .collect()
+}
+
+fn plain_scenarios() -> Vec<Scenario> {
     let mut all = v4_scenarios();
     let mut v3 = all
         .iter()
@@ -238,8 +287,9 @@ async fn check(
     cluster: &LocalCluster,
     peer: &std::path::Path,
     scenario: Scenario,
+    client: Option<&dyn ApiClient>,
 ) -> anyhow::Result<()> {
-    let outcome = run::run(cluster, peer, &scenario, Budgets::default(), false).await?;
+    let outcome = run::run(cluster, peer, &scenario, Budgets::default(), false, client).await?;
     for (side, by_rewind) in [(&outcome.rewind, true), (&outcome.argo, false)] {
         let ns = &side.namespace;
         let fates = side.fates();
@@ -350,6 +400,12 @@ struct Env {
     db: DbServer,
     peer: PathBuf,
     peer_v3: PathBuf,
+    /// Argo's server, for the client scenarios, and what they run.
+    argo_server: ArgoServer,
+    argo_cli: PathBuf,
+    python: PathBuf,
+    /// Argo's server with its UI built, and playwright-core: only when a `ui-*` scenario runs.
+    ui: Option<(ArgoServer, PathBuf)>,
 }
 
 impl Env {
@@ -360,8 +416,29 @@ impl Env {
         }
     }
 
-    /// The ConfigMap of the controller that keeps the scenario's workflow in its database.
-    fn configmap(&self, mode: Mode) -> Option<String> {
+    /// The client of a client scenario.
+    fn client(&self, kind: clients::Kind) -> clients::Client {
+        let (argo_server, playwright) = match (&self.ui, kind) {
+            (Some((server, playwright)), clients::Kind::Ui) => {
+                (server.addr, Some(playwright.clone()))
+            }
+            _ => (self.argo_server.addr, None),
+        };
+        clients::Client {
+            kind,
+            argo: self.argo_cli.clone(),
+            argo_server,
+            python: self.python.clone(),
+            playwright,
+        }
+    }
+
+    /// The ConfigMap of the controller that keeps the scenario's workflow in its database
+    /// (a client scenario's is the archive controller's, whichever its mode).
+    fn configmap(&self, mode: Mode, client: bool) -> Option<String> {
+        if client {
+            return Some(self.argo_archive.configmap());
+        }
         match mode {
             Mode::Live => None,
             Mode::Archived | Mode::ArchivedOrphaned => Some(self.argo_archive.configmap()),
@@ -370,13 +447,20 @@ impl Env {
     }
 }
 
-async fn start() -> anyhow::Result<Env> {
-    let (peer, peer_v3) = tokio::task::spawn_blocking(|| {
-        anyhow::Ok((argo::binary("peer")?, argo::binary("peer-v3")?))
+/// [`Env`] for the trials; `ui`: start Argo's server with its UI too.
+async fn start(ui: bool) -> anyhow::Result<Env> {
+    let (peer, peer_v3, (argo_cli, python)) = tokio::task::spawn_blocking(|| {
+        anyhow::Ok((
+            argo::binary("peer")?,
+            argo::binary("peer-v3")?,
+            clients::tools()?,
+        ))
     })
     .await??;
     let cluster = LocalCluster::start(Options {
         scheduling: true,
+        // The client scenarios check that only rewind deleted pods.
+        audit: true,
         ..Options::default()
     })
     .await?;
@@ -410,7 +494,19 @@ async fn start() -> anyhow::Result<Env> {
     }
     let argo_offload = with_database.pop().expect("two controllers");
     let argo_archive = with_database.pop().expect("two controllers");
+    let argo_server = ArgoServer::start(&cluster, &argo_cli, &argo_archive.configmap()).await?;
+    let ui = if ui {
+        let (argo_ui, playwright) = tokio::task::spawn_blocking(clients::ui_tools).await??;
+        let server = ArgoServer::start(&cluster, &argo_ui, &argo_archive.configmap()).await?;
+        Some((server, playwright))
+    } else {
+        None
+    };
     Ok(Env {
+        ui,
+        argo_server,
+        argo_cli,
+        python,
         cluster,
         argo,
         argo_v3,
@@ -433,16 +529,22 @@ fn main() -> ExitCode {
         .init();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let scenarios = scenarios();
+    // The UI's scenarios need Argo's UI built (minutes: tools/argo/ui.sh), so they run only
+    // when asked: `make test-ui` (`-- --ignored ui-`).
+    let is_ui = |kind: &Option<clients::Kind>| *kind == Some(clients::Kind::Ui);
     let listed: Vec<Trial> = scenarios
         .iter()
-        .map(|s| Trial::test(s.name.clone(), || Ok(())))
+        .map(|(s, kind)| Trial::test(s.name.clone(), || Ok(())).with_ignored_flag(is_ui(kind)))
         .collect();
+    let ui_wanted = listed
+        .iter()
+        .any(|t| t.has_ignored_flag() && !args.is_filtered_out(t) && !args.is_ignored(t));
     let anything_to_run = !args.list
         && listed
             .iter()
             .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
     let env = if anything_to_run {
-        match runtime.block_on(start()) {
+        match runtime.block_on(start(ui_wanted)) {
             Ok(env) => Some(Arc::new(env)),
             Err(error) => {
                 eprintln!(
@@ -456,22 +558,26 @@ fn main() -> ExitCode {
     };
     let trials = scenarios
         .into_iter()
-        .map(|scenario| {
+        .map(|(scenario, kind)| {
             let env = env.clone();
             let handle = runtime.handle().clone();
+            let ignored = is_ui(&kind);
             Trial::test(scenario.name.clone(), move || {
                 let env =
                     env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
                 let mut scenario = scenario;
-                scenario.argo_configmap = env.configmap(scenario.mode);
+                scenario.argo_configmap = env.configmap(scenario.mode, kind.is_some());
+                let client = kind.map(|kind| env.client(kind));
                 handle
                     .block_on(check(
                         &env.cluster,
                         env.peer(scenario.argo_version),
                         scenario,
+                        client.as_ref().map(|c| c as &dyn ApiClient),
                     ))
                     .map_err(|error| Failed::from(format!("{error:#}")))
             })
+            .with_ignored_flag(ignored)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
@@ -483,12 +589,20 @@ fn main() -> ExitCode {
             argo_archive,
             argo_offload,
             db,
+            argo_server,
+            ui,
             ..
         }) = Arc::try_unwrap(env)
         else {
             eprintln!("error: a test kept the environment alive");
             return ExitCode::FAILURE;
         };
+        for server in std::iter::once(argo_server).chain(ui.map(|(server, _)| server)) {
+            if let Err(error) = runtime.block_on(server.stop()) {
+                eprintln!("error: argo server: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
         for controller in [argo, argo_v3, argo_archive, argo_offload] {
             if let Err(error) = runtime.block_on(controller.stop()) {
                 eprintln!("error: Argo's workflow-controller: {error}");

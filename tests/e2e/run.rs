@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::{ArgoDatabase, Sql};
@@ -140,14 +141,16 @@ pub async fn run(
     scenario: &Scenario,
     budgets: Budgets,
     sequential: bool,
+    client: Option<&dyn ApiClient>,
 ) -> anyhow::Result<Outcome> {
+    let rewind = Via::Rewind(budgets, client);
     let (rewind, argo) = if sequential {
         // Argo's side first, so rewind's is not the one that runs on a fresh cluster.
         let argo = side(cluster, scenario, Via::Argo(peer, budgets)).await;
-        (side(cluster, scenario, Via::Rewind(budgets)).await, argo)
+        (side(cluster, scenario, rewind).await, argo)
     } else {
         tokio::join!(
-            side(cluster, scenario, Via::Rewind(budgets)),
+            side(cluster, scenario, rewind),
             side(cluster, scenario, Via::Argo(peer, budgets)),
         )
     };
@@ -156,14 +159,34 @@ pub async fn run(
     Ok(Outcome { rewind, argo })
 }
 
+/// One of Argo's clients asking rewind for the retry through rewind's Argo API, as it would
+/// ask Argo's server: the rewind side's controller serves the API as [`ApiClient::listener`]
+/// says, and the client's call replaces the annotation or the WorkflowRetry.
+pub trait ApiClient: Sync {
+    /// Where and how rewind's controller serves Argo's retry API for one side.
+    fn listener(&self, namespace: &str) -> anyhow::Result<rewind::controller::ArgoApiOptions>;
+    /// Retries the side's workflow (`archived_uid`: from Argo's archive) through `api`.
+    fn retry<'a>(&'a self, call: ApiCall<'a>) -> BoxFuture<'a, anyhow::Result<()>>;
+}
+
+/// One retry through rewind's Argo API.
+pub struct ApiCall<'a> {
+    pub cluster: &'a LocalCluster,
+    pub api: &'a rewind::controller::ArgoApiOptions,
+    pub namespace: &'a str,
+    pub scenario: &'a Scenario,
+    pub archived_uid: Option<&'a str>,
+}
+
 enum Via<'a> {
-    Rewind(Budgets),
+    /// rewind, asked by annotation or WorkflowRetry, or by `ApiClient` through its Argo API.
+    Rewind(Budgets, Option<&'a dyn ApiClient>),
     Argo(&'a Path, Budgets),
 }
 
 async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyhow::Result<Side> {
     let suffix = match via {
-        Via::Rewind(_) => "rewind",
+        Via::Rewind(_, _) => "rewind",
         Via::Argo(..) => "argo",
     };
     let namespace = format!("{}-{suffix}", scenario.name);
@@ -227,9 +250,44 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     let mut refused = None;
 
     let (reset_took, retry_took) = match via {
-        Via::Rewind(budgets) => {
-            let controller =
-                start_rewind(cluster, &namespace, scenario, budgets, database.clone()).await?;
+        Via::Rewind(budgets, Some(client)) => {
+            let api = client.listener(&namespace)?;
+            let controller = start_rewind(
+                cluster,
+                &namespace,
+                scenario,
+                budgets,
+                database.clone(),
+                Some(api.clone()),
+            )
+            .await?;
+            let started = Instant::now();
+            let call = ApiCall {
+                cluster,
+                api: &api,
+                namespace: &namespace,
+                scenario,
+                archived_uid: archived_uid.as_deref(),
+            };
+            let name = &scenario.name;
+            let (retried, took) = tokio::join!(
+                client.retry(call),
+                until_succeeded(&workflows, name, started, scenario.timeout)
+            );
+            controller.stop().await?;
+            retried?;
+            took?
+        }
+        Via::Rewind(budgets, None) => {
+            let controller = start_rewind(
+                cluster,
+                &namespace,
+                scenario,
+                budgets,
+                database.clone(),
+                None,
+            )
+            .await?;
             let started = Instant::now();
             let took = async {
                 match &archived_uid {
@@ -513,8 +571,12 @@ async fn start_rewind(
     scenario: &Scenario,
     budgets: Budgets,
     database: Option<Arc<dyn ArgoDatabase>>,
+    argo_api: Option<rewind::controller::ArgoApiOptions>,
 ) -> anyhow::Result<Running> {
-    let mut options = Options::default();
+    let mut options = Options {
+        argo_api,
+        ..Options::default()
+    };
     options.budget.writes =
         rewind::engine::budget::Rate::new(budgets.rewind_qps, budgets.rewind_burst)
             .context("a non-zero rewind budget")?;
@@ -784,6 +846,13 @@ fn normalized(wf: &Workflow) -> anyhow::Result<Value> {
             "namespace",
         ] {
             meta.remove(key);
+        }
+        if let Some(meta_labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
+            // Argo archives a finished workflow in the background: the label says Pending
+            // until the row is written, a moment that falls differently in two runs.
+            if meta_labels.get(labels::WORKFLOW_ARCHIVING_STATUS) == Some(&Value::from("Pending")) {
+                meta_labels.insert(labels::WORKFLOW_ARCHIVING_STATUS.into(), "Archived".into());
+            }
         }
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             // Argo's controller gives every workflow its own trace ID.

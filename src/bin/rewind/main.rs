@@ -13,8 +13,11 @@ use rewind::argo::plan::compress::{
 };
 use rewind::argo::plan::{ArgoVersion, RetryOptions};
 use rewind::argo::workflow::Workflow;
+use rewind::argoapi::auth::{Account, AuthMode};
+use rewind::argoapi::tls::CertFiles;
+use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
-use rewind::controller::{Controller, Options};
+use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
 use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
@@ -47,7 +50,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller (kubeconfig rules as kubectl's, or in-cluster config).
-    Controller(ControllerArgs),
+    // Boxed: its many flags make it far larger than the other commands.
+    Controller(Box<ControllerArgs>),
     /// Retry workflows as `argo retry` does, through the rewind controller, and follow the retries.
     Retry(retry::RetryArgs),
     /// Show retry requests and their progress, kubectl-style.
@@ -101,6 +105,81 @@ struct ControllerArgs {
     tuning: Tuning,
     #[command(flatten)]
     leader: LeaderArgs,
+    #[command(flatten)]
+    argo_api: ArgoApiArgs,
+}
+
+/// The Argo Server's retry calls, served by rewind (off unless --argo-api-addr is given).
+#[derive(clap::Args)]
+struct ArgoApiArgs {
+    /// Serve Argo's two retry calls (PUT .../retry) on this address, for an Ingress or
+    /// HTTPRoute that sends them here and everything else to argo-server.
+    #[arg(long, env = "REWIND_ARGO_API_ADDR")]
+    argo_api_addr: Option<SocketAddr>,
+    /// PEM certificate chain to serve them with (tls.crt of a kubernetes.io/tls Secret).
+    #[arg(long, env = "REWIND_ARGO_API_TLS_CERT", requires = "argo_api_tls_key")]
+    argo_api_tls_cert: Option<PathBuf>,
+    /// PEM private key of that certificate (tls.key).
+    #[arg(long, env = "REWIND_ARGO_API_TLS_KEY", requires = "argo_api_tls_cert")]
+    argo_api_tls_key: Option<PathBuf>,
+    /// Serve them over plain HTTP (true, behind a proxy that terminates TLS); when false a
+    /// certificate is required.
+    #[arg(long, env = "REWIND_ARGO_API_PLAINTEXT", default_value_t = false, action = clap::ArgAction::Set)]
+    argo_api_plaintext: bool,
+    /// The auth modes of the Argo Server in front, as its auth-mode flag gives them: client, server, sso
+    /// (repeatable or comma-separated).
+    #[arg(
+        long,
+        default_value = "client",
+        env = "REWIND_ARGO_API_AUTH_MODE",
+        value_delimiter = ','
+    )]
+    argo_api_auth_mode: Vec<AuthMode>,
+    /// The Argo Server's ServiceAccount (NAMESPACE/NAME): callers in server mode, and SSO
+    /// callers without SSO RBAC, are authorized as it, as Argo acts as it for them.
+    #[arg(long, env = "REWIND_ARGO_SERVER_SERVICE_ACCOUNT")]
+    argo_server_service_account: Option<Account>,
+    /// The Argo Server (e.g. https://argo-server.argo:2746), asked who an SSO caller is.
+    #[arg(long, env = "REWIND_ARGO_SERVER_URL")]
+    argo_server_url: Option<http::Uri>,
+    /// PEM CA certificate the Argo Server's certificate is signed with.
+    #[arg(long, env = "REWIND_ARGO_SERVER_CA_FILE")]
+    argo_server_ca_file: Option<PathBuf>,
+    /// Trust any certificate of the Argo Server (as the argo CLI does when told to skip verifying).
+    #[arg(long, env = "REWIND_ARGO_SERVER_INSECURE_SKIP_VERIFY")]
+    argo_server_insecure_skip_verify: bool,
+}
+
+impl ArgoApiArgs {
+    fn options(self) -> anyhow::Result<Option<ArgoApiOptions>> {
+        let Some(addr) = self.argo_api_addr else {
+            return Ok(None);
+        };
+        let tls = match (self.argo_api_tls_cert, self.argo_api_tls_key) {
+            (Some(_), Some(_)) if self.argo_api_plaintext => bail!(
+                "--argo-api-plaintext=true serves plain HTTP, yet a certificate is given (--argo-api-tls-cert); give one or the other"
+            ),
+            (Some(cert), Some(key)) => Some(CertFiles { cert, key }),
+            _ if self.argo_api_plaintext => None,
+            _ => bail!(
+                "--argo-api-addr serves TLS: give --argo-api-tls-cert and --argo-api-tls-key (the chart generates a self-signed pair), or --argo-api-plaintext=true behind a proxy that terminates TLS"
+            ),
+        };
+        let argo_server = self.argo_server_url.map(|url| ArgoServer {
+            url,
+            ca_file: self.argo_server_ca_file,
+            insecure_skip_verify: self.argo_server_insecure_skip_verify,
+        });
+        Ok(Some(ArgoApiOptions {
+            addr,
+            settings: Settings {
+                modes: self.argo_api_auth_mode,
+                server_account: self.argo_server_service_account,
+                argo_server,
+                tls,
+            },
+        }))
+    }
 }
 
 /// Leader election, for running several replicas.
@@ -328,7 +407,7 @@ fn main() -> anyhow::Result<()> {
         }
         command => tokio::runtime::Runtime::new()?.block_on(async {
             match command {
-                Command::Controller(args) => controller(args).await,
+                Command::Controller(args) => controller(*args).await,
                 Command::Retry(args) => retry::run(args).await,
                 Command::Status(args) => status::run(args).await,
                 #[cfg(feature = "testenv")]
@@ -357,6 +436,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let options = Options {
         leader_election: args.leader.lease(),
         argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
+        argo_api: args.argo_api.options()?,
         limits: ContainerLimits {
             memory_bytes: args.memory_limit,
             cpu_cores: args.cpu_limit.map(|millicores| millicores as f64 / 1000.0),

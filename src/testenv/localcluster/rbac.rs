@@ -17,6 +17,8 @@ use super::kubeconfig::CONTROLLER_NAME;
 
 const FILE: &str = "deploy/rbac/controller.yaml";
 const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
+const ARGO_API_FILE: &str = "deploy/rbac/argo-api.yaml";
+const ARGO_API_RBAC: &str = include_str!("../../../deploy/rbac/argo-api.yaml");
 
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
@@ -24,8 +26,13 @@ const TESTENV_ROLE: &str = "rewind-controller-testenv";
 
 /// The controller's ClusterRole as deploy/rbac/controller.yaml ships it.
 pub fn controller_cluster_role() -> Result<ClusterRole, Error> {
-    let invalid = |source| Error::Rbac { file: FILE, source };
-    for document in serde_yaml_ng::Deserializer::from_str(CONTROLLER_RBAC) {
+    cluster_role(FILE, CONTROLLER_RBAC)
+}
+
+/// The ClusterRole of `text` (deploy/rbac/`file`).
+fn cluster_role(file: &'static str, text: &str) -> Result<ClusterRole, Error> {
+    let invalid = |source| Error::Rbac { file, source };
+    for document in serde_yaml_ng::Deserializer::from_str(text) {
         let value = serde_yaml_ng::Value::deserialize(document).map_err(invalid)?;
         if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
             return serde_yaml_ng::from_value(value).map_err(invalid);
@@ -60,7 +67,9 @@ fn testenv_role() -> ClusterRole {
 }
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    for role in [controller_cluster_role()?, testenv_role()] {
+    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it.
+    let argo_api = cluster_role(ARGO_API_FILE, ARGO_API_RBAC)?;
+    for role in [controller_cluster_role()?, argo_api, testenv_role()] {
         bind_to_controller(client, role).await?;
     }
     Ok(())

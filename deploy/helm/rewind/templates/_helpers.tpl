@@ -29,7 +29,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: ["get", "list", "watch", "create", "update", "patch"]
 - apiGroups: ["rewind.dev"]
   resources: ["workflowretries"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: ["rewind.dev"]
   resources: ["workflowretries/status"]
   verbs: ["get", "update", "patch"]
@@ -59,4 +59,22 @@ The pod's affinity: .Values.affinity, plus replicas spread by
 {{- with $affinity }}
 {{- toYaml . }}
 {{- end }}
+{{- end -}}
+
+
+{{/*
+The Secret holding the Argo API's certificate: the one given, or the chart's
+self-signed one (templates/argo-api.yaml).
+*/}}
+{{- define "rewind.argoApiTLSSecret" -}}
+{{- .Values.argoApi.tls.secretName | default (printf "%s-argo-api-tls" (include "rewind.fullname" .)) }}
+{{- end -}}
+
+{{/*
+The path regular expressions of Argo's two retry calls, as the Ingress and the
+HTTPRoute match them (a name or namespace is one path segment).
+*/}}
+{{- define "rewind.retryPaths" -}}
+- /api/v1/workflows/[^/]+/[^/]+/retry
+- /api/v1/archived-workflows/[^/]+/retry
 {{- end -}}

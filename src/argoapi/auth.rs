@@ -1,0 +1,510 @@
+//! Who calls, and whether Argo's server would let them: never weaker than
+//! Argo's own gatekeeper (server/auth/gatekeeper.go, v4.1.4).
+//!
+//! The token is read where Argo reads it (the `Authorization` header, else an
+//! `authorization` cookie, as the UI sets), and its mode is told as Argo's
+//! `Modes.GetMode` tells it: `Bearer v2:` is SSO, another `Bearer` token is a
+//! Kubernetes token (client mode), and in server mode any caller is the Argo
+//! Server's own account. Then one SubjectAccessReview per permission Argo's
+//! server would use as the caller. Nothing is asked of the cluster for the
+//! retry before both passed.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use axum::http::HeaderMap;
+use axum::http::header::{AUTHORIZATION, COOKIE};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use serde::Deserialize;
+
+use crate::argoapi::wire::{Code, Status};
+use crate::engine::fault;
+
+/// Argo's words for a token no allowed mode takes (gatekeeper.getClients).
+const TOKEN_NOT_VALID: &str =
+    "token not valid. see https://argo-workflows.readthedocs.io/en/latest/faq/";
+
+/// SSO tokens carry this prefix (Argo's `sso.Prefix`): only Argo's server decodes them.
+const SSO_PREFIX: &str = "Bearer v2:";
+
+/// One of Argo's `--auth-mode` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AuthMode {
+    /// The caller's bearer token is a Kubernetes token; the call acts as its user.
+    Client,
+    /// Every caller acts as the Argo Server's own ServiceAccount.
+    Server,
+    /// Argo's SSO: the Argo Server says who the caller is.
+    Sso,
+}
+
+impl FromStr for AuthMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "client" => Ok(AuthMode::Client),
+            "server" => Ok(AuthMode::Server),
+            "sso" => Ok(AuthMode::Sso),
+            other => Err(format!(
+                "unknown auth mode {other:?}: Argo's --auth-mode takes client, server or sso"
+            )),
+        }
+    }
+}
+
+/// A ServiceAccount, as `NAMESPACE/NAME`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl FromStr for Account {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(Account {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }),
+            _ => Err(format!(
+                "{s:?} is no ServiceAccount: give it as NAMESPACE/NAME (e.g. argo/argo-server)"
+            )),
+        }
+    }
+}
+
+impl Account {
+    /// The caller the API server sees when this account's token is used.
+    fn identity(&self, how: &'static str) -> Identity {
+        let Account { namespace, name } = self;
+        Identity {
+            user: format!("system:serviceaccount:{namespace}:{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            uid: None,
+            extra: BTreeMap::new(),
+            how,
+        }
+    }
+}
+
+/// How callers are told apart, as the Argo installation in front does.
+#[derive(Clone)]
+pub struct Authenticator {
+    pub modes: Vec<AuthMode>,
+    /// The Argo Server's own ServiceAccount: whom server mode (and SSO
+    /// without SSO RBAC, where Argo acts as itself) is authorized as.
+    pub server_account: Option<Account>,
+    /// A client of the Argo Server, for `/api/v1/userinfo` (SSO).
+    pub argo_server: Option<kube::Client>,
+}
+
+/// The caller, as the API server would see them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub uid: Option<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+    /// How the caller was told (for logs and messages).
+    pub how: &'static str,
+}
+
+/// The tokens a call carries, in the order Argo's gatekeeper tries them:
+/// the `Authorization` header alone when present, else every
+/// `authorization` cookie (a wildcard-domain cookie can add a second one).
+pub fn tokens(headers: &HeaderMap) -> Vec<String> {
+    if let Some(header) = headers.get(AUTHORIZATION) {
+        return vec![String::from_utf8_lossy(header.as_bytes()).into_owned()];
+    }
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .flat_map(|h| h.to_str().unwrap_or_default().split(';'))
+        .filter_map(|c| c.trim().strip_prefix("authorization="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .collect()
+}
+
+/// The mode a token is served in (Argo's `Modes.GetMode`), if any allowed.
+pub fn mode_of(modes: &[AuthMode], token: &str) -> Option<AuthMode> {
+    if modes.contains(&AuthMode::Sso) && token.starts_with(SSO_PREFIX) {
+        return Some(AuthMode::Sso);
+    }
+    if modes.contains(&AuthMode::Client)
+        && (token.starts_with("Bearer ") || token.starts_with("Basic "))
+    {
+        return Some(AuthMode::Client);
+    }
+    modes
+        .contains(&AuthMode::Server)
+        .then_some(AuthMode::Server)
+}
+
+/// The 401 every refused token gets: Argo's words, then what rewind takes.
+fn unauthenticated(argo: &str, hint: &str) -> Status {
+    Status::new(Code::Unauthenticated, format!("{argo} — {hint}"))
+}
+
+impl Authenticator {
+    /// Who makes the call with `headers`; 401 when nobody Argo would accept.
+    pub async fn authenticate(
+        &self,
+        client: &kube::Client,
+        headers: &HeaderMap,
+    ) -> Result<Identity, Status> {
+        let mut tokens = tokens(headers);
+        if tokens.is_empty() {
+            tokens.push(String::new());
+        }
+        let Some((token, mode)) = tokens
+            .iter()
+            .find_map(|t| Some((t.as_str(), mode_of(&self.modes, t)?)))
+        else {
+            let hint = if tokens.iter().all(String::is_empty) {
+                "the call carried no token; send a Kubernetes bearer token (`argo` reads ARGO_TOKEN, e.g. \"Bearer $(kubectl create token NAME)\"), or log in to Argo's UI"
+            } else {
+                "rewind serves the auth modes this installation's Argo Server runs in; send \"Bearer \" and a Kubernetes token, or log in to Argo's UI again"
+            };
+            return Err(unauthenticated(TOKEN_NOT_VALID, hint));
+        };
+        match mode {
+            AuthMode::Client => review(client, token).await,
+            AuthMode::Server => Ok(self.server_identity("server mode")?),
+            AuthMode::Sso => self.sso(token).await,
+        }
+    }
+
+    fn server_identity(&self, how: &'static str) -> Result<Identity, Status> {
+        match &self.server_account {
+            Some(account) => Ok(account.identity(how)),
+            None => Err(Status::new(
+                Code::Internal,
+                "rewind does not know the Argo Server's ServiceAccount, which this call acts as; set --argo-server-service-account (the chart's argoApi.argoServer.serviceAccount)",
+            )),
+        }
+    }
+
+    /// An SSO caller, as the Argo Server that issued the token names them.
+    async fn sso(&self, token: &str) -> Result<Identity, Status> {
+        let Some(argo) = &self.argo_server else {
+            return Err(unauthenticated(
+                TOKEN_NOT_VALID,
+                "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
+            ));
+        };
+        let request = axum::http::Request::get("/api/v1/userinfo")
+            .header(AUTHORIZATION, token)
+            .body(Vec::new())
+            .expect("a request of a fixed path and a header from a request builds");
+        let text = match argo.request_text(request).await {
+            Ok(text) => text,
+            Err(e) => {
+                return Err(match refusal(&e) {
+                    Some(message) => unauthenticated(
+                        message,
+                        "the Argo Server refused this SSO token; log in to Argo's UI again",
+                    ),
+                    None => Status::new(
+                        Code::Unavailable,
+                        format!(
+                            "asking the Argo Server who the SSO caller is (GET /api/v1/userinfo) failed: {}; check --argo-server-url and that the Argo Server runs",
+                            fault::explain(&e)
+                        ),
+                    ),
+                });
+            }
+        };
+        let info: UserInfo = serde_json::from_str(&text).map_err(|e| {
+            Status::new(
+                Code::Internal,
+                format!("the Argo Server's /api/v1/userinfo answer is not Argo's GetUserInfoResponse ({e}); is --argo-server-url an Argo Server?"),
+            )
+        })?;
+        match (info.service_account_namespace, info.service_account_name) {
+            (Some(namespace), Some(name)) if !namespace.is_empty() && !name.is_empty() => {
+                Ok(Account { namespace, name }
+                    .identity("SSO (the ServiceAccount Argo's SSO RBAC maps the user to)"))
+            }
+            // Without SSO RBAC, Argo's server acts as itself for SSO users.
+            _ => {
+                self.server_identity("SSO without SSO RBAC (the Argo Server's own ServiceAccount)")
+            }
+        }
+    }
+}
+
+/// The message of the Argo Server's refusal of a token, if `e` is one. kube reads an
+/// error answer's body as a Kubernetes Status, and Argo's body is a rendered gRPC status:
+/// its `code` (16 Unauthenticated, 7 PermissionDenied) stands where the HTTP status would.
+/// A body that is no JSON (from a proxy in between) keeps the HTTP status.
+fn refusal(e: &kube::Error) -> Option<&str> {
+    match e {
+        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 16 | 7) => Some(&s.message),
+        _ => None,
+    }
+}
+
+/// What `GET /api/v1/userinfo` answers (info.proto GetUserInfoResponse).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UserInfo {
+    service_account_name: Option<String>,
+    service_account_namespace: Option<String>,
+}
+
+/// The user a Kubernetes token stands for (TokenReview).
+async fn review(client: &kube::Client, token: &str) -> Result<Identity, Status> {
+    let Some(bearer) = token.strip_prefix("Bearer ") else {
+        return Err(unauthenticated(
+            "token not valid: basic authentication is not a Kubernetes token",
+            "rewind checks callers with a TokenReview; send \"Bearer \" and a Kubernetes token",
+        ));
+    };
+    let review = TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(bearer.trim().to_owned()),
+            audiences: None,
+        },
+        ..Default::default()
+    };
+    let answer = Api::<TokenReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| asking_failed("a TokenReview of the caller's token", "tokenreviews", &e))?;
+    let status = answer.status.unwrap_or_default();
+    match (status.authenticated, status.user) {
+        (Some(true), Some(user)) => Ok(Identity {
+            user: user.username.unwrap_or_default(),
+            groups: user.groups.unwrap_or_default(),
+            uid: user.uid,
+            extra: user.extra.unwrap_or_default(),
+            how: "client mode (a Kubernetes token)",
+        }),
+        _ => Err(unauthenticated(
+            &format!(
+                "token not valid: {}",
+                status
+                    .error
+                    .as_deref()
+                    .unwrap_or("the API server does not know it")
+            ),
+            "the Kubernetes API server does not accept this token (expired, revoked or tampered with); get a new one (e.g. `kubectl create token NAME`)",
+        )),
+    }
+}
+
+/// A review rewind could not ask: its own rights, or the API server's trouble.
+fn asking_failed(what: &str, resource: &str, e: &kube::Error) -> Status {
+    let code = if fault::is_transient(e) {
+        Code::Unavailable
+    } else {
+        Code::Internal
+    };
+    let rights = match fault::api_code(e) {
+        Some(403) => format!(
+            "; rewind's ServiceAccount needs create on {resource} (the chart's ClusterRole and deploy/rbac grant it)"
+        ),
+        _ => String::new(),
+    };
+    Status::new(
+        code,
+        format!("asking {what} failed: {}{rights}", fault::explain(e)),
+    )
+}
+
+/// One permission Argo's server uses as the caller for a retry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permission {
+    pub verb: &'static str,
+    pub namespace: String,
+    /// The workflow's name, when the check is about one.
+    pub name: Option<String>,
+}
+
+/// Whether `who` holds every permission of `needed` on workflows
+/// (argoproj.io); 403 naming the first one missing.
+pub async fn authorize(
+    client: &kube::Client,
+    who: &Identity,
+    needed: &[Permission],
+    why: &str,
+) -> Result<(), Status> {
+    for permission in needed {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(who.user.clone()),
+                groups: Some(who.groups.clone()),
+                uid: who.uid.clone(),
+                extra: (!who.extra.is_empty()).then(|| who.extra.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some("argoproj.io".into()),
+                    resource: Some("workflows".into()),
+                    verb: Some(permission.verb.into()),
+                    namespace: Some(permission.namespace.clone()),
+                    name: permission.name.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                asking_failed(
+                    "a SubjectAccessReview of the caller",
+                    "subjectaccessreviews",
+                    &e,
+                )
+            })?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            return Err(denied(who, permission, why));
+        }
+    }
+    Ok(())
+}
+
+/// The 403 of a missing permission: Argo's words, then which one and what to do.
+pub fn denied(who: &Identity, permission: &Permission, why: &str) -> Status {
+    let Permission {
+        verb, namespace, ..
+    } = permission;
+    Status::new(
+        Code::PermissionDenied,
+        format!(
+            "permission denied — {user} ({how}) may not {verb} workflows.argoproj.io in namespace {namespace}, which {why}; nothing was done; ask for it (e.g. Argo's argo-edit role, or a Role granting {verb} on workflows.argoproj.io in {namespace})",
+            user = who.user,
+            how = who.how,
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(pairs: &[(axum::http::HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(k.clone(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn tokens_come_from_the_header_first_then_every_authorization_cookie() {
+        assert!(tokens(&HeaderMap::new()).is_empty());
+        let both = headers(&[
+            (AUTHORIZATION, "Bearer abc"),
+            (COOKIE, "authorization=Bearer v2:x"),
+        ]);
+        assert_eq!(tokens(&both), ["Bearer abc"]);
+        let cookies = headers(&[
+            (COOKIE, "a=1; authorization=Bearer v2:x"),
+            (COOKIE, "authorization=\"Bearer y\""),
+        ]);
+        assert_eq!(tokens(&cookies), ["Bearer v2:x", "Bearer y"]);
+    }
+
+    #[test]
+    fn modes_are_told_as_argos_gatekeeper_tells_them() {
+        use AuthMode::*;
+        let all = [Client, Server, Sso];
+        assert_eq!(mode_of(&all, "Bearer v2:abc"), Some(Sso));
+        assert_eq!(mode_of(&all, "Bearer abc"), Some(Client));
+        assert_eq!(mode_of(&all, "Basic abc"), Some(Client));
+        assert_eq!(mode_of(&all, ""), Some(Server));
+        assert_eq!(mode_of(&all, "garbage"), Some(Server));
+        // An SSO token where SSO is off is a client token, as in Argo.
+        assert_eq!(mode_of(&[Client], "Bearer v2:abc"), Some(Client));
+        assert_eq!(mode_of(&[Client], ""), None);
+        assert_eq!(mode_of(&[Sso], "Bearer abc"), None);
+        assert_eq!(mode_of(&[Server], "Bearer abc"), Some(Server));
+    }
+
+    #[test]
+    fn settings_parse_with_clear_errors() {
+        assert_eq!("sso".parse::<AuthMode>(), Ok(AuthMode::Sso));
+        assert!(
+            "hybrid"
+                .parse::<AuthMode>()
+                .unwrap_err()
+                .contains("client, server or sso")
+        );
+        assert_eq!(
+            "argo/argo-server".parse::<Account>(),
+            Ok(Account {
+                namespace: "argo".into(),
+                name: "argo-server".into()
+            })
+        );
+        for bad in ["argo", "/x", "x/"] {
+            assert!(
+                bad.parse::<Account>()
+                    .unwrap_err()
+                    .contains("NAMESPACE/NAME"),
+                "{bad}"
+            );
+        }
+        let who = Account {
+            namespace: "argo".into(),
+            name: "argo-server".into(),
+        }
+        .identity("server mode");
+        assert_eq!(who.user, "system:serviceaccount:argo:argo-server");
+        assert!(
+            who.groups
+                .contains(&"system:serviceaccounts:argo".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_argo_servers_refusal_is_told_by_its_grpc_or_http_code() {
+        let answer = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(message, "")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        // Argo's body, as kube reads it: the gRPC code.
+        assert_eq!(
+            refusal(&answer(16, "failed to decrypt token")),
+            Some("failed to decrypt token")
+        );
+        // A proxy's plain-text 401.
+        assert_eq!(refusal(&answer(401, "Unauthorized")), Some("Unauthorized"));
+        assert_eq!(refusal(&answer(503, "no upstream")), None);
+    }
+
+    #[test]
+    fn a_denial_names_the_user_verb_and_namespace() {
+        let who = Account {
+            namespace: "team".into(),
+            name: "alice".into(),
+        }
+        .identity("client mode (a Kubernetes token)");
+        let status = denied(
+            &who,
+            &Permission {
+                verb: "update",
+                namespace: "team".into(),
+                name: Some("wf".into()),
+            },
+            "Argo's server needs to retry a workflow",
+        );
+        assert_eq!(status.code, Code::PermissionDenied);
+        assert!(status.message.starts_with("permission denied — system:serviceaccount:team:alice (client mode (a Kubernetes token)) may not update workflows.argoproj.io in namespace team"), "{}", status.message);
+    }
+}

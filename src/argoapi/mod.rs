@@ -1,0 +1,195 @@
+//! The Argo Server's two retry calls, served by rewind:
+//! `PUT /api/v1/workflows/{namespace}/{name}/retry` and
+//! `PUT /api/v1/archived-workflows/{uid}/retry`, with Argo's request and
+//! answer shapes ([`wire`]), so Argo's UI, the `argo` CLI and Hera reach
+//! rewind when an Ingress or HTTPRoute sends those two paths here and
+//! everything else to argo-server.
+//!
+//! A call is authenticated and authorized as Argo's server would ([`auth`]),
+//! becomes rewind's request and is followed to its end ([`retry`]). It may
+//! run on every replica: it only writes the request and reads its progress,
+//! which the leader serves. Served over TLS ([`tls`]) unless plain HTTP is
+//! asked for.
+
+pub mod auth;
+pub mod retry;
+pub mod tls;
+pub mod wire;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::Uri;
+use axum::routing::put;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::argoapi::auth::{Account, AuthMode, Authenticator};
+use crate::argoapi::wire::{Code, Status};
+
+/// How long a WorkflowRetry created for an archived retry is kept after it
+/// finished: long enough to look at with `rewind status`, short enough that
+/// a UI's clicks do not pile up.
+pub const ARCHIVED_TTL: Duration = Duration::from_secs(3600);
+
+/// How the listener is configured.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Argo's `--auth-mode` values of the installation in front.
+    pub modes: Vec<AuthMode>,
+    /// The Argo Server's ServiceAccount (server mode, SSO without SSO RBAC).
+    pub server_account: Option<Account>,
+    /// The Argo Server, asked who an SSO caller is.
+    pub argo_server: Option<ArgoServer>,
+    /// Serve TLS with this certificate; `None` serves plain HTTP.
+    pub tls: Option<tls::CertFiles>,
+}
+
+/// Where the Argo Server is and how to trust it.
+#[derive(Clone, Debug)]
+pub struct ArgoServer {
+    pub url: Uri,
+    /// A PEM file of the CA that signed its certificate (an Argo Server's own
+    /// certificate is usually self-signed); the system's roots otherwise.
+    pub ca_file: Option<PathBuf>,
+    /// Trust any certificate, as `argo --insecure-skip-verify` does.
+    pub insecure_skip_verify: bool,
+}
+
+/// Why the listener cannot start as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error(
+        "--argo-api-auth-mode names no mode; give client, server or sso, as Argo's --auth-mode"
+    )]
+    NoMode,
+    #[error(
+        "auth mode {mode} acts as the Argo Server's own ServiceAccount; set --argo-server-service-account NAMESPACE/NAME (the chart's argoApi.argoServer.serviceAccount)"
+    )]
+    NoServerAccount { mode: &'static str },
+    #[error(
+        "auth mode sso needs the Argo Server to ask who an SSO caller is; set --argo-server-url (e.g. https://argo-server.argo:2746)"
+    )]
+    NoArgoServer,
+    #[error("building a client of the Argo Server at {url}: {source}")]
+    ArgoServerClient {
+        url: Uri,
+        // Boxed: kube's error is large and this one is rare.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct ArgoApi {
+    /// rewind's own client: it asks reviews, writes requests, reads results.
+    client: kube::Client,
+    auth: Arc<Authenticator>,
+    archived_ttl: Duration,
+}
+
+impl ArgoApi {
+    /// Checks `settings` and builds the Argo Server's client. Must be called
+    /// inside a tokio runtime.
+    pub fn new(client: kube::Client, settings: &Settings) -> Result<Self, SettingsError> {
+        let Settings {
+            modes,
+            server_account,
+            argo_server,
+            ..
+        } = settings;
+        if modes.is_empty() {
+            return Err(SettingsError::NoMode);
+        }
+        if modes.contains(&AuthMode::Server) && server_account.is_none() {
+            return Err(SettingsError::NoServerAccount { mode: "server" });
+        }
+        let argo_server = match (argo_server, modes.contains(&AuthMode::Sso)) {
+            (None, true) => return Err(SettingsError::NoArgoServer),
+            (Some(server), true) => Some(argo_server_client(server)?),
+            (_, false) => None,
+        };
+        Ok(ArgoApi {
+            client,
+            auth: Arc::new(Authenticator {
+                modes: modes.clone(),
+                server_account: server_account.clone(),
+                argo_server,
+            }),
+            archived_ttl: ARCHIVED_TTL,
+        })
+    }
+}
+
+/// A client that sends requests to the Argo Server and nothing of its own:
+/// kube's client speaks HTTPS with a given CA, which is all `/userinfo` needs.
+fn argo_server_client(server: &ArgoServer) -> Result<kube::Client, SettingsError> {
+    let mut config = kube::Config::new(server.url.clone());
+    config.root_cert_file = server.ca_file.clone();
+    config.accept_invalid_certs = server.insecure_skip_verify;
+    kube::Client::try_from(config).map_err(|source| SettingsError::ArgoServerClient {
+        url: server.url.clone(),
+        source: Box::new(source),
+    })
+}
+
+/// The two retry calls; anything else is refused saying where it belongs.
+pub fn router(api: ArgoApi) -> Router {
+    Router::new()
+        .route(
+            "/api/v1/workflows/{namespace}/{name}/retry",
+            put(retry::live),
+        )
+        .route(
+            "/api/v1/archived-workflows/{uid}/retry",
+            put(retry::archived),
+        )
+        .fallback(|| async {
+            Status::new(
+                Code::NotFound,
+                "rewind serves only Argo's two retry calls (PUT /api/v1/workflows/{namespace}/{name}/retry and PUT /api/v1/archived-workflows/{uid}/retry); route every other request to argo-server",
+            )
+        })
+        .with_state(api)
+}
+
+/// How long calls in progress may still take once the listener stops: a
+/// rolling update must not wait for a long retry (it goes on without its
+/// caller, who can ask again or look with `rewind status`).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves [`router`] on `listener` until `shutdown`, over TLS when `tls` is
+/// given; calls still in progress [`STOP_GRACE`] later are cut off.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<tls::ServerConfig>>,
+    api: ArgoApi,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = router(api);
+    let stopping = shutdown.clone();
+    let stop = async move { stopping.cancelled().await };
+    let serving = async {
+        match tls {
+            Some(config) => {
+                axum::serve(tls::Listener::new(listener, config)?, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+            }
+        }
+    };
+    tokio::select! {
+        served = serving => served,
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(STOP_GRACE).await } => Ok(()),
+    }
+}

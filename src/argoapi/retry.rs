@@ -1,0 +1,316 @@
+//! The two retry calls, each followed to its end before it answers, as Argo's
+//! synchronous calls do: a live retry is rewind's annotation request, an
+//! archived one a WorkflowRetry (with a TTL). Either is written only once the
+//! caller is authorized; once written, it is the controller's to finish, so a
+//! caller who hangs up stops following and the retry goes on.
+//!
+//! A live retry is asked with the annotation rather than a live-target
+//! WorkflowRetry: that is one write on the path the controller serves
+//! fastest (a WorkflowRetry's live target is served by writing the same
+//! annotation, one watch event and one write later), it is what `rewind
+//! retry` asks, and it leaves nothing behind to expire. Argo's call reports no
+//! progress on the way, so the WorkflowRetry's richer status would not reach
+//! the caller either.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use kube::api::Api;
+use tracing::info;
+
+use crate::argo::workflow::Workflow;
+use crate::argoapi::ArgoApi;
+use crate::argoapi::auth::{self, Identity, Permission};
+use crate::argoapi::wire::{Code, RetryBody, Status};
+use crate::client::follow::{self, Follower, Observed, POLL_INTERVAL};
+use crate::client::{FollowError, ask};
+use crate::engine::fault;
+use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::request::{RetryPhase, RetryStatus};
+
+/// How long a request may wait for a controller to report on it before the
+/// call answers Unavailable (the request stays and runs later): a leader
+/// that died is replaced within its Lease's 15 s and a few seconds.
+pub const NO_CONTROLLER: Duration = Duration::from_secs(30);
+
+/// `PUT /api/v1/workflows/{namespace}/{name}/retry`.
+pub async fn live(
+    State(api): State<ArgoApi>,
+    Path((namespace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(retry_live(&api, namespace, name, &headers, &body).await)
+}
+
+/// `PUT /api/v1/archived-workflows/{uid}/retry`.
+pub async fn archived(
+    State(api): State<ArgoApi>,
+    Path(uid): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    answer(retry_archived(&api, uid, &headers, &body).await)
+}
+
+fn answer(result: Result<Workflow, Status>) -> Response {
+    match result {
+        Ok(workflow) => Json(workflow).into_response(),
+        Err(status) => status.into_response(),
+    }
+}
+
+async fn retry_live(
+    api: &ArgoApi,
+    namespace: String,
+    name: String,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Workflow, Status> {
+    let options = RetryBody::parse(body)?.options();
+    let caller = api.auth.authenticate(&api.client, headers).await?;
+    // Argo's server reads the workflow and updates it as the caller.
+    let needed = ["get", "update"].map(|verb| Permission {
+        verb,
+        namespace: namespace.clone(),
+        name: Some(name.clone()),
+    });
+    auth::authorize(
+        &api.client,
+        &caller,
+        &needed,
+        "Argo's server needs of the caller to retry a workflow (`argo retry`)",
+    )
+    .await?;
+    let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
+    // A token per call: Argo's clients make one call per workflow (`argo
+    // retry -l` too, one after another), so each call is its own asker.
+    let asked = ask::ask(&workflows, &namespace, &name, &options, &ask::new_token())
+        .await
+        .map_err(asking)?;
+    log_asked(&caller, &asked);
+    let (_, status) = follow_to_end(api, asked).await?;
+    read_workflow(&workflows, &namespace, &name, &status).await
+}
+
+async fn retry_archived(
+    api: &ArgoApi,
+    uid: String,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Workflow, Status> {
+    let body = RetryBody::parse(body)?;
+    let namespace = body.namespace.trim().to_owned();
+    if namespace.is_empty() {
+        // Argo's server creates the workflow in the request's namespace too,
+        // and fails without one; its clients always send it.
+        return Err(Status::new(
+            Code::InvalidArgument,
+            "the request names no namespace: an archived retry creates the workflow in the namespace the request names (`argo archive retry UID -n NAMESPACE`)",
+        ));
+    }
+    let caller = api.auth.authenticate(&api.client, headers).await?;
+    // Argo's server reads the archived workflow as the caller (get) and
+    // creates it again as the caller (create).
+    let needed = ["get", "create"].map(|verb| Permission {
+        verb,
+        namespace: namespace.clone(),
+        name: None,
+    });
+    auth::authorize(
+        &api.client,
+        &caller,
+        &needed,
+        "Argo's server needs of the caller to retry an archived workflow (`argo archive retry`)",
+    )
+    .await?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(api.client.clone(), &namespace);
+    let (asked, _) = ask::ask_object(
+        &retries,
+        &namespace,
+        ask::Target::Archived(&uid),
+        &body.options(),
+        api.archived_ttl,
+        false,
+    )
+    .await
+    .map_err(asking)?;
+    log_asked(&caller, &asked);
+    let (asked, status) = follow_to_end(api, asked).await?;
+    let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
+    read_workflow(&workflows, &namespace, &asked.workflow, &status).await
+}
+
+fn log_asked(caller: &Identity, asked: &ask::Asked) {
+    info!(
+        user = caller.user,
+        how = caller.how,
+        namespace = asked.namespace,
+        workflow = asked.workflow,
+        request = asked.token,
+        "retry asked through Argo's API"
+    );
+}
+
+/// The answer to a request that could not be asked.
+fn asking(e: FollowError) -> Status {
+    match &e {
+        // Argo's words for a workflow it cannot find (the API server's).
+        FollowError::NotFound {
+            namespace: _,
+            workflow,
+        } => Status::new(
+            Code::NotFound,
+            format!("workflows.argoproj.io \"{workflow}\" not found"),
+        ),
+        FollowError::Ask { source, .. } | FollowError::Create { source, .. } => {
+            Status::new(code_of(source), e.to_string())
+        }
+        _ => Status::new(Code::Internal, e.to_string()),
+    }
+}
+
+fn code_of(e: &kube::Error) -> Code {
+    match fault::api_code(e) {
+        Some(http) => Code::from_http(http),
+        None if fault::is_transient(e) => Code::Unavailable,
+        None => Code::Internal,
+    }
+}
+
+/// Follows `asked` until the controller reports its end; the request as
+/// last known (an archived retry's workflow is named by then) and its end.
+async fn follow_to_end(
+    api: &ArgoApi,
+    asked: ask::Asked,
+) -> Result<(ask::Asked, RetryStatus), Status> {
+    let mut follower = Follower::new(api.client.clone(), asked);
+    loop {
+        match follower.poll().await {
+            Ok(observed) if observed.is_finished() => {
+                return ended(observed).map(|s| (follower.asked().clone(), s));
+            }
+            Ok(_) => {}
+            // A read that may pass is read again at the next turn.
+            Err(FollowError::Read { source, .. } | FollowError::ReadRetry { source, .. })
+                if fault::is_transient(&source) => {}
+            Err(e) => return Err(Status::new(Code::Aborted, e.to_string())),
+        }
+        if follower.unanswered_for(NO_CONTROLLER) {
+            return Err(Status::new(
+                Code::Unavailable,
+                follow::no_controller_message(follower.asked(), NO_CONTROLLER),
+            ));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// A finished request as the call answers it: its status when it succeeded,
+/// else the error Argo's server would give.
+fn ended(observed: Observed) -> Result<RetryStatus, Status> {
+    match observed {
+        Observed::Status(status) if status.phase == RetryPhase::Succeeded => Ok(status),
+        Observed::Status(status) => Err(failed(&status)),
+        Observed::Replaced { by } => Err(Status::new(
+            Code::Aborted,
+            format!(
+                "a newer retry request ({by}) replaced this one before it ran; the workflow is retried by that one"
+            ),
+        )),
+        Observed::NotYet => unreachable!("a finished request has a status"),
+    }
+}
+
+/// A failed request's error. Its message is Argo's words then rewind's hint,
+/// as the controller wrote it. A request that failed before any pod was
+/// planned was refused: Argo's server refuses those (a phase that cannot be
+/// retried, a bad selector or parameter) as bad requests, InvalidArgument;
+/// one that failed on the way is Internal, as Argo's are.
+fn failed(status: &RetryStatus) -> Status {
+    let code = if status.pods_total == 0 {
+        Code::InvalidArgument
+    } else {
+        Code::Internal
+    };
+    Status::new(code, status.message.clone())
+}
+
+/// The workflow the retry reset or created, as Argo's call answers with it.
+async fn read_workflow(
+    workflows: &Api<Workflow>,
+    namespace: &str,
+    name: &str,
+    status: &RetryStatus,
+) -> Result<Workflow, Status> {
+    workflows.get(name).await.map_err(|e| {
+        Status::new(
+            code_of(&e),
+            format!(
+                "the retry succeeded ({}), but reading workflow {namespace}/{name} afterwards failed: {}",
+                status.message,
+                fault::explain(&e)
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(phase: RetryPhase, total: u64, message: &str) -> RetryStatus {
+        RetryStatus {
+            token: "1".into(),
+            phase,
+            pods_total: total,
+            pods_deleted: 0,
+            message: message.into(),
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn a_request_ends_as_argos_call_would() {
+        let done = status(RetryPhase::Succeeded, 3, "deleted 3 pods");
+        assert_eq!(ended(Observed::Status(done.clone())), Ok(done));
+        let refused = ended(Observed::Status(status(
+            RetryPhase::Failed,
+            0,
+            "Cannot retry a workflow in phase Running — the workflow is still running",
+        )))
+        .unwrap_err();
+        assert_eq!(refused.code, Code::InvalidArgument);
+        assert!(
+            refused
+                .message
+                .starts_with("Cannot retry a workflow in phase Running")
+        );
+        let broke = ended(Observed::Status(status(
+            RetryPhase::Failed,
+            5,
+            "deleting failed",
+        )));
+        assert_eq!(broke.unwrap_err().code, Code::Internal);
+        let replaced = ended(Observed::Replaced { by: "9".into() }).unwrap_err();
+        assert_eq!(replaced.code, Code::Aborted);
+        assert!(replaced.message.contains("(9)"));
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_asked_answers_with_argos_words() {
+        let missing = asking(FollowError::NotFound {
+            namespace: "ns".into(),
+            workflow: "wf".into(),
+        });
+        assert_eq!(
+            missing,
+            Status::new(Code::NotFound, "workflows.argoproj.io \"wf\" not found")
+        );
+    }
+}

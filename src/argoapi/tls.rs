@@ -1,0 +1,193 @@
+//! TLS for the listener, as Argo's server serves it: a certificate and key
+//! from files (a Secret mounted by the chart, which can generate a
+//! self-signed one as Argo's server does), rustls with ring.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tracing::debug;
+
+pub use tokio_rustls::rustls::ServerConfig;
+
+/// A certificate chain and its key, PEM files (`tls.crt`, `tls.key` of a
+/// `kubernetes.io/tls` Secret).
+#[derive(Clone, Debug)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Why the certificate cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error(
+        "reading {what} {path}: {source}; check --argo-api-tls-cert and --argo-api-tls-key (the chart mounts the Secret argoApi.tls.secretName)"
+    )]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} holds no PEM {what} ({reason}); it must be a PEM file as a kubernetes.io/tls Secret carries"
+    )]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("the certificate {cert} and key {key} do not make a TLS server: {source}")]
+    Config {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: tokio_rustls::rustls::Error,
+    },
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The server configuration for `files`, offering HTTP/1.1 (what Argo's
+/// HTTP clients speak to the REST API).
+pub fn server_config(files: &CertFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let pem = |what, reason: String| TlsError::Pem {
+        what,
+        path: if what == "certificate" {
+            files.cert.clone()
+        } else {
+            files.key.clone()
+        },
+        reason,
+    };
+    let chain = CertificateDer::pem_slice_iter(&read(&files.cert, "certificate")?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem("certificate", e.to_string()))?;
+    if chain.is_empty() {
+        return Err(pem("certificate", "no CERTIFICATE block".into()));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&read(&files.key, "key")?)
+        .map_err(|e| pem("key", e.to_string()))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|source| TlsError::Config {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    let mut config = config;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A slow or silent client must not hold a handshake open forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS connections for `axum::serve`: each TCP connection is handshaken in a
+/// task of its own, so one slow client never holds up the next.
+pub struct Listener {
+    ready: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    accepting: JoinHandle<()>,
+}
+
+impl Listener {
+    pub fn new(tcp: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let acceptor = TlsAcceptor::from(config);
+        let (tx, ready) = mpsc::channel(64);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: pause, as axum's own loop does.
+                        debug!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Listener {
+            ready,
+            local,
+            accepting,
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for Listener {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(accepted) => accepted,
+            // The accepting task only ends when this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_and_bad_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("rewind-tls-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = CertFiles {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        };
+        let missing = server_config(&files).unwrap_err().to_string();
+        assert!(
+            missing.starts_with(&format!("reading certificate {}", files.cert.display())),
+            "{missing}"
+        );
+        assert!(missing.contains("--argo-api-tls-cert"), "{missing}");
+        std::fs::write(&files.cert, "not a certificate").unwrap();
+        std::fs::write(&files.key, "not a key").unwrap();
+        let bad = server_config(&files).unwrap_err().to_string();
+        assert!(bad.contains("holds no PEM certificate"), "{bad}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,609 @@
+//! Argo's retry API served by the controller, called over HTTP(S) by curl as Argo's
+//! clients call it, with real ServiceAccount tokens: who may retry what, the answers'
+//! shapes, and that a retry through the API is the planner's.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use rewind::argo::db::ArgoDatabase;
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::argoapi::auth::AuthMode;
+use rewind::argoapi::tls::CertFiles;
+use rewind::controller::ArgoApiOptions;
+use rewind::testenv::clients::{self, ArgoServer, Dex};
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
+use rewind::testenv::workload::FailedDag;
+use serde_json::{Value, json};
+
+use crate::support::controller as ctl;
+use crate::support::grants::{named, rule};
+use crate::workflowretry::Rows;
+
+/// A free port on loopback for the API listener.
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(probe.local_addr()?)
+}
+
+/// A ServiceAccount `name` in `namespace` holding `verbs` on workflows there (none: no
+/// Role), and a token of it.
+async fn account(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    verbs: &[&str],
+) -> anyhow::Result<String> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    accounts
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: named(name),
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("creating ServiceAccount {name}"))?;
+    if !verbs.is_empty() {
+        Api::<Role>::namespaced(admin.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &Role {
+                    metadata: named(name),
+                    rules: Some(vec![rule("argoproj.io", "workflows", verbs)]),
+                },
+            )
+            .await?;
+        Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+            .create(
+                &PostParams::default(),
+                &RoleBinding {
+                    metadata: named(name),
+                    role_ref: RoleRef {
+                        api_group: "rbac.authorization.k8s.io".into(),
+                        kind: "Role".into(),
+                        name: name.into(),
+                    },
+                    subjects: Some(vec![Subject {
+                        kind: "ServiceAccount".into(),
+                        name: name.into(),
+                        namespace: Some(namespace.into()),
+                        ..Default::default()
+                    }]),
+                },
+            )
+            .await?;
+    }
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token of {name}"))?;
+    Ok(token
+        .status
+        .context("a TokenRequest answers a status")?
+        .token)
+}
+
+/// `PUT url` with `authorization` (the header's whole value) and `body`, as curl sends it;
+/// the HTTP status and the JSON answer.
+async fn put(
+    url: &str,
+    authorization: Option<&str>,
+    body: &Value,
+    ca: Option<&Path>,
+) -> anyhow::Result<(u16, Value)> {
+    let mut command = tokio::process::Command::new("curl");
+    command.args(["-sS", "-X", "PUT", "-H", "Content-Type: application/json"]);
+    command.args(["--data-binary", &body.to_string(), "-w", "\n%{http_code}"]);
+    if let Some(value) = authorization {
+        command.args(["-H", &format!("Authorization: {value}")]);
+    }
+    if let Some(ca) = ca {
+        command.arg("--cacert").arg(ca);
+    }
+    let out = command
+        .arg(url)
+        .output()
+        .await
+        .context("running curl (Debian package curl)")?;
+    ensure!(
+        out.status.success(),
+        "curl {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    let (json, code) = text.rsplit_once('\n').context("curl printed the status")?;
+    let value = serde_json::from_str(json).with_context(|| format!("the answer {json:?}"))?;
+    Ok((code.trim().parse()?, value))
+}
+
+/// Checks an error answer: grpc-gateway's shape, `http` and `code`, a message holding `words`.
+fn ensure_status(answer: &(u16, Value), http: u16, code: i64, words: &str) -> anyhow::Result<()> {
+    let (status, body) = answer;
+    ensure!(
+        *status == http && body["code"] == code && body["details"] == json!([]),
+        "expected HTTP {http} with gRPC code {code}, got {status} {body}"
+    );
+    let message = body["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains(words),
+        "the message should say {words:?}: {message}"
+    );
+    Ok(())
+}
+
+fn api_options(addr: SocketAddr, tls: Option<CertFiles>) -> ArgoApiOptions {
+    ArgoApiOptions {
+        addr,
+        settings: rewind::argoapi::Settings {
+            modes: vec![AuthMode::Client],
+            server_account: None,
+            argo_server: None,
+            tls,
+        },
+    }
+}
+
+/// A self-signed certificate for 127.0.0.1 in `dir`, as the chart generates one.
+fn certificate(dir: &Path) -> anyhow::Result<CertFiles> {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])?;
+    let files = CertFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+    };
+    std::fs::write(&files.cert, cert.cert.pem())?;
+    std::fs::write(&files.key, cert.signing_key.serialize_pem())?;
+    Ok(files)
+}
+
+/// Over TLS with client-mode tokens: no token, a tampered one and one without `update` are
+/// refused (401, 401, 403 naming the verb and namespace) and leave every pod; a Running
+/// workflow is refused in Argo's words; a missing one is Argo's 404; the allowed call answers
+/// with the reset workflow, the planner's, and only the controller deleted pods.
+pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_workflow(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 12,
+        succeeded: 3,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    let allowed = account(&admin, &namespace, "alice", &["get", "update"]).await?;
+    let reader = account(&admin, &namespace, "bob", &["get", "list", "patch"]).await?;
+
+    let dir = cluster.dir().join(format!("argoapi-{namespace}"));
+    std::fs::create_dir_all(&dir)?;
+    let tls = certificate(&dir)?;
+    let ca = tls.cert.clone();
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    options.argo_api = Some(api_options(addr, Some(tls)));
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = |name: &str| format!("https://{addr}/api/v1/workflows/{namespace}/{name}/retry");
+    let body = json!({"name": "wf", "namespace": namespace});
+    let ca = Some(ca.as_path());
+
+    let none = put(&url("wf"), None, &body, ca).await?;
+    ensure_status(&none, 401, 16, "token not valid")?;
+    ensure_status(&none, 401, 16, "carried no token")?;
+    let tampered = format!("Bearer {}x", allowed);
+    ensure_status(
+        &put(&url("wf"), Some(&tampered), &body, ca).await?,
+        401,
+        16,
+        "token not valid",
+    )?;
+    let denied = put(&url("wf"), Some(&format!("Bearer {reader}")), &body, ca).await?;
+    ensure_status(
+        &denied,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:bob (client mode (a Kubernetes token)) may not update workflows.argoproj.io in namespace {namespace}"
+        ),
+    )?;
+    ensure!(
+        ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+        "a refused call deleted pods"
+    );
+    let bearer = format!("Bearer {allowed}");
+    ensure_status(
+        &put(&url("nope"), Some(&bearer), &body, ca).await?,
+        404,
+        5,
+        "workflows.argoproj.io \"nope\" not found",
+    )?;
+
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let (status, answer) = put(&url("wf"), Some(&bearer), &body, ca).await?;
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(
+        status == 200,
+        "the allowed retry answered {status}: {answer}"
+    );
+    let answered: Workflow = serde_json::from_value(answer)?;
+    ensure!(
+        answered.name_any() == "wf"
+            && answered.metadata.namespace.as_deref() == Some(namespace.as_str()),
+        "the answer is not the workflow: {:?}",
+        answered.metadata
+    );
+    ctl::ensure_reset_as_planned(&answered, &plan.workflow, from, to)?;
+    let left = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    ensure!(
+        left.iter().all(|p| !plan.pods_to_delete.contains(p))
+            && left.len() == pods_before.len() - plan.pods_to_delete.len(),
+        "the retry did not delete exactly the plan's pods: {left:?}"
+    );
+    let deleters: Vec<String> = ctl::audit_log(&cluster, &namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.resource == "pods" && matches!(a.verb.as_str(), "delete" | "deletecollection")
+        })
+        .map(|a| a.user)
+        .collect();
+    ensure!(
+        !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
+        "pods must be deleted by the controller alone: {deleters:?}"
+    );
+
+    // The reset workflow has no phase until Argo's controller runs it: Argo refuses that.
+    let again = put(&url("wf"), Some(&bearer), &body, ca).await?;
+    ensure_status(&again, 400, 3, "Cannot retry a workflow in phase")?;
+    controller.stop().await
+}
+
+/// The archived call: it needs `create` on workflows (403 without, naming it), a
+/// namespace (400), and creates the archived workflow as the planner says, answering with it.
+pub async fn argos_archived_retry_call_creates_the_workflow(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "old".into(),
+        failed: 3,
+        succeeded: 1,
+    };
+    // Archived and gone, its pods with it.
+    let row = workflows
+        .create(&PostParams::default(), &dag.workflow(&namespace))
+        .await?;
+    let uid = row.uid().context("a created workflow has a UID")?;
+    workflows.delete("old", &DeleteParams::background()).await?;
+    while workflows.get_opt("old").await?.is_some() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let plan = ctl::expected_plan(&row)?;
+    let creator = account(&admin, &namespace, "carol", &["get", "create"]).await?;
+    let updater = account(&admin, &namespace, "dave", &["get", "update"]).await?;
+
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(uid.clone(), row)])));
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    options.argo_api = Some(api_options(addr, None));
+    let controller = ctl::start_with_archive(&cluster, &namespace, options, Some(archive)).await?;
+    let url = format!("http://{addr}/api/v1/archived-workflows/{uid}/retry");
+    let body = json!({"uid": uid, "namespace": namespace});
+
+    ensure_status(
+        &put(&url, Some(&format!("Bearer {updater}")), &body, None).await?,
+        403,
+        7,
+        &format!("may not create workflows.argoproj.io in namespace {namespace}"),
+    )?;
+    let bearer = format!("Bearer {creator}");
+    ensure_status(
+        &put(&url, Some(&bearer), &json!({"uid": uid}), None).await?,
+        400,
+        3,
+        "names no namespace",
+    )?;
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let (status, answer) = put(&url, Some(&bearer), &body, None).await?;
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(
+        status == 200,
+        "the archived retry answered {status}: {answer}"
+    );
+    let created: Workflow = serde_json::from_value(answer)?;
+    ensure!(
+        created.name_any() == "old" && created.uid() != Some(uid.clone()),
+        "the answer is not the created workflow: {:?}",
+        created.metadata
+    );
+    // Argo clears the UID and resourceVersion; the API server sets a new creation time.
+    let mut expected = plan.workflow;
+    let mut actual = created.clone();
+    for wf in [&mut expected, &mut actual] {
+        wf.metadata.uid = None;
+        wf.metadata.resource_version = None;
+        wf.metadata.creation_timestamp = None;
+    }
+    ctl::ensure_reset_as_planned(&actual, &expected, from, to)?;
+    // Argo's words when the workflow exists live, with a bad request's code.
+    ensure_status(
+        &put(&url, Some(&bearer), &body, None).await?,
+        400,
+        3,
+        "Workflow already exists on cluster, use argo retry old instead",
+    )?;
+    controller.stop().await
+}
+
+/// Server auth mode (Argo's `--auth-mode server`): callers need no token and act as the
+/// Argo Server's ServiceAccount, as with Argo; rewind authorizes that account, so what it
+/// may not do is refused (403 naming it) and what it may is done.
+pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 4,
+        succeeded: 1,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    // The Argo Server's account may read workflows but not update them, at first.
+    account(&admin, &namespace, "argo-server", &["get"]).await?;
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    let mut api = api_options(addr, None);
+    api.settings.modes = vec![AuthMode::Server];
+    api.settings.server_account = Some(
+        format!("{namespace}/argo-server")
+            .parse()
+            .map_err(anyhow::Error::msg)?,
+    );
+    options.argo_api = Some(api);
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
+    let selector = format!("{}=wf", labels::WORKFLOW);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    ensure_status(
+        &put(&url, None, &json!({}), None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:argo-server (server mode) may not update workflows.argoproj.io in namespace {namespace}"
+        ),
+    )?;
+    ensure!(
+        ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+        "a refused call deleted pods"
+    );
+    Api::<Role>::namespaced(admin.clone(), &namespace)
+        .patch(
+            "argo-server",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": [rule("argoproj.io", "workflows", &["get", "update"])]})),
+        )
+        .await?;
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    // Any token, or none, is the server's account in server mode alone. RBAC's cache takes
+    // the new rule within moments; a refused call deletes nothing, so asking again is safe.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let (status, answer) = loop {
+        let answer = put(&url, Some("Bearer whatever"), &json!({}), None).await?;
+        if answer.0 != 403 || tokio::time::Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(
+        status == 200,
+        "the server-mode retry answered {status}: {answer}"
+    );
+    ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
+    controller.stop().await
+}
+
+/// A ServiceAccount `name` holding `verbs` on workflows, which Argo's SSO RBAC maps the
+/// user `email` to: its rule annotation, and its token in the Secret Argo reads it from
+/// (`NAME.service-account-token`).
+async fn sso_account(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    verbs: &[&str],
+    email: &str,
+) -> anyhow::Result<()> {
+    let token = account(admin, namespace, name, verbs).await?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "workflows.argoproj.io/rbac-rule": format!("email == '{email}'"),
+                "workflows.argoproj.io/rbac-rule-precedence": "1",
+            }}})),
+        )
+        .await?;
+    secret(
+        admin,
+        namespace,
+        &format!("{name}.service-account-token"),
+        &[("token", &token)],
+    )
+    .await
+}
+
+async fn secret(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    data: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: named(name),
+                string_data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("creating Secret {name}"))?;
+    Ok(())
+}
+
+/// SSO auth mode: a real `argo server --auth-mode sso` logs users in through dex (SSO RBAC
+/// on), and rewind asks it who a `v2:` token is (`/api/v1/userinfo`) and authorizes the
+/// ServiceAccount it names. The user mapped to an account without `update` is refused (403
+/// naming it) and leaves every pod, a tampered token is refused (401), and the user mapped
+/// to an account with it has the workflow reset as planned, its pods deleted by rewind.
+pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 5,
+        succeeded: 2,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    let selector = format!("{}=wf", labels::WORKFLOW);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    let (alice, bob) = ("alice@example.com", "bob@example.com");
+    sso_account(&admin, &namespace, "sso-retrier", &["get", "update"], alice).await?;
+    sso_account(&admin, &namespace, "sso-reader", &["get"], bob).await?;
+
+    // Argo's SSO: its client in dex, the secrets it reads, its ConfigMap's `sso` section.
+    let client_secret = format!("secret-{}", fastrand::u64(..));
+    secret(
+        &admin,
+        &namespace,
+        "argo-server-sso",
+        &[
+            ("client-id", "argo-server"),
+            ("client-secret", &client_secret),
+        ],
+    )
+    .await?;
+    let argo_port = clients::free_port()?;
+    let redirect = format!("http://127.0.0.1:{argo_port}/oauth2/callback");
+    let dex = Dex::start("argo-server", &client_secret, &redirect, &[alice, bob]).await?;
+    let sso = json!({
+        "issuer": dex.issuer,
+        "clientId": {"name": "argo-server-sso", "key": "client-id"},
+        "clientSecret": {"name": "argo-server-sso", "key": "client-secret"},
+        "redirectUrl": redirect,
+        "scopes": ["email"],
+        "rbac": {"enabled": true},
+    });
+    Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: named("argo-sso"),
+                data: Some(BTreeMap::from([("sso".to_owned(), sso.to_string())])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let argo = rewind::testenv::argo::binary("cli")?;
+    let server =
+        ArgoServer::start_in(&cluster, &argo, &namespace, "argo-sso", "sso", argo_port).await?;
+
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    let mut api = api_options(addr, None);
+    api.settings.modes = vec![AuthMode::Sso];
+    api.settings.argo_server = Some(rewind::argoapi::ArgoServer {
+        url: format!("http://{}", server.addr).parse()?,
+        ca_file: None,
+        insecure_skip_verify: false,
+    });
+    options.argo_api = Some(api);
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
+    let body = json!({"name": "wf", "namespace": namespace});
+
+    let logs = || {
+        format!(
+            "argo server's log:\n{}\ndex's log:\n{}",
+            rewind::testenv::argo::log_tail(server.log_path()),
+            rewind::testenv::argo::log_tail(dex.log_path())
+        )
+    };
+    let reader = clients::sso_login(server.addr, bob)
+        .await
+        .with_context(logs)?;
+    let retrier = clients::sso_login(server.addr, alice)
+        .await
+        .with_context(logs)?;
+    ensure_status(
+        &put(&url, Some(&reader), &body, None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:sso-reader (SSO (the ServiceAccount Argo's SSO RBAC maps the user to)) may not update workflows.argoproj.io in namespace {namespace}"
+        ),
+    )?;
+    ensure_status(
+        &put(&url, Some(&format!("{retrier}x")), &body, None).await?,
+        401,
+        16,
+        "the Argo Server refused this SSO token",
+    )?;
+    ensure!(
+        ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+        "a refused call deleted pods"
+    );
+
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let (status, answer) = put(&url, Some(&retrier), &body, None).await?;
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(status == 200, "the SSO retry answered {status}: {answer}");
+    ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
+    let deleters: Vec<String> = ctl::audit_log(&cluster, &namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.resource == "pods" && matches!(a.verb.as_str(), "delete" | "deletecollection")
+        })
+        .map(|a| a.user)
+        .collect();
+    ensure!(
+        !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
+        "pods must be deleted by the controller alone: {deleters:?}"
+    );
+    controller.stop().await?;
+    server.stop().await?;
+    dex.stop().await?;
+    Ok(())
+}
