@@ -247,8 +247,10 @@ pub struct NodeStatus {
     pub type_: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_name: Option<String>,
+    // The four parts most nodes lack are boxed: a node is held 20,000 times
+    // and more, and each would otherwise be a few hundred bytes inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_ref: Option<TemplateRef>,
+    pub template_ref: Option<Box<TemplateRef>>,
     /// Pending, Running, Succeeded, Skipped, Failed, Error, Omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
@@ -265,11 +267,11 @@ pub struct NodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_flag: Option<NodeFlag>,
+    pub node_flag: Option<Box<NodeFlag>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inputs: Option<IoParameters>,
+    pub inputs: Option<Box<IoParameters>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outputs: Option<IoParameters>,
+    pub outputs: Option<Box<IoParameters>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub children: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

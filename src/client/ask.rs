@@ -1,5 +1,6 @@
-//! Asking for a retry: the annotations on a live workflow, or a
-//! WorkflowRetry object for an archived one.
+//! Asking for a retry: a WorkflowRetry object (one live workflow, whose
+//! progress it then shows each second, or an archived one), or the
+//! annotations on live workflows (a batch: one request each, one asker).
 
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use crate::client::FollowError;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use crate::protocol::request::{self, RequestOptions};
 
-/// The prefix of the names of the WorkflowRetry objects `rewind retry
-/// --archived` creates (the API server appends a random suffix).
+/// The prefix of the names of the WorkflowRetry objects `rewind retry`
+/// creates (the API server appends a random suffix).
 pub const GENERATE_NAME: &str = "retry-";
 
 /// A request asked on one workflow.
@@ -32,8 +33,9 @@ pub struct Asked {
 pub enum Source {
     /// The `rewind.dev/retry` annotation on a live workflow.
     Annotation,
-    /// A WorkflowRetry object for an archived workflow.
-    WorkflowRetry { archived_uid: String },
+    /// A WorkflowRetry object, for an archived workflow (its UID) or for the
+    /// live workflow [`Asked::workflow`] (`None`).
+    WorkflowRetry { archived_uid: Option<String> },
 }
 
 /// A new request token: the time in milliseconds, so two requests asked in
@@ -78,18 +80,44 @@ pub async fn ask(
     }
 }
 
-/// The WorkflowRetry that asks for a retry of archived workflow `uid` with
-/// `options`, as `argo archive retry UID` takes them, deleted `ttl` after it
+/// What a WorkflowRetry asks to retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// A live workflow, by name.
+    Live(&'a str),
+    /// An archived workflow, by UID.
+    Archived(&'a str),
+}
+
+impl std::fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Live(name) => write!(f, "workflow {name}"),
+            Target::Archived(uid) => write!(f, "archived workflow {uid}"),
+        }
+    }
+}
+
+/// The WorkflowRetry that asks for a retry of `target` with `options`, as
+/// `argo retry` and `argo archive retry` take them, deleted `ttl` after it
 /// finished; the API server names it.
-pub fn archived_request(uid: &str, options: &RequestOptions, ttl: Duration) -> WorkflowRetry {
+pub fn request_object(
+    target: Target<'_>,
+    options: &RequestOptions,
+    ttl: Duration,
+) -> WorkflowRetry {
+    let (workflow_name, archived_workflow_uid) = match target {
+        Target::Live(name) => (Some(name.to_owned()), None),
+        Target::Archived(uid) => (None, Some(uid.to_owned())),
+    };
     let spec = WorkflowRetrySpec {
-        archived_workflow_uid: Some(uid.to_owned()),
+        workflow_name,
+        archived_workflow_uid,
         restart_successful: options.restart_successful,
         node_field_selector: (!options.node_field_selector.is_empty())
             .then(|| options.node_field_selector.clone()),
         parameters: options.parameters.clone(),
         ttl_seconds_after_finished: Some(i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)),
-        ..Default::default()
     };
     let mut object = WorkflowRetry::new("", spec);
     object.metadata = ObjectMeta {
@@ -99,13 +127,13 @@ pub fn archived_request(uid: &str, options: &RequestOptions, ttl: Duration) -> W
     object
 }
 
-/// Asks for a retry of archived workflow `uid` by creating a WorkflowRetry
-/// in `namespace`. With `dry_run`, the API server validates and admits the
-/// object (schema, CEL rules, RBAC) but stores nothing.
-pub async fn ask_archived(
+/// Asks for a retry of `target` by creating a WorkflowRetry in `namespace`.
+/// With `dry_run`, the API server validates and admits the object (schema,
+/// CEL rules, RBAC) but stores nothing.
+pub async fn ask_object(
     retries: &Api<WorkflowRetry>,
     namespace: &str,
-    uid: &str,
+    target: Target<'_>,
     options: &RequestOptions,
     ttl: Duration,
     dry_run: bool,
@@ -115,20 +143,22 @@ pub async fn ask_archived(
         ..Default::default()
     };
     let created = retries
-        .create(&params, &archived_request(uid, options, ttl))
+        .create(&params, &request_object(target, options, ttl))
         .await
         .map_err(|source| FollowError::Create {
             namespace: namespace.to_owned(),
-            uid: uid.to_owned(),
+            target: target.to_string(),
             source,
         })?;
+    let (workflow, archived_uid) = match target {
+        Target::Live(name) => (name, None),
+        Target::Archived(uid) => (uid, Some(uid.to_owned())),
+    };
     let asked = Asked {
         namespace: namespace.to_owned(),
-        workflow: uid.to_owned(),
+        workflow: workflow.to_owned(),
         token: created.name_any(),
-        source: Source::WorkflowRetry {
-            archived_uid: uid.to_owned(),
-        },
+        source: Source::WorkflowRetry { archived_uid },
     };
     Ok((asked, created))
 }
@@ -138,13 +168,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_archived_request_is_a_generated_workflowretry_with_the_options() {
+    fn a_request_object_is_a_generated_workflowretry_with_the_options() {
         let options = RequestOptions {
             restart_successful: true,
             node_field_selector: "templateName=a".into(),
             parameters: Some(vec!["x=1".into()]),
         };
-        let object = archived_request("u-1", &options, Duration::from_secs(86400));
+        let object = request_object(
+            Target::Archived("u-1"),
+            &options,
+            Duration::from_secs(86400),
+        );
         assert_eq!(object.metadata.name, None);
         assert_eq!(object.metadata.generate_name.as_deref(), Some("retry-"));
         assert_eq!(
@@ -159,10 +193,23 @@ mod tests {
         );
         // The spec reads back as the request asked.
         assert_eq!(object.spec.options(), options);
-        let plain = archived_request("u-2", &RequestOptions::default(), Duration::from_secs(60));
+        let plain = request_object(
+            Target::Archived("u-2"),
+            &RequestOptions::default(),
+            Duration::from_secs(60),
+        );
         assert_eq!(
             serde_json::to_value(&plain.spec).unwrap(),
             serde_json::json!({"archivedWorkflowUID": "u-2", "restartSuccessful": false, "ttlSecondsAfterFinished": 60})
+        );
+        let live = request_object(
+            Target::Live("wf"),
+            &RequestOptions::default(),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            serde_json::to_value(&live.spec).unwrap(),
+            serde_json::json!({"workflowName": "wf", "restartSuccessful": false, "ttlSecondsAfterFinished": 60})
         );
     }
 }

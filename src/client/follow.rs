@@ -197,13 +197,23 @@ pub fn no_controller_message(asked: &Asked, waited: Duration) -> String {
             token = asked.token,
             wf = asked.workflow,
         ),
-        Source::WorkflowRetry { archived_uid } => format!(
+        Source::WorkflowRetry {
+            archived_uid: Some(archived_uid),
+        } => format!(
             "no rewind controller answered WorkflowRetry {ns}/{name} (archived workflow {archived_uid}) within {secs}s. \
              The WorkflowRetry stays and runs once a controller serves it. {common} \
              (any --instance-id serves WorkflowRetry objects), \
              and that it reads Argo's archive (its --argo-configmap names Argo's ConfigMap, whose persistence block archives); \
              then follow it with `rewind status {name} -n {ns} -w`",
             name = asked.token,
+        ),
+        Source::WorkflowRetry { archived_uid: None } => format!(
+            "no rewind controller answered WorkflowRetry {ns}/{name} (workflow {wf}) within {secs}s. \
+             The WorkflowRetry stays and runs once a controller serves it. {common}, \
+             and that its --instance-id matches the workflow's workflows.argoproj.io/controller-instanceid label; \
+             then follow it with `rewind status {name} -n {ns} -w`",
+            name = asked.token,
+            wf = asked.workflow,
         ),
     }
 }
@@ -309,7 +319,7 @@ mod tests {
             workflow: "u-1".into(),
             token: "retry-x7k2p".into(),
             source: Source::WorkflowRetry {
-                archived_uid: "u-1".into(),
+                archived_uid: Some("u-1".into()),
             },
         };
         let text = no_controller_message(&archived, Duration::from_secs(15));
@@ -319,6 +329,19 @@ mod tests {
             "kubectl get lease rewind",
             "--instance-id",
             "--argo-configmap",
+            "rewind status retry-x7k2p -n ns -w",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        let live = Asked {
+            workflow: "wf".into(),
+            source: Source::WorkflowRetry { archived_uid: None },
+            ..archived
+        };
+        let text = no_controller_message(&live, Duration::from_secs(15));
+        for needle in [
+            "no rewind controller answered WorkflowRetry ns/retry-x7k2p (workflow wf) within 15s",
+            "controller-instanceid",
             "rewind status retry-x7k2p -n ns -w",
         ] {
             assert!(text.contains(needle), "{needle}: {text}");

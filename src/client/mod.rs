@@ -5,9 +5,9 @@
 //! [`WorkflowRetry`](crate::protocol::crd::WorkflowRetry) object, its
 //! progress that object's status.
 //!
-//! The pure parts ([`ask::archived_request`], [`follow::observe`],
+//! The pure parts ([`ask::request_object`], [`follow::observe`],
 //! [`follow::progress`], [`rows::rows`], [`preview::preview`]) are separate
-//! from the reads and writes ([`ask::ask`], [`ask::ask_archived`],
+//! from the reads and writes ([`ask::ask`], [`ask::ask_object`],
 //! [`follow::Follower`]).
 
 pub mod ask;
@@ -53,12 +53,11 @@ pub enum FollowError {
         workflow: String,
         token: String,
     },
-    #[error(
-        "creating a WorkflowRetry for archived workflow {uid} in namespace {namespace}: {source}"
-    )]
+    #[error("creating a WorkflowRetry for {target} in namespace {namespace}: {source}")]
     Create {
         namespace: String,
-        uid: String,
+        /// "workflow NAME" or "archived workflow UID".
+        target: String,
         source: kube::Error,
     },
     #[error("reading WorkflowRetry {namespace}/{name}: {source}")]

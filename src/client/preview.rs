@@ -88,13 +88,12 @@ mod tests {
 
     fn pod(name: &str, phase: &str) -> Listed {
         Listed {
-            meta: serde_json::from_value(serde_json::json!({
-                "name": name, "uid": format!("uid-{name}"),
-                "labels": {"workflows.argoproj.io/workflow": "wf",
-                    "workflows.argoproj.io/completed": "true"},
-            }))
-            .unwrap(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            workflow: Some("wf".into()),
+            completed: true,
             succeeded: phase == assess::SUCCEEDED,
+            ..Listed::default()
         }
     }
 

@@ -134,6 +134,7 @@ impl Controller {
         let ctx = Context {
             workflows,
             admission: Admission::new(options.retry.max_pods_in_flight),
+            progress: Default::default(),
             recorder: Recorder::new(client.clone(), reporter),
             engine: Engine {
                 client,

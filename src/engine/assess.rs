@@ -11,13 +11,58 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::argo::workflow::labels;
 
-/// A pod as the assessment sees it: its metadata (name, UID, labels,
-/// annotations, deletion timestamp, finalizers) and the one fact of its status
-/// that matters here, whether it succeeded (the bulk field selector's term).
+/// A pod as the assessment sees it: the facts of its metadata it reads, and
+/// the one fact of its status that matters here, whether it succeeded (the
+/// bulk field selector's term). Small on purpose: a request holds one per pod
+/// of its workflow (20,000 and more), so not the pod's metadata.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Listed {
-    pub meta: ObjectMeta,
+    pub name: String,
+    pub uid: String,
+    /// The value of Argo's workflow label.
+    pub workflow: Option<String>,
+    /// Labelled completed=true: Argo has finished with it.
+    pub completed: bool,
+    /// Carries Argo's node annotations: Argo made it.
+    pub argos: bool,
+    /// Being deleted (a deletion timestamp).
+    pub terminating: bool,
+    /// Where Argo's status finalizer is among the pod's finalizers.
+    pub status_finalizer: Option<usize>,
+    /// The UIDs of the pod's owners.
+    pub owners: Vec<String>,
     pub succeeded: bool,
+}
+
+impl Listed {
+    /// Keeps of `meta` what the assessment reads; `None` for a pod without a
+    /// name, which no list returns.
+    pub fn new(meta: ObjectMeta, succeeded: bool) -> Option<Listed> {
+        let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key));
+        Some(Listed {
+            workflow: label(labels::WORKFLOW).cloned(),
+            completed: label(labels::COMPLETED).is_some_and(|v| v == "true"),
+            argos: [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
+                meta.annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(*key))
+            }),
+            terminating: meta.deletion_timestamp.is_some(),
+            status_finalizer: meta
+                .finalizers
+                .as_ref()
+                .and_then(|f| f.iter().position(|f| f == labels::POD_STATUS_FINALIZER)),
+            owners: meta
+                .owner_references
+                .into_iter()
+                .flatten()
+                .map(|r| r.uid)
+                .collect(),
+            uid: meta.uid.unwrap_or_default(),
+            name: meta.name?,
+            succeeded,
+        })
+    }
 }
 
 /// The pod phase the bulk field selector excludes.
@@ -109,6 +154,11 @@ impl Tracker {
         &self.plan
     }
 
+    /// True when `pod`, with this UID, is a plan pod the last list showed.
+    pub fn holds(&self, pod: &str, uid: &str) -> bool {
+        matches!(self.seen.get(pod), Some(Some(seen)) if seen == uid)
+    }
+
     /// True when the last list showed every plan pod gone.
     pub fn all_seen_gone(&self) -> bool {
         self.plan
@@ -132,12 +182,7 @@ impl Tracker {
         let assessment = assess(workflow, &self.plan, listed, allow_bulk);
         let uids: BTreeMap<&str, &str> = listed
             .iter()
-            .filter_map(|p| {
-                Some((
-                    p.meta.name.as_deref()?,
-                    p.meta.uid.as_deref().unwrap_or_default(),
-                ))
-            })
+            .map(|p| (p.name.as_str(), p.uid.as_str()))
             .collect();
         let now: Vec<(&String, Option<&str>)> = self
             .plan
@@ -179,11 +224,14 @@ impl Tracker {
 /// counts no pod twice, never goes back (a pod whose delete was accepted may
 /// still be listed while it terminates) and never passes the plan's size.
 /// A bulk request cut short says nothing of its pods; the next list does.
+/// Apart, the plan pods a watch saw removed while a bulk request runs,
+/// until a list or an answer confirms them.
 #[derive(Clone, Debug, Default)]
 pub struct Progress {
     deleted: BTreeSet<String>,
     /// Pods of the bulk requests cut short since the last list.
     cut: BTreeSet<String>,
+    watched: BTreeSet<String>,
 }
 
 impl Progress {
@@ -192,11 +240,26 @@ impl Progress {
         self.deleted.len()
     }
 
+    /// Plan pods a watch saw removed that are not yet counted as deleted.
+    pub fn watched(&self) -> usize {
+        self.watched.len()
+    }
+
+    /// Notes plan pod `pod` seen removed (the caller checked its UID).
+    pub fn seen_removed(&mut self, pod: String) {
+        if !self.deleted.contains(&pod) {
+            self.watched.insert(pod);
+        }
+    }
+
     /// Counts the plan pods a fresh list found `gone`. Returns, if bulk
     /// requests were cut short since the previous list, how many of their
     /// pods are gone now.
     pub fn listed(&mut self, gone: &BTreeSet<String>) -> Option<usize> {
         self.deleted.extend(gone.iter().cloned());
+        // What the watch saw and the list does not confirm was recreated:
+        // the tracker stops the request.
+        self.watched.clear();
         if self.cut.is_empty() {
             return None;
         }
@@ -210,6 +273,7 @@ impl Progress {
     pub fn answered(&mut self, plan: &BTreeSet<String>, work: &DeleteWork) {
         for pod in work.pods() {
             if plan.contains(pod) {
+                self.watched.remove(pod);
                 self.deleted.insert(pod.to_owned());
             }
         }
@@ -234,8 +298,8 @@ pub fn assess(
 ) -> Assessment {
     let listed: BTreeMap<&str, &Listed> = listed
         .iter()
-        .filter(|p| label(p, labels::WORKFLOW) == Some(workflow))
-        .filter_map(|p| Some((p.meta.name.as_deref()?, p)))
+        .filter(|p| p.workflow.as_deref() == Some(workflow))
+        .map(|p| (p.name.as_str(), p))
         .collect();
 
     let mut out = Assessment::default();
@@ -245,9 +309,9 @@ pub fn assess(
             out.gone.insert(name.clone());
             continue;
         };
-        let uid = pod.meta.uid.as_deref().unwrap_or_default();
-        if pod.meta.deletion_timestamp.is_some() {
-            if let Some(index) = status_finalizer_index(pod) {
+        let uid = pod.uid.as_str();
+        if pod.terminating {
+            if let Some(index) = pod.status_finalizer {
                 out.work.push(DeleteWork::Finalizer {
                     name: name.clone(),
                     uid: uid.to_owned(),
@@ -459,35 +523,13 @@ pub fn split_bulk(
 
 /// What the bulk request's selectors pick now (the workflow label aside).
 fn bulk_selects(pod: &Listed) -> bool {
-    label(pod, labels::COMPLETED) == Some("true") && !pod.succeeded
+    pod.completed && !pod.succeeded
 }
 
 /// What the bulk request may pick by the time the server lists: what it picks
 /// now, and Argo's own unfinished pods, which Argo may be relabelling.
 fn may_become_selected(pod: &Listed) -> bool {
-    let argos = [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
-        pod.meta
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(*key))
-    });
-    bulk_selects(pod) || (argos && !pod.succeeded)
-}
-
-fn label<'p>(pod: &'p Listed, key: &str) -> Option<&'p str> {
-    pod.meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
-
-fn status_finalizer_index(pod: &Listed) -> Option<usize> {
-    pod.meta
-        .finalizers
-        .as_ref()?
-        .iter()
-        .position(|f| f == labels::POD_STATUS_FINALIZER)
+    bulk_selects(pod) || (pod.argos && !pod.succeeded)
 }
 
 #[cfg(test)]
@@ -495,35 +537,30 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn pod(wf: &str, name: &str, phase: &str) -> Listed {
-        Listed {
-            meta: ObjectMeta {
-                name: Some(name.into()),
-                uid: Some(format!("uid-{name}")),
-                labels: Some(
-                    [
-                        (labels::WORKFLOW.to_string(), wf.to_string()),
-                        (labels::COMPLETED.to_string(), "true".to_string()),
-                    ]
-                    .into(),
-                ),
-                ..Default::default()
-            },
-            succeeded: phase == SUCCEEDED,
+    fn meta(wf: &str, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            labels: Some(
+                [
+                    (labels::WORKFLOW.to_string(), wf.to_string()),
+                    (labels::COMPLETED.to_string(), "true".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
         }
+    }
+
+    fn pod(wf: &str, name: &str, phase: &str) -> Listed {
+        Listed::new(meta(wf, name), phase == SUCCEEDED).unwrap()
     }
 
     /// A pod Argo has not relabelled completed=true (yet), made by Argo
     /// (with its node annotations) or by someone else.
     fn unfinished(mut p: Listed, argos: bool) -> Listed {
-        p.meta
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert(labels::COMPLETED.into(), "false".into());
-        if argos {
-            p.meta.annotations = Some([(labels::NODE_ID.to_string(), "id".to_string())].into());
-        }
+        p.completed = false;
+        p.argos = argos;
         p
     }
 
@@ -537,11 +574,42 @@ mod tests {
     }
 
     fn terminating(mut p: Listed, finalizer: bool) -> Listed {
-        p.meta.deletion_timestamp = Some(Time(Default::default()));
-        if finalizer {
-            p.meta.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
-        }
+        p.terminating = true;
+        p.status_finalizer = finalizer.then_some(1);
         p
+    }
+
+    #[test]
+    fn a_listed_pod_keeps_what_the_assessment_reads() {
+        let mut m = meta("wf", "a");
+        m.labels
+            .as_mut()
+            .unwrap()
+            .insert(labels::COMPLETED.into(), "false".into());
+        m.annotations = Some([(labels::NODE_NAME.to_string(), "wf.a".to_string())].into());
+        m.deletion_timestamp = Some(Time(Default::default()));
+        m.finalizers = Some(vec!["other".into(), labels::POD_STATUS_FINALIZER.into()]);
+        m.owner_references = Some(vec![
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                "name": "wf", "uid": "owner"}))
+            .unwrap(),
+        ]);
+        let got = Listed::new(m, false).unwrap();
+        let want = Listed {
+            name: "a".into(),
+            uid: "uid-a".into(),
+            workflow: Some("wf".into()),
+            completed: false,
+            argos: true,
+            terminating: true,
+            status_finalizer: Some(1),
+            owners: vec!["owner".into()],
+            succeeded: false,
+        };
+        assert_eq!(got, want);
+        assert!(pod("wf", "b", "Failed").completed);
+        assert_eq!(Listed::new(ObjectMeta::default(), false), None);
     }
 
     fn names(v: &[&str]) -> BTreeSet<String> {
@@ -730,7 +798,7 @@ mod tests {
         let mut t = Tracker::new(names(&["a"]));
         t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
         let mut again = pod("wf", "a", "Failed");
-        again.meta.uid = Some("new".into());
+        again.uid = "new".into();
         assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
     }
 
@@ -771,6 +839,26 @@ mod tests {
         assert_eq!(p.listed(&names(&["a", "b", "c"])), None);
         p.answered(&plan, &bulk("wf", &["d"]));
         assert_eq!(p.deleted(), 4);
+    }
+
+    #[test]
+    fn pods_seen_removed_count_apart_until_confirmed() {
+        let plan = names(&["a", "b", "c"]);
+        let mut t = Tracker::new(plan.clone());
+        let listed = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed")];
+        t.assess("wf", &listed, true).unwrap();
+        assert!(t.holds("a", "uid-a"));
+        assert!(!t.holds("a", "other"), "another pod under the name");
+        assert!(!t.holds("c", "uid-c"), "gone at the list");
+        let mut p = Progress::default();
+        p.listed(&names(&["c"]));
+        p.seen_removed("a".into());
+        p.seen_removed("a".into());
+        p.seen_removed("c".into());
+        assert_eq!((p.deleted(), p.watched()), (1, 1));
+        // The bulk request's answer confirms what the watch saw.
+        p.answered(&plan, &bulk("wf", &["a", "b"]));
+        assert_eq!((p.deleted(), p.watched()), (3, 0));
     }
 
     /// What a part's node selector selects, as the API server reads it:

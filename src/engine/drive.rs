@@ -12,15 +12,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::engine::Engine;
-use crate::engine::assess::{Listed, Progress, Recreated, Tracker, split_bulk};
+use crate::engine::assess::{DeleteWork, Listed, Progress, Recreated, Tracker, split_bulk};
 use crate::engine::fault;
-use crate::engine::pods::list_workflow_pods;
+use crate::engine::pods::{list_workflow_pods, watch_deletions};
 use crate::engine::queue::Class;
 use crate::engine::workers::{Done, Outcome, RequestKey, WorkError, WorkItem};
 
@@ -133,11 +135,22 @@ fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
 pub struct Count {
     /// Plan pods.
     pub total: usize,
-    /// Plan pods gone, counted by name (never twice, never backwards).
+    /// Plan pods gone, counted by name (never twice, never backwards), as
+    /// lists and answers confirm them.
     pub deleted: usize,
+    /// Besides, plan pods the API server has removed while a bulk request
+    /// runs, seen on a watch, not yet confirmed.
+    pub removing: usize,
     /// Something the user should know about the way the pods go (a bulk
     /// delete cut short), if anything happened.
     pub note: Option<String>,
+}
+
+impl Count {
+    /// Plan pods to show as deleted: confirmed, and seen removed.
+    pub fn shown(&self) -> usize {
+        (self.deleted + self.removing).min(self.total)
+    }
 }
 
 /// What a request does with a deletion's progress.
@@ -152,6 +165,11 @@ pub trait Sink: Send {
     /// Every [`DriveConfig::tick`] while requests are out: progress, and the
     /// sink's chance to stop the deletion (with an error).
     fn tick(&mut self, count: &Count) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether someone sees [`Count::removing`]: only then is a bulk
+    /// request's progress watched, as the watch costs the API server an event
+    /// per pod while it deletes them.
+    fn shows_removals(&self) -> bool;
 }
 
 /// One request's deletion of its plan's pods. Registered with the engine
@@ -176,6 +194,8 @@ pub struct Deletion {
     note: Option<String>,
     /// How long the list took that last found every plan pod gone.
     confirm_took: Duration,
+    /// The revision of the last list.
+    revision: Option<String>,
 }
 
 impl Deletion {
@@ -200,6 +220,7 @@ impl Deletion {
             removed: 0,
             note: None,
             confirm_took: Duration::ZERO,
+            revision: None,
         }
     }
 
@@ -229,6 +250,7 @@ impl Deletion {
         Count {
             total: self.tracker.plan().len(),
             deleted: self.progress.deleted(),
+            removing: self.progress.watched(),
             note: self.note.clone(),
         }
     }
@@ -281,6 +303,15 @@ impl Deletion {
                 self.config.bulk_parallelism,
                 &self.pod_nodes,
             );
+            let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
+            let mut removals = if bulk && sink.shows_removals() {
+                tokio::select! {
+                    _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                    watch = self.watch_removals() => watch,
+                }
+            } else {
+                None
+            };
             let mut pending = work.len();
             for work in work {
                 let item = WorkItem {
@@ -306,6 +337,16 @@ impl Deletion {
                         sink.tick(&self.count()).await?;
                         continue;
                     }
+                    removed = async { removals.as_mut()?.next().await }, if removals.is_some() => {
+                        match removed {
+                            Some((pod, uid)) if self.tracker.holds(&pod, &uid) => {
+                                self.progress.seen_removed(pod);
+                            }
+                            Some(_) => {}
+                            None => removals = None,
+                        }
+                        continue;
+                    }
                 };
                 pending -= 1;
                 self.answered(outcome)?;
@@ -316,7 +357,7 @@ impl Deletion {
     /// A fresh list of the workflow's pods: with an owner, only its pods,
     /// and bulk deletes off while any other carries the label.
     async fn list(&mut self) -> Result<(Vec<Listed>, bool), DeleteError> {
-        let listed = list_workflow_pods(
+        let snapshot = list_workflow_pods(
             &self.engine.client,
             &self.namespace,
             &self.workflow,
@@ -328,37 +369,24 @@ impl Deletion {
             workflow: self.workflow.clone(),
             source,
         })?;
+        self.revision = snapshot.revision;
+        let listed = snapshot.pods;
         let Some(owner) = &self.owner else {
             return Ok((listed, false));
         };
-        let owned = |p: &Listed| {
-            p.meta
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| &r.uid == owner)
-        };
+        let owned = |p: &Listed| p.owners.contains(owner);
         let (ours, theirs): (Vec<Listed>, Vec<Listed>) = listed.into_iter().partition(owned);
         let mut strangers: Vec<&Listed> = theirs
             .iter()
-            .filter(|p| {
-                p.meta
-                    .name
-                    .as_ref()
-                    .is_some_and(|n| self.tracker.plan().contains(n))
-            })
+            .filter(|p| self.tracker.plan().contains(&p.name))
             .collect();
         if !strangers.is_empty() {
-            strangers.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
+            strangers.sort_by(|a, b| a.name.cmp(&b.name));
             let owners: BTreeSet<String> = strangers
                 .iter()
-                .flat_map(|p| p.meta.owner_references.iter().flatten())
-                .map(|r| r.uid.clone())
+                .flat_map(|p| p.owners.iter().cloned())
                 .collect();
-            let pods: Vec<String> = strangers
-                .iter()
-                .filter_map(|p| p.meta.name.clone())
-                .collect();
+            let pods: Vec<String> = strangers.iter().map(|p| p.name.clone()).collect();
             warn!(
                 namespace = self.namespace,
                 workflow = self.workflow,
@@ -407,6 +435,33 @@ impl Deletion {
             );
         }
         Ok(assessment)
+    }
+
+    /// The plan's pods as the API server removes them, from the last list's
+    /// revision on, while a bulk request runs: its progress, which its answer
+    /// gives only at the end. Progress only: without the watch (it could not
+    /// start) the count waits for the answer, as it would.
+    async fn watch_removals(&self) -> Option<BoxStream<'static, (String, String)>> {
+        let revision = self.revision.as_deref()?;
+        match watch_deletions(
+            &self.engine.client,
+            &self.namespace,
+            &self.workflow,
+            revision,
+        )
+        .await
+        {
+            Ok(removals) => Some(removals),
+            Err(error) => {
+                debug!(
+                    namespace = self.namespace,
+                    workflow = self.workflow,
+                    error = %fault::explain(&error),
+                    "watching the bulk delete's pods failed; progress shows when it answers"
+                );
+                None
+            }
+        }
     }
 
     /// Counts what a work item's answer says.

@@ -296,7 +296,7 @@ impl Deleting<'_, '_> {
     async fn write(&mut self, count: &Count) -> Result<(), ArchivedError> {
         let status = &mut self.0.status;
         status.pods_total = count.total as u64;
-        status.pods_deleted = count.deleted as u64;
+        status.pods_deleted = count.shown() as u64;
         if let Some(note) = &count.note {
             status.message.clone_from(note);
         }
@@ -319,6 +319,10 @@ impl Sink for Deleting<'_, '_> {
 
     async fn tick(&mut self, count: &Count) -> Result<(), ArchivedError> {
         self.write(count).await
+    }
+
+    fn shows_removals(&self) -> bool {
+        true
     }
 }
 

@@ -29,6 +29,7 @@ use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
 use crate::retry::admission::Admitted;
+use crate::retry::progress::Seen;
 use crate::retry::report::{self, Ending, Events, Report};
 use crate::telemetry::metrics::{RetryKind, Step};
 
@@ -495,6 +496,16 @@ impl<'a> Annotation<'a> {
     }
 
     /// Takes the deletion's count into the status.
+    /// Hands progress to the WorkflowRetry following this request, if one
+    /// does (see [`crate::retry::progress`]).
+    fn publish(&self, count: &Count) -> bool {
+        let seen = Seen {
+            total: count.total as u64,
+            deleted: count.shown() as u64,
+        };
+        self.ctx.progress.publish(&self.target.token, seen)
+    }
+
     fn counted(&mut self, count: &Count) {
         self.status.pods_total = count.total as u64;
         self.status.pods_deleted = count.deleted as u64;
@@ -661,13 +672,24 @@ impl Sink for Annotation<'_> {
     async fn deleting(&mut self, count: &Count) -> Result<(), RetryError> {
         self.status.phase = RetryPhase::DeletingPods;
         self.counted(count);
+        self.publish(count);
         Ok(())
     }
 
     async fn tick(&mut self, count: &Count) -> Result<(), RetryError> {
         self.counted(count);
-        self.report_progress().await?;
+        // A WorkflowRetry that asked for this request shows its progress;
+        // the workflow is then written no more than the request needs.
+        if !self.publish(count) {
+            self.report_progress().await?;
+        }
         self.check_still_completed().await
+    }
+
+    /// Only a WorkflowRetry following the request shows them; the
+    /// annotation reports what lists and answers confirm.
+    fn shows_removals(&self) -> bool {
+        self.ctx.progress.is_followed(&self.target.token)
     }
 }
 

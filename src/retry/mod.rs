@@ -7,6 +7,7 @@ pub mod archived;
 pub mod cache;
 pub mod live;
 pub mod object;
+pub mod progress;
 pub mod report;
 pub mod workflowretry;
 
@@ -75,7 +76,9 @@ impl RetryConfig {
             allow_bulk: self.allow_bulk,
             bulk_parallelism: self.bulk_parallelism,
             terminating_poll: self.terminating_poll,
-            tick: self.status_interval,
+            // The sinks decide what is worth a write; a second is what a
+            // person watching a count expects of it.
+            tick: self.status_interval.min(Duration::from_secs(1)),
         }
     }
 
@@ -131,6 +134,8 @@ pub struct Context {
     pub workflows: Arc<cache::WorkflowCache>,
     /// The bound on planned pods in deletion at once.
     pub admission: admission::Admission,
+    /// Live requests' progress for the WorkflowRetry objects that asked them.
+    pub progress: progress::Board,
     pub metrics: Arc<Metrics>,
     /// Argo's database, when its persistence is configured: archived
     /// workflows and offloaded node status.
@@ -172,13 +177,14 @@ impl Context {
 
 /// Plans the retry of `wf` on the blocking pool, so the async workers (the
 /// watches, Lease renewal, the probes) never wait for a large workflow to be
-/// decompressed and planned. A panic in the planner goes on in the caller's
+/// decompressed and planned. The workflow is given up to the planner, which
+/// moves its nodes into the plan instead of copying them. A panic in the planner goes on in the caller's
 /// task, as if planned there.
 pub async fn plan_off_thread(
     wf: crate::argo::workflow::Workflow,
     options: RetryOptions,
 ) -> Result<plan::Plan, plan::PlanError> {
-    let planned = tokio::task::spawn_blocking(move || plan::plan_retry(&wf, &options)).await;
+    let planned = tokio::task::spawn_blocking(move || plan::plan_retry_owned(wf, &options)).await;
     match planned {
         Ok(planned) => planned,
         Err(e) => match e.try_into_panic() {

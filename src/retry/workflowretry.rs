@@ -167,6 +167,7 @@ async fn serve_live(
     let token = workflowretry_token(&status.uid());
     let options = status.object.spec.options();
     let following = ctx.workflows.follow(&namespace, name);
+    let mut progress = ctx.progress.follow(&token);
     status.status.workflow_name = Some(name.to_owned());
     loop {
         let changed = following.notified();
@@ -211,11 +212,20 @@ async fn serve_live(
             None => status.status.workflow_uid = Some(uid),
         }
         let on_workflow = meta.annotations();
-        if let Ok(Some(progress)) = request::status_of(on_workflow, &token) {
-            status.mirror(&progress);
-            if progress.phase.is_finished() {
+        if let Ok(Some(reported)) = request::status_of(on_workflow, &token) {
+            status.mirror(&reported);
+            if reported.phase.is_finished() {
                 return Ok(());
             }
+        }
+        // Progress the request handed over live (its report on the workflow
+        // waits for the end), never behind what the workflow says.
+        if let Some(seen) = progress.latest()
+            && status.status.phase != Some(RetryPhase::Committing)
+        {
+            status.status.phase = Some(RetryPhase::DeletingPods);
+            status.status.pods_total = seen.total;
+            status.status.pods_deleted = status.status.pods_deleted.max(seen.deleted);
         }
         let is_ours = |key: &str| on_workflow.get(key).map(|t| t.trim()) == Some(token.as_str());
         if is_ours(annotations::OBSERVED) {
@@ -245,7 +255,13 @@ async fn serve_live(
             status.name()
         );
         status.write().await.map_err(api(what))?;
-        wait(changed, stop).await?;
+        let heard = async {
+            tokio::select! {
+                _ = changed => {}
+                _ = progress.changed() => {}
+            }
+        };
+        wait(heard, stop).await?;
     }
 }
 

@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
-use rewind::protocol::request::{RetryPhase, annotations};
+use rewind::protocol::request::{RetryPhase, annotations, workflowretry_token};
 use rewind::testenv::localcluster::{LocalCluster, Role as ClusterRole, USER_NAME};
 use rewind::testenv::workload::FailedDag;
 use serde_json::Value;
@@ -33,6 +33,8 @@ struct Run {
     stdout: String,
     stderr: String,
     status: ExitStatus,
+    /// In a terminal: how much of `stdout` (bytes) was shown by when.
+    timeline: Vec<(Duration, usize)>,
 }
 
 /// The `rewind` binary with the user's kubeconfig and namespace.
@@ -59,6 +61,7 @@ async fn run_piped(mut command: Command) -> anyhow::Result<Run> {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         status: output.status,
+        timeline: Vec::new(),
     })
 }
 
@@ -114,11 +117,16 @@ async fn run_in_pty_interrupted(
         drop(command);
         let mut master = File::from(master);
         let mut shown = Vec::new();
+        let mut timeline = Vec::new();
+        let started = std::time::Instant::now();
         let mut buf = [0u8; 4096];
         loop {
             match master.read(&mut buf) {
                 Ok(0) => break,
-                Ok(n) => shown.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    shown.extend_from_slice(&buf[..n]);
+                    timeline.push((started.elapsed(), shown.len()));
+                }
                 // EIO: every holder of the terminal's other end is gone.
                 Err(e) if e.raw_os_error() == Some(libc::EIO) => break,
                 Err(e) => return Err(e).context("reading the pty"),
@@ -129,6 +137,7 @@ async fn run_in_pty_interrupted(
             stdout: String::from_utf8_lossy(&shown).into_owned(),
             stderr: String::new(),
             status,
+            timeline,
         })
     })
     .await?
@@ -270,6 +279,88 @@ pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
     Ok(())
 }
 
+/// The counts a terminal's bar showed ("N/TOTAL pods"), each with when.
+fn counts_shown(run: &Run, total: usize) -> Vec<(Duration, usize)> {
+    let suffix = format!("/{total} pods");
+    let text = &run.stdout;
+    text.match_indices(&suffix)
+        .filter_map(|(at, _)| {
+            let digits = text[..at]
+                .bytes()
+                .rev()
+                .take_while(u8::is_ascii_digit)
+                .count();
+            let count = text[at - digits..at].parse().ok()?;
+            let (when, _) = run.timeline.iter().find(|(_, len)| *len >= at)?;
+            Some((*when, count))
+        })
+        .collect()
+}
+
+/// During a bulk delete (one request the API server carries out pod by
+/// pod), `rewind retry` in a terminal shows the count rising each second,
+/// while the workflow is written at most three times (the request, the
+/// reset, the final report): the progress goes to the WorkflowRetry.
+pub async fn a_bulk_delete_shows_its_count_rising_each_second(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const PODS: usize = 3000;
+    grant_user(&cluster, &namespace).await?;
+    failed_workflow(&cluster, &namespace, "bulk", PODS).await?;
+    let controller = ctl::start(&cluster, &namespace, ctl::options(20, 30, true)).await?;
+    let run = run_in_pty(rewind(&cluster, &namespace, &["retry", "bulk"])).await?;
+    controller.stop().await?;
+    ensure!(
+        run.status.success(),
+        "exit {:?}:\n{}",
+        run.status,
+        run.stdout
+    );
+    let counts = counts_shown(&run, PODS);
+    // When the count first showed each new value, up to the whole plan.
+    let mut rises: Vec<(Duration, usize)> = Vec::new();
+    for (when, count) in counts {
+        if rises.last().is_none_or(|&(_, last)| count > last) {
+            rises.push((when, count));
+        }
+    }
+    let moving: Vec<&(Duration, usize)> = rises
+        .iter()
+        .filter(|(_, c)| (1..PODS).contains(c))
+        .collect();
+    let (Some(first), Some(last)) = (moving.first(), moving.last()) else {
+        bail!("the count never moved between 0 and {PODS}: {rises:?}");
+    };
+    let slowest = rises
+        .windows(2)
+        .filter(|w| w[0].1 > 0)
+        .map(|w| w[1].0 - w[0].0)
+        .max()
+        .unwrap_or_default();
+    ensure!(
+        moving.len() >= 2 && slowest <= Duration::from_millis(1500),
+        "the count should rise at least once a second during the bulk delete ({:?} from the first to the last partial count); it rose at {rises:?}",
+        last.0 - first.0
+    );
+    let writes: Vec<String> = ctl::audit_log(&cluster, &namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.resource == "workflows"
+                && a.name == "bulk"
+                && !a.dry_run
+                && matches!(a.verb.as_str(), "patch" | "update")
+        })
+        .map(|a| format!("{} {} by {}", a.verb, a.name, a.user))
+        .collect();
+    ensure!(
+        writes.len() <= 3,
+        "the workflow should be written at most 3 times, it was written {} times: {writes:?}",
+        writes.len()
+    );
+    Ok(())
+}
+
 /// `--dry-run -o json` prints exactly the planner's plan, and the API
 /// server's audit log shows no mutating request from the CLI's user.
 pub async fn dry_run_prints_the_planners_plan_and_changes_nothing(
@@ -390,11 +481,16 @@ pub async fn piped_output_json_selector_and_no_wait(
     let table = run_piped(rewind(&cluster, &namespace, &["status", "b"])).await?;
     // Asking again for a workflow just reset: Argo's words, then rewind's.
     let again = run_piped(rewind(&cluster, &namespace, &["retry", "a"])).await?;
-    let c_token = workflows
-        .get("c")
+    // One workflow named: asked with a WorkflowRetry, which the controller
+    // turns into the workflow's request under a token naming its UID.
+    let c_retry = workflowretries(&cluster, &namespace)
         .await?
-        .annotation(annotations::RETRY)
-        .map(str::to_owned);
+        .into_iter()
+        .find(|r| r.spec.workflow_name.as_deref() == Some("c"));
+    let c_token = c_retry
+        .as_ref()
+        .and_then(|r| r.uid())
+        .map(|uid| workflowretry_token(&uid));
     let status = ctl::wait_finished(
         &workflows,
         "c",
@@ -486,11 +582,12 @@ pub async fn piped_output_json_selector_and_no_wait(
 
     ensure!(no_wait.status.success(), "{}", no_wait.stderr);
     ensure!(
-        no_wait.stdout.trim() == "workflow.argoproj.io/c",
-        "-o name prints the workflow: {:?}",
+        c_retry.as_ref().is_some_and(
+            |r| no_wait.stdout.trim() == format!("workflowretry.rewind.dev/{}", r.name_any())
+        ),
+        "-o name prints the WorkflowRetry asked for c: {:?}",
         no_wait.stdout
     );
-    ensure!(c_token.is_some(), "--no-wait set no request on c");
     status.context("the --no-wait request should still run to its end")?;
     let labelled = workflows.get("c").await?;
     ensure!(
@@ -528,8 +625,8 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
     );
     let all = format!("{}{}", run.stdout, run.stderr);
     ensure!(
-        all.contains("no rewind controller answered retry request")
-            && all.contains("within 2s")
+        all.contains("no rewind controller answered WorkflowRetry")
+            && all.contains("(workflow wf) within 2s")
             && all.contains("kubectl get lease rewind"),
         "{all}"
     );
@@ -550,7 +647,7 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
     Ok(())
 }
 
-/// Ctrl-C stops following, says the request keeps running, and leaves it set.
+/// Ctrl-C stops following, says the request keeps running, and leaves it.
 pub async fn ctrl_c_stops_following_and_leaves_the_request(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -577,14 +674,12 @@ pub async fn ctrl_c_stops_following_and_leaves_the_request(
         shown.contains("Stopped following. The retry requests keep running on the controller"),
         "{shown}"
     );
-    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    let retries = workflowretries(&cluster, &namespace).await?;
     ensure!(
-        workflows
-            .get("wf")
-            .await?
-            .annotation(annotations::RETRY)
-            .is_some(),
-        "the request should stay on the workflow"
+        retries
+            .iter()
+            .any(|r| r.spec.workflow_name.as_deref() == Some("wf")),
+        "the request should stay, as a WorkflowRetry for wf: {retries:?}"
     );
     Ok(())
 }

@@ -55,8 +55,10 @@ use tracing_subscriber::EnvFilter;
 use support::{Test, namespace_for};
 
 /// The tests that need the control plane to themselves (see `quiet` in `main`).
-const ALONE: &[&str] =
-    &["hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another"];
+const ALONE: &[&str] = &[
+    "hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another",
+    "cli::a_bulk_delete_shows_its_count_rising_each_second",
+];
 
 macro_rules! tests {
     ($($module:ident :: $test:ident),* $(,)?) => {
@@ -110,6 +112,7 @@ fn main() -> ExitCode {
         workflowretry_db::an_offloaded_live_retry_on_mariadb,
         workflowretry_kill::an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once,
         cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
+        cli::a_bulk_delete_shows_its_count_rising_each_second,
         cli::dry_run_prints_the_planners_plan_and_changes_nothing,
         cli::piped_output_json_selector_and_no_wait,
         cli::without_a_controller_retry_says_so_and_how_to_check,

@@ -216,10 +216,10 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
                 message: (*phase == "Failed").then(|| "Error (exit code 1)".into()),
                 started_at: time.clone(),
                 finished_at: time.clone(),
-                node_flag: Some(NodeFlag {
+                node_flag: Some(Box::new(NodeFlag {
                     retried: true,
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             },
         );

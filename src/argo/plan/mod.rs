@@ -51,7 +51,6 @@ mod dag;
 pub mod pod_name;
 pub mod selector;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -213,6 +212,14 @@ pub fn plan_retry(wf: &Workflow, opts: &RetryOptions) -> Result<Plan, PlanError>
     plan_retry_at(wf, opts, Timestamp::now())
 }
 
+/// [`plan_retry`] of a workflow the caller gives up: its nodes and spec are
+/// moved into the reset workflow rather than copied, so a large workflow
+/// (tens of thousands of nodes, a DAG of as many tasks) is held once, not
+/// twice, while it is planned. The borrowing planners copy it first.
+pub fn plan_retry_owned(wf: Workflow, opts: &RetryOptions) -> Result<Plan, PlanError> {
+    plan(wf, opts, Timestamp::now(), &last_listed)
+}
+
 /// [`plan_retry`] with "now" given, for the timestamps Argo sets.
 pub fn plan_retry_at(
     wf: &Workflow,
@@ -243,18 +250,25 @@ pub fn plan_retry_with_parents(
     now: Timestamp,
     choose: ChooseParent<'_>,
 ) -> Result<Plan, PlanError> {
+    plan(wf.clone(), opts, now, choose)
+}
+
+/// The planner, on a workflow of its own.
+fn plan(
+    mut wf: Workflow,
+    opts: &RetryOptions,
+    now: Timestamp,
+    choose: ChooseParent<'_>,
+) -> Result<Plan, PlanError> {
     let now = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let version = opts.argo_version;
 
     // Hydrate, as the Argo server does before it formulates the retry.
     let compressed = compress::blob_to_hydrate(&wf.status);
-    let nodes: Cow<'_, Nodes> = match compressed {
-        Some(c) => Cow::Owned(compress::decode_nodes(c, version, opts.max_nodes_size)?),
-        None => wf
-            .status
-            .nodes
-            .as_ref()
-            .map_or_else(|| Cow::Owned(Nodes::new()), Cow::Borrowed),
+    let hydrated = compressed.is_some();
+    let nodes: Nodes = match compressed {
+        Some(c) => compress::decode_nodes(c, version, opts.max_nodes_size)?,
+        None => wf.status.nodes.take().unwrap_or_default(),
     };
     if wf
         .status
@@ -277,7 +291,8 @@ pub fn plan_retry_with_parents(
         }
     }
 
-    let mut new_wf = new_retry_workflow(wf, compressed.is_some(), opts, &now)?;
+    let mut new_wf = new_retry_workflow(&mut wf, hydrated, opts, &now)?;
+    let wf = &wf;
     let selected = selected_nodes(&nodes, opts)?;
     let failed = failed_nodes(&nodes, &selected, version, choose)?;
 
@@ -417,34 +432,21 @@ fn node_outcomes(
     Ok(outcome)
 }
 
-/// The reset workflow's nodes. Nodes decoded from `compressedNodes` are
-/// moved, others cloned.
-fn finish_nodes(nodes: Cow<'_, Nodes>, fates: Vec<Fate>, now: &str) -> Nodes {
-    fn kept<T>((_, fate): &(T, Fate)) -> bool {
-        fate.kind != FateKind::Drop
-    }
-    let finish = |(key, mut node): (String, NodeStatus), fate: Fate| {
-        if fate.kind == FateKind::Reset {
-            reset_node(&mut node, now);
-        }
-        node.children = fate.children;
-        node.outbound_nodes = fate.outbound_nodes;
-        (key, node)
-    };
-    match nodes {
-        Cow::Owned(nodes) => nodes
-            .into_iter()
-            .zip(fates)
-            .filter(kept)
-            .map(|(n, f)| finish(n, f))
-            .collect(),
-        Cow::Borrowed(nodes) => nodes
-            .iter()
-            .zip(fates)
-            .filter(kept)
-            .map(|((k, n), f)| finish((k.clone(), n.clone()), f))
-            .collect(),
-    }
+/// The reset workflow's nodes, moved from the workflow's.
+fn finish_nodes(nodes: Nodes, fates: Vec<Fate>, now: &str) -> Nodes {
+    nodes
+        .into_iter()
+        .zip(fates)
+        .filter(|(_, fate)| fate.kind != FateKind::Drop)
+        .map(|((key, mut node), fate)| {
+            if fate.kind == FateKind::Reset {
+                reset_node(&mut node, now);
+            }
+            node.children = fate.children;
+            node.outbound_nodes = fate.outbound_nodes;
+            (key, node)
+        })
+        .collect()
 }
 
 fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
@@ -453,9 +455,10 @@ fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
 
 /// `createNewRetryWorkflow`: the workflow without nodes, marked as running
 /// again. `hydrated` says the input's nodes came from `compressedNodes`,
-/// which Argo clears when it reads them.
+/// which Argo clears when it reads them. Moves the spec and status out of
+/// `wf`, leaving its metadata (what the pod names read).
 fn new_retry_workflow(
-    wf: &Workflow,
+    wf: &mut Workflow,
     hydrated: bool,
     opts: &RetryOptions,
     now: &str,
@@ -473,30 +476,26 @@ fn new_retry_workflow(
         conditions,
         stored_workflow_spec,
         other,
-    } = &wf.status;
+    } = std::mem::take(&mut wf.status);
     let mut new_wf = Workflow {
         api_version: wf.api_version.clone(),
         kind: wf.kind.clone(),
         metadata: wf.metadata.clone(),
-        spec: wf.spec.clone(),
+        spec: std::mem::take(&mut wf.spec),
         status: WorkflowStatus {
             phase: None,
             started_at: Some(now.to_owned()),
             finished_at: None,
             message: None,
             nodes: None,
-            compressed_nodes: compressed_nodes
-                .clone()
-                .filter(|c| !hydrated && !c.is_empty()),
-            offload_node_status_version: offload_node_status_version
-                .clone()
-                .filter(|v| !v.is_empty()),
+            compressed_nodes: compressed_nodes.filter(|c| !hydrated && !c.is_empty()),
+            offload_node_status_version: offload_node_status_version.filter(|v| !v.is_empty()),
             persistent_volume_claims: None,
-            conditions: conditions.clone(),
-            stored_workflow_spec: stored_workflow_spec.clone(),
-            other: other.clone(),
+            conditions,
+            stored_workflow_spec,
+            other,
         },
-        other: wf.other.clone(),
+        other: std::mem::take(&mut wf.other),
     };
 
     if let Some(l) = new_wf.metadata.labels.as_mut() {

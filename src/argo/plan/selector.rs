@@ -215,14 +215,14 @@ mod tests {
             type_: "Pod".into(),
             template_name: Some("tmpl".into()),
             phase: Some("Failed".into()),
-            inputs: Some(IoParameters {
+            inputs: Some(Box::new(IoParameters {
                 parameters: Some(vec![Parameter {
                     name: "p".into(),
                     value: Some("a,b=c".into()),
                     ..Default::default()
                 }]),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         }
     }
@@ -244,11 +244,11 @@ mod tests {
         assert!(matches("id=wf-1", &n));
         assert!(matches(r"inputs.parameters.p.value=a\,b\=c", &n));
         assert!(!matches("templateRef.name=lib", &n));
-        n.template_ref = Some(TemplateRef {
+        n.template_ref = Some(Box::new(TemplateRef {
             name: Some("lib".into()),
             template: Some("t2".into()),
             ..Default::default()
-        });
+        }));
         assert!(matches("templateRef.name=lib,templateRef.template=t2", &n));
         // With a templateRef, templateName is the referenced template.
         assert!(matches("templateName=t2", &n));

@@ -701,3 +701,11 @@ fn plan_serialises_camel_case() {
         ["workflow", "podsToDelete", "nodesDeleted", "nodesReset"]
     );
 }
+
+#[test]
+fn a_workflow_given_up_plans_as_one_borrowed() {
+    let wf = simple_dag();
+    let moved = super::plan(wf.clone(), &v3(), now(), &last_listed).unwrap();
+    assert_eq!(moved, plan(&wf, &v3()));
+    assert!(plan_retry_owned(wf, &v3()).is_ok());
+}

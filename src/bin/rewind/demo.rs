@@ -21,7 +21,6 @@ use kube::api::{Api, ListParams};
 use tokio_util::sync::CancellationToken;
 
 use rewind::argo::workflow::{Workflow, labels};
-use rewind::client::ask;
 use rewind::controller::Controller;
 use rewind::protocol::request::RequestOptions;
 use rewind::retry::Scope;
@@ -143,13 +142,12 @@ async fn scenario(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<Dur
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), NAMESPACE);
     // What a user types; the demo runs the same code in-process.
     println!("\nrewind retry {} -n {NAMESPACE}", dag.name);
-    let token = ask::new_token();
-    let asked = ask::ask(
+    let asked = crate::retry::ask_one(
         &workflows,
         NAMESPACE,
         &dag.name,
         &RequestOptions::default(),
-        &token,
+        Duration::from_secs(3600),
     )
     .await?;
     let followed =

@@ -16,7 +16,7 @@ use rewind::argo::plan::{ArgoVersion, RetryOptions, compress::DEFAULT_MAX_WORKFL
 use rewind::argo::workflow::Workflow;
 use rewind::client::follow::{self, Follower, Observed};
 use rewind::client::preview::{self, Preview};
-use rewind::client::{Asked, Source, ask};
+use rewind::client::{Asked, FollowError, Source, ask};
 use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::hint::{self, Refusal};
 use rewind::protocol::request::{RequestOptions, RetryPhase, RetryStatus};
@@ -51,11 +51,11 @@ pub struct RetryArgs {
     /// --field-selector.
     #[arg(long, value_name = "UID", conflicts_with_all = ["names", "selector", "field_selector"])]
     archived: Option<String>,
-    /// --archived: delete the WorkflowRetry this long after it finished (e.g. 1h; at most a
-    /// year).
-    #[arg(long, default_value = "24h", value_parser = parse_ttl, requires = "archived")]
+    /// Delete the WorkflowRetry asked for one workflow or --archived this long after it
+    /// finished (e.g. 1h; at most a year).
+    #[arg(long, default_value = "24h", value_parser = parse_ttl)]
     ttl: Duration,
-    /// Return once the request is set on the workflow, without following it.
+    /// Return once the request is asked, without following it.
     #[arg(long)]
     no_wait: bool,
     /// Print what the retry would do (nodes, pods, bulk delete, time) and change nothing.
@@ -95,7 +95,7 @@ pub struct Outcome {
     namespace: String,
     workflow: String,
     request: String,
-    /// The WorkflowRetry of an archived retry.
+    /// The WorkflowRetry that asked, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     workflow_retry: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,25 +138,73 @@ pub async fn run(args: RetryArgs) -> anyhow::Result<()> {
     if args.dry_run {
         return dry_run(&client, &namespace, &names, &args).await;
     }
-    // One token for all: to the controller, one asker, however many workflows.
-    let token = ask::new_token();
-    let mut asked = Vec::new();
-    for name in &names {
-        asked.push(ask::ask(&workflows, &namespace, name, &options, &token).await?);
-    }
+    let selected = args.selector.is_some() || args.field_selector.is_some();
+    let asked = match names.as_slice() {
+        // One workflow: a WorkflowRetry, whose status the controller updates
+        // each second of the deletions (the workflow's own report is written
+        // rarely, as each write rewrites the whole workflow).
+        [name] if !selected => {
+            vec![ask_one(&workflows, &namespace, name, &options, args.ttl).await?]
+        }
+        // A batch: the annotations, with one token for all: to the
+        // controller, one asker, however many workflows.
+        names => {
+            let token = ask::new_token();
+            let mut asked = Vec::new();
+            for name in names {
+                asked.push(ask::ask(&workflows, &namespace, name, &options, &token).await?);
+            }
+            asked
+        }
+    };
     if args.no_wait {
         for a in &asked {
-            match args.output {
-                Some(Output::Name) => println!("workflow.argoproj.io/{}", a.workflow),
-                _ => println!(
+            match (&a.source, args.output) {
+                (Source::Annotation, Some(Output::Name)) => {
+                    println!("workflow.argoproj.io/{}", a.workflow)
+                }
+                (Source::Annotation, _) => println!(
                     "workflow.argoproj.io/{} retry requested (request {}); follow it with `rewind status {} -n {} -w`",
                     a.workflow, a.token, a.workflow, a.namespace
+                ),
+                (Source::WorkflowRetry { .. }, Some(Output::Name)) => {
+                    println!("workflowretry.rewind.dev/{}", a.token)
+                }
+                (Source::WorkflowRetry { .. }, _) => println!(
+                    "workflowretry.rewind.dev/{} created for workflow {}; follow it with `rewind status {} -n {} -w`",
+                    a.token, a.workflow, a.token, a.namespace
                 ),
             }
         }
         return Ok(());
     }
     follow_to_the_end(&workflows, &namespace, asked, &args).await
+}
+
+/// Asks for the retry of live workflow `name` with a WorkflowRetry, once it
+/// is known to exist (a missing one is refused at once, as with a batch).
+pub async fn ask_one(
+    workflows: &Api<Workflow>,
+    namespace: &str,
+    name: &str,
+    options: &RequestOptions,
+    ttl: Duration,
+) -> anyhow::Result<Asked> {
+    let found = workflows
+        .get_metadata_opt(name)
+        .await
+        .with_context(|| format!("reading workflow {namespace}/{name}"))?;
+    if found.is_none() {
+        return Err(FollowError::NotFound {
+            namespace: namespace.to_owned(),
+            workflow: name.to_owned(),
+        }
+        .into());
+    }
+    let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
+    let target = ask::Target::Live(name);
+    let (asked, _) = ask::ask_object(&retries, namespace, target, options, ttl, false).await?;
+    Ok(asked)
 }
 
 /// Follows `asked` and finishes as [`finish`] does; on Ctrl-C, says the
@@ -186,8 +234,15 @@ async fn archived(
     args: &RetryArgs,
 ) -> anyhow::Result<()> {
     let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
-    let (asked, created) =
-        ask::ask_archived(&retries, namespace, uid, options, args.ttl, args.dry_run).await?;
+    let (asked, created) = ask::ask_object(
+        &retries,
+        namespace,
+        ask::Target::Archived(uid),
+        options,
+        args.ttl,
+        args.dry_run,
+    )
+    .await?;
     let name = &asked.token;
     if args.dry_run {
         match args.output {
@@ -319,7 +374,7 @@ async fn dry_run(
         let listed =
             match rewind::engine::pods::list_workflow_pods(client, namespace, name, &planned).await
             {
-                Ok(listed) => Some(listed),
+                Ok(listed) => Some(listed.pods),
                 // Users may ask for retries without the right to list pods.
                 Err(kube::Error::Api(s)) if s.code == 403 => None,
                 Err(e) => {
