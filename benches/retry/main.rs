@@ -12,6 +12,10 @@
 //!   into PostgreSQL, deleted from the cluster, its pods left behind) retried by a
 //!   WorkflowRetry and by Argo's RetryArchivedWorkflow at 20/30;
 //!
+//! - `rewind-batch`, `peer-batch` (only when named in `--rows`): `--batch WxP`, W workflows of
+//!   P failed pods each retried by one `rewind retry -l` and by Argo's `argo retry -l` loop,
+//!   with a second user's small retry during rewind's (batch.rs; N is W × P);
+//!
 //! plus the computed per-pod floors N/20 and N/200. Rows run in alternating order over the
 //! repetitions. A workflow over Argo's size limit even compressed (20,000 pods) is stored as
 //! Argo's controller stores it then: its nodes offloaded into PostgreSQL, which rewind and
@@ -26,12 +30,16 @@
 //!
 //!     cargo bench --features testenv --bench retry -- --pods 1000,8000 --repetitions 3 [--rows floor,rewind-bulk]
 //!         [--slow] [--succeeded 100] [--idle-seconds 5] [--out NAME]
+//!     cargo bench --features testenv --bench retry -- --rows rewind-batch,peer-batch --batch 200x100
+//!         [--small-pods 20] [--small-after 5] [--succeeded 10] [--repetitions 1] [--out NAME]
 //!     cargo bench --features testenv --bench retry -- --render bench/results/a.json,bench/results/b.json --out NAME
 //!
 //! Writes bench/results/NAME.json (every run and the summary), NAME.md (the table) and
-//! NAME.png (the chart); `--render` summarises and draws again from saved runs.
+//! NAME.png (the chart); `--render` summarises and draws again from saved runs. With
+//! REWIND_BENCH_KEEP_AUDIT set, each run's audit log is kept beside the controller logs.
 //! `--scale 1000x1000` measures the controller among many workflows instead (scale.rs).
 
+mod batch;
 mod chart;
 mod scale;
 
@@ -39,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, ensure};
+use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
@@ -58,6 +66,7 @@ use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::{self, RetryPhase, annotations};
 use rewind::testenv::argo;
 use rewind::testenv::bench::audit::{self, Audited};
+use rewind::testenv::bench::batch as batch_report;
 use rewind::testenv::bench::child::{RewindController, run_measured};
 use rewind::testenv::bench::cli;
 use rewind::testenv::bench::neighbours::{self, Neighbour};
@@ -74,6 +83,9 @@ const WORKFLOW: &str = "big-retry";
 const REQUEST: &str = "big-retry-archived";
 const FINISH: Duration = Duration::from_secs(4 * 3600);
 const RESULTS: &str = "bench/results";
+/// Set (to anything), each run's audit log is kept beside the controller logs: where a run's
+/// time went, request by request.
+const KEEP_AUDIT: &str = "REWIND_BENCH_KEEP_AUDIT";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Row {
@@ -85,10 +97,12 @@ enum Row {
     ArgoCli,
     RewindArchived,
     PeerArchived,
+    RewindBatch,
+    PeerBatch,
 }
 
 impl Row {
-    const ALL: [Row; 8] = [
+    const ALL: [Row; 10] = [
         Row::Floor,
         Row::RewindBulk,
         Row::RewindPod20,
@@ -97,7 +111,14 @@ impl Row {
         Row::ArgoCli,
         Row::RewindArchived,
         Row::PeerArchived,
+        Row::RewindBatch,
+        Row::PeerBatch,
     ];
+
+    /// The rows run without `--rows`: all but the batch rows, which retry another workload.
+    fn default_rows() -> Vec<Row> {
+        Row::ALL.into_iter().filter(|r| !r.batch()).collect()
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -109,6 +130,8 @@ impl Row {
             Row::ArgoCli => "argo-cli",
             Row::RewindArchived => "rewind-archived",
             Row::PeerArchived => "peer-archived",
+            Row::RewindBatch => "rewind-batch",
+            Row::PeerBatch => "peer-batch",
         }
     }
 
@@ -116,10 +139,17 @@ impl Row {
         matches!(self, Row::RewindArchived | Row::PeerArchived)
     }
 
+    /// Whether it retries the batch (batch.rs) rather than one workflow of `--pods`.
+    fn batch(self) -> bool {
+        matches!(self, Row::RewindBatch | Row::PeerBatch)
+    }
+
     /// rewind's flags for this row; `None` for rows rewind does not run.
     fn rewind_flags(self) -> Option<&'static [&'static str]> {
         match self {
-            Row::RewindBulk | Row::RewindArchived => Some(&["--qps", "20", "--burst", "30"]),
+            Row::RewindBulk | Row::RewindArchived | Row::RewindBatch => {
+                Some(&["--qps", "20", "--burst", "30"])
+            }
             Row::RewindPod20 => Some(&["--qps", "20", "--burst", "30", "--no-bulk"]),
             Row::RewindPod200 => Some(&["--qps", "200", "--burst", "300", "--no-bulk"]),
             _ => None,
@@ -129,7 +159,7 @@ impl Row {
     /// The peer's client budget (qps, burst) for this row; `None` for rows it does not run.
     fn peer_budget(self) -> Option<(u32, u32)> {
         match self {
-            Row::Peer | Row::PeerArchived => Some((20, 30)),
+            Row::Peer | Row::PeerArchived | Row::PeerBatch => Some((20, 30)),
             Row::ArgoCli => Some((5, 10)),
             _ => None,
         }
@@ -160,8 +190,8 @@ impl std::fmt::Display for Row {
 fn peer_of(row: &str) -> Option<&'static str> {
     match row {
         "rewind-archived" => Some("peer-archived"),
-        "peer-archived" => None,
-        "peer" => None,
+        "rewind-batch" => Some("peer-batch"),
+        "peer-archived" | "peer-batch" | "peer" => None,
         _ => Some("peer"),
     }
 }
@@ -173,15 +203,26 @@ struct Args {
     /// Failed pods, comma-separated: every row runs at each N.
     #[arg(long, value_delimiter = ',', value_parser = number, default_value = "1000")]
     pods: Vec<usize>,
-    /// The rows to run, comma-separated; all by default.
-    #[arg(long, value_delimiter = ',', default_values_t = Row::ALL, hide_default_value = true)]
+    /// The rows to run, comma-separated; all but rewind-batch and peer-batch by default.
+    #[arg(long, value_delimiter = ',', default_values_t = Row::default_rows(), hide_default_value = true)]
     rows: Vec<Row>,
     /// Runs of each row at each N, in alternating order; at least 1.
     #[arg(long, value_parser = cli::at_least_one, default_value = "3")]
     repetitions: usize,
-    /// Succeeded pods beside the failed ones, which must stay.
+    /// Succeeded pods beside the failed ones (of each workflow of a batch), which must stay.
     #[arg(long, default_value = "100")]
     succeeded: usize,
+    /// The batch rows' workload: WORKFLOWS failed workflows of PODS failed pods each,
+    /// labelled alike in one namespace.
+    #[arg(long, value_name = "WORKFLOWSxPODS", value_parser = parse_by::<batch::Shape>, default_value = "200x100")]
+    batch: batch::Shape,
+    /// rewind-batch: the failed pods of a workflow a second user retries during the batch
+    /// (0: no second user).
+    #[arg(long, value_name = "PODS", default_value = "20")]
+    small_pods: usize,
+    /// rewind-batch: when the second user asks, in seconds from the batch command's start.
+    #[arg(long, value_name = "SECONDS", default_value = "5")]
+    small_after: f64,
     /// Run argo-cli at N >= 8000 too (it takes about N/5 seconds).
     #[arg(long)]
     slow: bool,
@@ -195,7 +236,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_name = "FILES")]
     render: Vec<PathBuf>,
     /// Measure the controller among many workflows instead (scale.rs), e.g. 1000x1000.
-    #[arg(long, value_name = "WORKFLOWSxNODES", value_parser = parse_scale)]
+    #[arg(long, value_name = "WORKFLOWSxNODES", value_parser = parse_by::<scale::Scale>)]
     scale: Option<scale::Scale>,
     /// The command line that reproduces the run, recorded in the results.
     #[arg(skip)]
@@ -207,9 +248,22 @@ fn number(s: &str) -> Result<usize, std::num::ParseIntError> {
     s.trim().parse()
 }
 
-/// `--scale`, its error with its cause (clap shows only the outermost context).
-fn parse_scale(s: &str) -> Result<scale::Scale, String> {
+/// `--scale` or `--batch`, its error with its cause (clap shows only the outermost context).
+fn parse_by<T: std::str::FromStr<Err = anyhow::Error>>(s: &str) -> Result<T, String> {
     s.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+/// `AxB` as two counts, for `flag`, which takes `form`.
+fn by(s: &str, flag: &str, form: &str) -> anyhow::Result<(usize, usize)> {
+    let count = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .with_context(|| format!("{flag} takes {form}, not {s:?}"))
+    };
+    let (a, b) = s
+        .split_once('x')
+        .with_context(|| format!("{flag} takes {form}"))?;
+    Ok((count(a)?, count(b)?))
 }
 
 /// `--out`: results go to bench/results only.
@@ -250,6 +304,7 @@ struct Context {
     peer: PathBuf,
     db: Option<(DbServer, ArgosCode)>,
     succeeded: usize,
+    batch: batch::Options,
     idle: Duration,
     logs: PathBuf,
 }
@@ -313,6 +368,11 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         peer,
         db,
         succeeded: args.succeeded,
+        batch: batch::Options {
+            shape: args.batch,
+            small_pods: args.small_pods,
+            small_after: Duration::from_secs_f64(args.small_after),
+        },
         idle: Duration::from_secs(args.idle_seconds),
         logs,
     };
@@ -328,37 +388,53 @@ async fn bench(args: Args) -> anyhow::Result<()> {
             .unwrap_or_else(|| format!("scale-{}x{}", scale.workflows, scale.nodes));
         return scale::run(&context, scale, args.pods[0], &args.command, &out).await;
     }
-    let out = args.out.clone().unwrap_or_else(|| {
-        let pods: Vec<String> = args.pods.iter().map(usize::to_string).collect();
-        format!("retry-{}", pods.join("-"))
+    // The rows to run at each N: the single rows at each of `--pods`, the batch rows at the
+    // batch's.
+    let (batched, single): (Vec<Row>, Vec<Row>) = args.rows.iter().partition(|r| r.batch());
+    let mut plan: Vec<(usize, Vec<Row>)> = Vec::new();
+    for (&n, &offloaded) in args.pods.iter().zip(&offloading) {
+        if single.is_empty() {
+            break;
+        }
+        if offloaded {
+            println!(
+                "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded (and a workflow created from the archive offloads them too)"
+            );
+        }
+        let rows = single
+            .iter()
+            .copied()
+            .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
+            .collect();
+        plan.push((n, rows));
+    }
+    if !batched.is_empty() {
+        plan.push((args.batch.total(), batched));
+    }
+    let pods: Vec<usize> = plan.iter().map(|(n, _)| *n).collect();
+    let out = args.out.clone().unwrap_or_else(|| match single.is_empty() {
+        true => format!("retry-batch-{}", args.batch),
+        false => {
+            let pods: Vec<String> = args.pods.iter().map(usize::to_string).collect();
+            format!("retry-{}", pods.join("-"))
+        }
     });
     let mut runs = Vec::new();
     let result = async {
-        for (&n, &offloaded) in args.pods.iter().zip(&offloading) {
-            if offloaded {
-                println!(
-                    "N = {n}: the workflow is over Argo's size limit even compressed, so its nodes are offloaded (and a workflow created from the archive offloads them too)"
-                );
-            }
-            let rows: Vec<Row> = args
-                .rows
-                .iter()
-                .copied()
-                .filter(|&r| r != Row::ArgoCli || n < 8000 || args.slow)
-                .collect();
+        for (n, rows) in &plan {
             for rep in 0..args.repetitions {
                 let mut order = rows.clone();
                 if rep % 2 == 1 {
                     order.reverse();
                 }
                 for row in order {
-                    let m = measure(&context, row, n, rep).await.with_context(|| {
+                    let m = measure(&context, row, *n, rep).await.with_context(|| {
                         format!("{} at N = {n}, repetition {}", row.name(), rep + 1)
                     })?;
                     print_run(&m);
                     runs.push(m);
                     // Saved as it goes: a long run interrupted keeps what it measured.
-                    write(&args, &out, started, &runs)?;
+                    write(&args, &pods, &out, started, &runs)?;
                 }
             }
         }
@@ -369,7 +445,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
         db.stop();
     }
     result?;
-    let summary = write(&args, &out, started, &runs)?;
+    let summary = write(&args, &pods, &out, started, &runs)?;
     println!("\n{}", report::markdown(&summary));
     println!("Written: {RESULTS}/{out}.json, .md, .png");
     Ok(())
@@ -400,22 +476,40 @@ fn print_run(m: &Measured) {
         p99(&m.neighbour_idle),
         p99(&m.neighbour_during),
     );
+    if let Some(b) = &m.batch {
+        println!(
+            "    {} workflows × {} pods: command returned after {:.2}s; busiest second {} writes, {} requests{}",
+            b.workflows,
+            b.pods_each,
+            b.command_seconds,
+            b.busiest_writes,
+            b.busiest_requests,
+            b.small.as_ref().map_or_else(String::new, |s| format!(
+                "; second user's {} pods asked at {:.2}s, reset {:.2}s later (audit {})",
+                s.pods,
+                s.asked_after_seconds,
+                s.wall_seconds,
+                f(s.audit_seconds)
+            ))
+        );
+    }
 }
 
-/// Writes the runs so far and their summary; returns the summary.
+/// Writes the runs so far (at the Ns `pods`) and their summary; returns the summary.
 fn write(
     args: &Args,
+    pods: &[usize],
     out: &str,
     started: Timestamp,
     runs: &[Measured],
 ) -> anyhow::Result<Vec<RowSummary>> {
-    let summary = summarize(runs, &args.pods);
+    let summary = summarize(runs, pods);
     let results = Results {
         command: args.command.clone(),
         started: started.to_string(),
         finished: Timestamp::now().to_string(),
         cpus: std::thread::available_parallelism().map_or(0, usize::from),
-        pods: args.pods.clone(),
+        pods: pods.to_vec(),
         repetitions: args.repetitions,
         succeeded: args.succeeded,
         rows: args.rows.iter().map(|r| r.name().to_owned()).collect(),
@@ -509,6 +603,12 @@ fn markdown(results: &Results, out: &str) -> String {
         "\nwall: request to job done as the client saw it (rewind: annotation or WorkflowRetry written → done seen, {}; peer: its own call → return; floor: the request's round trip). audit: the same from the API server's audit log, with its steps. CPU: rewind's over the retry, the peer's whole process. Neighbour: another user sending GET pod / LIST workflows / PATCH ConfigMap, 20 a second.\n",
         results.done_seen
     ));
+    let order: Vec<&str> = Row::ALL.iter().map(|r| r.name()).collect();
+    if let Some(table) = batch_report::markdown(&results.runs, &order, &peer_of) {
+        md.push_str("\n## Batches\n\n");
+        md.push_str(&table);
+        md.push_str("\nN (above) is the batch's failed pods in all; each workflow also has the succeeded pods, which must stay. rewind-batch: `rewind retry -l team=ml` (one request per workflow, one token: one asker), the controller at qps 20 / burst 30; wall from the command's start until every workflow's reset is seen on a watch; command returned: when the command itself returned (it polls every workflow's status). peer-batch: Argo's `argo retry -l team=ml` through an Argo Server (the server's ListWorkflows, then its RetryWorkflow one workflow after another) at the Argo Server's budget, 20/30 (per client, as there: one for pods, one for workflows); wall and command returned are its loop's time. speed-up: the peer's wall over the row's. small retry: a second user (another identity and token: another asker) asks, \"asked at\" seconds after the batch command started, for the retry of a workflow of \"pods\" failed pods in the same namespace; request → reset from its patch sent to its reset seen on a watch, audit s from its patch received to the controller's write of the reset workflow answered. The main table's steps and requests are the controller's for the batch: its requests naming the second user's workflow are left out (its pod list and DeleteCollection name none and are counted). busiest second: the retrier's most requests received within one second (audit log, watches left out), mutating ones (what rewind's write bucket pays for: at 20/30 at most 50 a second) and all (what client-go's limiters, Argo's budget, pay for: at most 50 a second each). command CPU and peak RSS: rewind's CLI process (the main table's CPU and peak RSS are the controller's and the peer's).\n");
+    }
     if let Some(table) = report::neighbour_markdown(&results.summary) {
         md.push_str("\n## Where the neighbour's time goes\n\n");
         md.push_str(&table);
@@ -560,11 +660,24 @@ fn render(args: &Args) -> anyhow::Result<()> {
 async fn measure(context: &Context, row: Row, pods: usize, rep: usize) -> anyhow::Result<Measured> {
     let cluster = LocalCluster::start(Options {
         audit: true,
+        // One audit log however long the run (a batch's is hundreds of megabytes): the API
+        // server would start a new file past 100 MB, and only the current one is read.
+        extra_apiserver_args: vec!["--audit-log-maxsize=10000".into()],
         ..Options::default()
     })
     .await
     .context("starting a local control plane")?;
     let result = measure_on(&cluster, context, row, pods, rep).await;
+    if std::env::var_os(KEEP_AUDIT).is_some()
+        && let Some(audit) = cluster.audit_log_path()
+    {
+        let kept = context
+            .logs
+            .join(format!("{}-{pods}-{}-audit.log", row.name(), rep + 1));
+        if let Err(e) = std::fs::copy(&audit, &kept) {
+            eprintln!("keeping the audit log as {}: {e}", kept.display());
+        }
+    }
     cluster
         .stop()
         .await
@@ -572,20 +685,32 @@ async fn measure(context: &Context, row: Row, pods: usize, rep: usize) -> anyhow
     result
 }
 
-async fn measure_on(
+/// What a row retries, created before the retrier starts.
+enum Workload {
+    /// The workflow of `--pods` (the module docs say how each row stores it).
+    One {
+        /// As created, its nodes in it.
+        original: Workflow,
+        /// Argo's ConfigMap NAMESPACE/NAME where the row needs its persistence, else empty.
+        configmap: String,
+        /// The archived workflow's UID, for archived rows.
+        archived_uid: Option<String>,
+    },
+    /// The batch rows' workflows (batch.rs).
+    Batch(batch::Prepared),
+}
+
+/// Creates the workflow of `--pods` as `row` retries it.
+async fn one(
     cluster: &LocalCluster,
     context: &Context,
     row: Row,
     pods: usize,
-    rep: usize,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<Workload> {
     let admin = cluster.admin_client();
-    cluster.create_namespace(NAMESPACE).await?;
-    neighbours::prepare(cluster).await?;
     let dag = dag(pods, context.succeeded);
     let workflow = dag.workflow(NAMESPACE);
     let mut configmap = String::new();
-    // The workflow before the retry, its nodes in it.
     let offload = offloaded(&workflow)?;
     // Argo's persistence as the row needs it: offloading above the size limit (the workflow
     // an archived retry creates is as large, so offloaded too), the archive for archived rows.
@@ -629,13 +754,37 @@ async fn measure_on(
         );
         archived_uid = Some(uid);
     }
+    Ok(Workload::One {
+        original,
+        configmap,
+        archived_uid,
+    })
+}
+
+async fn measure_on(
+    cluster: &LocalCluster,
+    context: &Context,
+    row: Row,
+    pods: usize,
+    rep: usize,
+) -> anyhow::Result<Measured> {
+    cluster.create_namespace(NAMESPACE).await?;
+    neighbours::prepare(cluster).await?;
+    let workload = match row.batch() {
+        true => Workload::Batch(batch::prepare(cluster, context).await?),
+        false => one(cluster, context, row, pods).await?,
+    };
+    let configmap = match &workload {
+        Workload::One { configmap, .. } => configmap.as_str(),
+        Workload::Batch(_) => "",
+    };
 
     // The retrier ready (rewind started and synced) before the idle baseline, so the
     // baseline includes its watches.
     let controller = match row.rewind_flags() {
         None => None,
         Some(flags) => {
-            let mut args: Vec<String> = ["--namespace", NAMESPACE, "--argo-configmap", &configmap]
+            let mut args: Vec<String> = ["--namespace", NAMESPACE, "--argo-configmap", configmap]
                 .map(String::from)
                 .to_vec();
             args.extend(flags.iter().map(|f| f.to_string()));
@@ -677,15 +826,21 @@ async fn measure_on(
         .map(RewindController::usage)
         .transpose()?;
     let asked_at = Timestamp::now();
-    let retried = retry(
-        cluster,
-        context,
-        row,
-        pods,
-        &configmap,
-        archived_uid.as_deref(),
-    )
-    .await;
+    let retried = match &workload {
+        Workload::One { archived_uid, .. } => retry(
+            cluster,
+            context,
+            row,
+            pods,
+            configmap,
+            archived_uid.as_deref(),
+        )
+        .await
+        .map(|(wall, usage, request_uid)| (wall, usage, request_uid, None)),
+        Workload::Batch(prepared) => batch::retry(cluster, context, row, prepared)
+            .await
+            .map(|(wall, usage, ran)| (wall, usage, None, Some(ran))),
+    };
     let mut during = neighbour.finish().await;
     let after = controller
         .as_ref()
@@ -694,7 +849,7 @@ async fn measure_on(
     if let Some(controller) = controller {
         controller.stop()?;
     }
-    let (wall, peer_usage, request_uid) = retried?;
+    let (wall, peer_usage, request_uid, ran) = retried?;
     let usage = match (before, after) {
         (Some(b), Some(a)) => Some(Usage {
             cpu_seconds: a.cpu_seconds - b.cpu_seconds,
@@ -703,17 +858,30 @@ async fn measure_on(
         _ => peer_usage,
     };
 
-    check(
-        cluster,
-        row,
-        pods,
-        context.succeeded,
-        archived_uid.as_deref(),
-        request_uid.as_deref(),
-    )
-    .await?;
-    if row.rewind_flags().is_some() && !row.archived() {
-        check_reset(context, &workflows, &original, asked_at).await?;
+    match &workload {
+        Workload::One {
+            original,
+            archived_uid,
+            ..
+        } => {
+            check(
+                cluster,
+                row,
+                WORKFLOW,
+                pods,
+                context.succeeded,
+                archived_uid.as_deref(),
+                request_uid.as_deref(),
+            )
+            .await?;
+            if row.rewind_flags().is_some() && !row.archived() {
+                let workflows = Api::namespaced(cluster.admin_client(), NAMESPACE);
+                check_reset(context, &workflows, original, asked_at).await?;
+            }
+        }
+        Workload::Batch(prepared) => {
+            batch::check(cluster, context, row, prepared, asked_at).await?
+        }
     }
 
     let log = audit::read(
@@ -725,9 +893,14 @@ async fn measure_on(
         Some(_) => CONTROLLER_NAME,
         None => ADMIN_NAME,
     };
-    let ours: Vec<&Audited> = log
+    let retrier: Vec<&Audited> = log
         .iter()
         .filter(|a| a.user == actor && a.received >= asked_at)
+        .collect();
+    let ours: Vec<&Audited> = retrier
+        .iter()
+        .copied()
+        .filter(|a| !(row.batch() && batch::second_users(a)))
         .collect();
     let asked = match row.rewind_flags() {
         // The user's request: the annotation, or the WorkflowRetry created.
@@ -754,6 +927,7 @@ async fn measure_on(
         .context("the audit log shows no delete and no workflow written")?;
     idle.serve_from(&log);
     during.serve_from(&log);
+    let batch = ran.map(|ran| ran.measured(&retrier, &log, context.batch.shape));
     Ok(Measured {
         row: row.name().into(),
         pods,
@@ -764,6 +938,7 @@ async fn measure_on(
         usage,
         neighbour_idle: idle,
         neighbour_during: during,
+        batch,
     })
 }
 
@@ -845,45 +1020,59 @@ async fn retry(
             Ok((wall, None, created.uid()))
         }
         Row::Peer | Row::ArgoCli | Row::PeerArchived => {
-            let (qps, burst) = row.peer_budget().context("a peer row has a budget")?;
-            let mut command = Command::new(&context.peer);
-            match archived_uid {
-                Some(uid) => {
-                    command.args(["retry-archived", "--uid", uid, "--configmap", configmap])
-                }
-                None => command.args(["retry", "--name", WORKFLOW]),
+            let mut target = match archived_uid {
+                Some(uid) => vec!["retry-archived", "--uid", uid, "--configmap", configmap],
+                None => vec!["retry", "--name", WORKFLOW],
             };
             if archived_uid.is_none() && !configmap.is_empty() {
                 // Offloaded nodes: the Argo Server reads them with its persistence.
-                command.args(["--configmap", configmap]);
+                target.extend(["--configmap", configmap]);
             }
-            command
-                .arg("--kubeconfig")
-                .arg(cluster.kubeconfig_path(Role::Admin))
-                .args(["--namespace", NAMESPACE])
-                .args(["--qps", &qps.to_string(), "--burst", &burst.to_string()]);
-            let finished = tokio::task::spawn_blocking(move || run_measured(command)).await??;
-            ensure!(
-                finished.success,
-                "the peer failed ({}): {}",
-                finished.status,
-                finished.stderr
-            );
-            let said: Value = serde_json::from_str(finished.stdout.trim())
-                .with_context(|| format!("the peer's answer {:?}", finished.stdout))?;
-            let seconds = said["seconds"]
-                .as_f64()
-                .context("the peer's answer has no seconds")?;
-            Ok((seconds, Some(finished.usage), None))
+            let (seconds, usage) = run_peer(cluster, context, row, &target).await?;
+            Ok((seconds, Some(usage), None))
         }
+        Row::RewindBatch | Row::PeerBatch => bail!("{row} retries a batch (batch.rs)"),
     }
 }
 
-/// The job done: exactly the succeeded pods left, and the workflow reset (live) or created
-/// anew (archived; by the WorkflowRetry `request_uid` where rewind did it).
+/// Runs the peer (Argo's own retry code) as the admin, `target` its command and what it
+/// retries, at `row`'s budget; returns the seconds it timed its retry, and its usage.
+async fn run_peer(
+    cluster: &LocalCluster,
+    context: &Context,
+    row: Row,
+    target: &[&str],
+) -> anyhow::Result<(f64, Usage)> {
+    let (qps, burst) = row.peer_budget().context("a peer row has a budget")?;
+    let mut command = Command::new(&context.peer);
+    command
+        .args(target)
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig_path(Role::Admin))
+        .args(["--namespace", NAMESPACE])
+        .args(["--qps", &qps.to_string(), "--burst", &burst.to_string()]);
+    let finished = tokio::task::spawn_blocking(move || run_measured(command)).await??;
+    ensure!(
+        finished.success,
+        "the peer failed ({}): {}",
+        finished.status,
+        finished.stderr
+    );
+    let said: Value = serde_json::from_str(finished.stdout.trim())
+        .with_context(|| format!("the peer's answer {:?}", finished.stdout))?;
+    let seconds = said["seconds"]
+        .as_f64()
+        .context("the peer's answer has no seconds")?;
+    Ok((seconds, finished.usage))
+}
+
+/// The job done on workflow `name` of `pods` failed pods: exactly the succeeded pods left,
+/// and the workflow reset (live) or created anew (archived; by the WorkflowRetry
+/// `request_uid` where rewind did it).
 async fn check(
     cluster: &LocalCluster,
     row: Row,
+    name: &str,
     pods: usize,
     succeeded: usize,
     archived_uid: Option<&str>,
@@ -891,7 +1080,7 @@ async fn check(
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
     let left = Api::<Pod>::namespaced(admin.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW)))
+        .list(&ListParams::default().labels(&format!("{}={name}", labels::WORKFLOW)))
         .await?
         .items;
     let kept = left
@@ -900,7 +1089,7 @@ async fn check(
         .count();
     ensure!(
         left.len() == succeeded && kept == succeeded,
-        "{}: expected exactly the {succeeded} succeeded pods of {} to remain, found {} ({kept} succeeded)",
+        "{} on {name}: expected exactly the {succeeded} succeeded pods of {} to remain, found {} ({kept} succeeded)",
         row.name(),
         pods + succeeded,
         left.len()
@@ -909,13 +1098,13 @@ async fn check(
         return Ok(());
     }
     let wf = Api::<Workflow>::namespaced(admin, NAMESPACE)
-        .get_opt(WORKFLOW)
+        .get_opt(name)
         .await?
-        .with_context(|| format!("{}: workflow {WORKFLOW} is not there", row.name()))?;
+        .with_context(|| format!("{}: workflow {name} is not there", row.name()))?;
     match archived_uid {
         None => ensure!(
             wf.label(labels::COMPLETED).is_none(),
-            "{}: the workflow was not reset",
+            "{}: workflow {name} was not reset",
             row.name()
         ),
         Some(old) => {
@@ -1021,7 +1210,7 @@ async fn check_reset(
     };
     let now = NOW.parse().context("a valid timestamp")?;
     let expected = plan_retry_at(before, &options, now)?.workflow;
-    let mut actual = hydrated(workflows.get(WORKFLOW).await?)?;
+    let mut actual = hydrated(workflows.get(&before.name_any()).await?)?;
     if let Some(version) = actual.status.offload_node_status_version.take() {
         let (db, code) = context
             .db

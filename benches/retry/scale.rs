@@ -31,13 +31,8 @@ impl std::str::FromStr for Scale {
     type Err = anyhow::Error;
 
     fn from_str(s: &str) -> anyhow::Result<Scale> {
-        let (w, n) = s
-            .split_once('x')
-            .context("--scale takes WORKFLOWSxNODES, e.g. 1000x1000")?;
-        Ok(Scale {
-            workflows: w.parse().context("--scale: workflows")?,
-            nodes: n.parse().context("--scale: nodes")?,
-        })
+        let (workflows, nodes) = super::by(s, "--scale", "WORKFLOWSxNODES, e.g. 1000x1000")?;
+        Ok(Scale { workflows, nodes })
     }
 }
 
@@ -227,6 +222,7 @@ async fn once(
     check(
         cluster,
         Row::RewindBulk,
+        WORKFLOW,
         pods,
         context.succeeded,
         None,

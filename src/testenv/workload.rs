@@ -259,8 +259,47 @@ impl FailedDag {
         concurrency: usize,
         progress: impl Fn() + Sync,
     ) -> Result<Workflow, kube::Error> {
+        self.create_as(
+            client,
+            self.workflow_on(namespace, nodes),
+            nodes,
+            concurrency,
+            progress,
+        )
+        .await
+    }
+
+    /// [`FailedDag::create`] with `labels` on the workflow besides Argo's (a team's, say:
+    /// what `argo retry -l` and `rewind retry -l` select).
+    pub async fn create_labelled(
+        &self,
+        client: &Client,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        concurrency: usize,
+    ) -> Result<Workflow, kube::Error> {
+        let mut workflow = self.workflow(namespace);
+        workflow
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .extend(labels.clone());
+        self.create_as(client, workflow, &[], concurrency, || ())
+            .await
+    }
+
+    /// Creates `workflow` (this DAG's, in its namespace) and then its pods.
+    async fn create_as(
+        &self,
+        client: &Client,
+        workflow: Workflow,
+        nodes: &[String],
+        concurrency: usize,
+        progress: impl Fn() + Sync,
+    ) -> Result<Workflow, kube::Error> {
+        let namespace = workflow.metadata.namespace.as_deref().unwrap_or_default();
         let workflows: Api<Workflow> = Api::namespaced(client.clone(), namespace);
-        let workflow = create_once(&workflows, &self.workflow_on(namespace, nodes)).await?;
+        let workflow = create_once(&workflows, &workflow).await?;
         self.create_pods_on(client, &workflow, nodes, concurrency, progress)
             .await?;
         Ok(workflow)

@@ -4,6 +4,7 @@ go 1.26.5
 
 require (
 	github.com/argoproj/argo-workflows/v4 v4.1.4
+	k8s.io/apimachinery v0.35.4
 	k8s.io/client-go v0.35.4
 )
 
@@ -169,7 +170,6 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/api v0.35.4 // indirect
-	k8s.io/apimachinery v0.35.4 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3 // indirect

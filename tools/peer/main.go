@@ -5,7 +5,7 @@
 // gatekeeper puts them there. It is the yardstick rewind is compared with, in
 // the end-to-end tests and the benchmarks.
 //
-//	peer retry --kubeconfig K --namespace N --name W [--qps 20 --burst 30]
+//	peer retry --kubeconfig K --namespace N (--name W | --selector L) [--qps 20 --burst 30]
 //	           [--configmap NS/NAME] [--node-field-selector S]
 //	           [--parameter name=value]... [--restart-successful]
 //	peer retry-archived --kubeconfig K --namespace N --uid UID --configmap NS/NAME [...]
@@ -16,7 +16,13 @@
 // (Secrets read from its namespace) for the archive and offloaded nodes, as
 // the Argo Server builds them at start (server/apiserver/argoserver.go). The
 // hydrator reads ALWAYS_OFFLOAD_NODE_STATUS from the environment, as Argo's
-// does. On success it prints one JSON line: {"workflow": NAME, "seconds": ELAPSED}.
+// does. --selector retries every workflow of the namespace whose labels match, as
+// `argo retry -l L` does through an Argo Server (cmd/argo/commands/retry.go): the
+// server's ListWorkflows, then its RetryWorkflow once per workflow, one after
+// another, stopping at the first error; all of it in one process, so on one
+// client budget, as one Argo Server serves them. On success it prints one JSON
+// line: {"workflow": NAME, "seconds": ELAPSED} (with --selector, "workflow" says
+// how many were retried).
 package main
 
 import (
@@ -28,6 +34,7 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -38,6 +45,7 @@ import (
 	"github.com/argoproj/argo-workflows/v4/pkg/client/clientset/versioned"
 	"github.com/argoproj/argo-workflows/v4/server/auth"
 	"github.com/argoproj/argo-workflows/v4/server/workflow"
+	"github.com/argoproj/argo-workflows/v4/server/workflow/store"
 	"github.com/argoproj/argo-workflows/v4/server/workflowarchive"
 	"github.com/argoproj/argo-workflows/v4/util/instanceid"
 	"github.com/argoproj/argo-workflows/v4/util/logging"
@@ -49,7 +57,7 @@ type parameters []string
 func (p *parameters) String() string     { return strings.Join(*p, ",") }
 func (p *parameters) Set(v string) error { *p = append(*p, v); return nil }
 
-const usage = "usage: peer retry --kubeconfig K --namespace N --name W [flags]\n" +
+const usage = "usage: peer retry --kubeconfig K --namespace N (--name W | --selector L) [flags]\n" +
 	"       peer retry-archived --kubeconfig K --namespace N --uid UID --configmap NS/NAME [flags]"
 
 func main() {
@@ -62,6 +70,7 @@ func main() {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the caller")
 	namespace := fs.String("namespace", "", "the workflow's namespace")
 	name := fs.String("name", "", "the workflow's name (retry)")
+	labels := fs.String("selector", "", "retry every workflow these labels select, one at a time, as argo retry -l (retry)")
 	uid := fs.String("uid", "", "the archived workflow's UID (retry-archived)")
 	configmap := fs.String("configmap", "", "Argo's ConfigMap NAMESPACE/NAME (instance ID, persistence)")
 	qps := fs.Float64("qps", 20, "client QPS (Argo Server 20, argo retry in kube mode 5)")
@@ -71,11 +80,14 @@ func main() {
 	var params parameters
 	fs.Var(&params, "parameter", "a parameter override name=value (repeatable)")
 	_ = fs.Parse(os.Args[2:])
-	if *kubeconfig == "" || *namespace == "" || (!archived && *name == "") || (archived && (*uid == "" || *configmap == "")) {
+	if *kubeconfig == "" || *namespace == "" || (!archived && (*name == "") == (*labels == "")) || (archived && (*uid == "" || *configmap == "")) {
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
 	target := *namespace + "/" + *name
+	if *labels != "" {
+		target = *namespace + " -l " + *labels
+	}
 	if archived {
 		target = *namespace + " archived " + *uid
 	}
@@ -93,14 +105,32 @@ func main() {
 			}
 			return wf.Name, nil
 		}
-		_, err := s.workflow.RetryWorkflow(ctx, &workflowpkg.WorkflowRetryRequest{
-			Name:              *name,
-			Namespace:         *namespace,
-			RestartSuccessful: *restartSuccessful,
-			NodeFieldSelector: *selector,
-			Parameters:        params,
+		retry := func(name string) error {
+			_, err := s.workflow.RetryWorkflow(ctx, &workflowpkg.WorkflowRetryRequest{
+				Name:              name,
+				Namespace:         *namespace,
+				RestartSuccessful: *restartSuccessful,
+				NodeFieldSelector: *selector,
+				Parameters:        params,
+			})
+			return err
+		}
+		if *labels == "" {
+			return *name, retry(*name)
+		}
+		list, err := s.workflow.ListWorkflows(ctx, &workflowpkg.WorkflowListRequest{
+			Namespace:   *namespace,
+			ListOptions: &metav1.ListOptions{LabelSelector: *labels},
 		})
-		return *name, err
+		if err != nil {
+			return "", err
+		}
+		for _, wf := range list.Items {
+			if err := retry(wf.Name); err != nil {
+				return "", fmt.Errorf("%s: %w", wf.Name, err)
+			}
+		}
+		return fmt.Sprintf("%d workflows", len(list.Items)), nil
 	}); err != nil {
 		fmt.Fprintf(os.Stderr, "peer %s %s: %v\n", os.Args[1], target, err)
 		os.Exit(1)
@@ -170,9 +200,10 @@ func run(kubeconfig, configmap, namespace string, qps float32, burst int, call f
 		}
 	}
 	instanceIDService := instanceid.NewService(instanceID)
-	// No workflow store: RetryWorkflow reads the workflow from the API.
+	// No workflow store: RetryWorkflow reads the workflow from the API, and
+	// ListWorkflows lists from it (the Argo Server's own lister is a cache).
 	s := servers{
-		workflow: workflow.NewServer(ctx, instanceIDService, offloadRepo, wfArchive, wf, nil, nil, nil, nil, nil, &namespace, nil),
+		workflow: workflow.NewServer(ctx, instanceIDService, offloadRepo, wfArchive, wf, store.NewKubeLister(wf), nil, nil, nil, nil, &namespace, nil),
 		archive:  workflowarchive.NewWorkflowArchiveServer(wfArchive, offloadRepo, nil),
 	}
 	start := time.Now()

@@ -19,8 +19,20 @@ pub struct Audited {
     pub verb: String,
     pub resource: String,
     pub namespace: String,
+    /// The object's name; empty for a list or a collection.
+    pub name: String,
     pub received: Timestamp,
     pub completed: Timestamp,
+}
+
+impl Audited {
+    /// Whether the request changes something: what a budget's write bucket pays for.
+    pub fn is_mutating(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
 }
 
 /// Every request of the log, ordered by the time the server received it.
@@ -41,6 +53,7 @@ pub fn parse(text: &str) -> Result<Vec<Audited>, Error> {
             verb: s(&event["verb"]),
             resource: s(&event["objectRef"]["resource"]),
             namespace: s(&event["objectRef"]["namespace"]),
+            name: s(&event["objectRef"]["name"]),
             received: time("requestReceivedTimestamp")?,
             completed: time("stageTimestamp")?,
         });
@@ -66,6 +79,23 @@ pub fn by_verb<'a>(requests: impl IntoIterator<Item = &'a Audited>) -> BTreeMap<
         *counts.entry(a.verb.clone()).or_default() += 1;
     }
     counts
+}
+
+/// The most of `requests` the server received within one second (any window `[t, t + 1 s)`):
+/// what a client budget of qps Q and burst B holds to at most B + Q.
+pub fn busiest_second<'a>(requests: impl IntoIterator<Item = &'a Audited>) -> usize {
+    let mut times: Vec<Timestamp> = requests.into_iter().map(|a| a.received).collect();
+    times.sort_unstable();
+    let second = k8s_openapi::jiff::SignedDuration::from_secs(1);
+    let mut start = 0;
+    let mut busiest = 0;
+    for (end, t) in times.iter().enumerate() {
+        while times[start] + second <= *t {
+            start += 1;
+        }
+        busiest = busiest.max(end + 1 - start);
+    }
+    busiest
 }
 
 /// Seconds from `from` to `to` (negative if `to` is earlier).
@@ -145,7 +175,7 @@ mod tests {
         serde_json::json!({
             "kind": "Event", "stage": "ResponseComplete",
             "user": {"username": user}, "verb": verb,
-            "objectRef": {"resource": resource, "namespace": "bench"},
+            "objectRef": {"resource": resource, "namespace": "bench", "name": "wf"},
             "requestReceivedTimestamp": received, "stageTimestamp": completed,
         })
         .to_string()
@@ -223,6 +253,7 @@ mod tests {
         assert_eq!(log[0].verb, "watch");
         assert_eq!(log[1].user, "a");
         assert_eq!(log[1].namespace, "bench");
+        assert_eq!(log[1].name, "wf");
         assert!(log.windows(2).all(|w| w[0].received <= w[1].received));
     }
 
@@ -248,6 +279,19 @@ mod tests {
         .map(|(v, n)| (v.to_owned(), n))
         .collect();
         assert_eq!(counts, expected);
+    }
+
+    #[test]
+    fn the_busiest_second_of_the_writes() {
+        let log = log();
+        let writes: Vec<&Audited> = log.iter().filter(|a| a.is_mutating()).collect();
+        // patch 1.0, delete 1.5, delete 1.55, patch 1.7, update 2.5, create 2.7.
+        assert_eq!(writes.len(), 6);
+        assert_eq!(busiest_second(writes.iter().copied()), 4);
+        // A window is half-open: 1.7 and 2.7 are a second apart, not within one.
+        assert_eq!(busiest_second(writes[3..].iter().copied()), 2);
+        assert_eq!(busiest_second(&log), 5);
+        assert_eq!(busiest_second(&[]), 0);
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! real controller binary and other children measured for CPU and memory
 //! ([`child`], [`usage`]), a neighbour whose latency is the retry's cost to
 //! others ([`neighbours`]) and the API server's account of its reads' waits
-//! ([`cache_wait`]), medians with their spread ([`stats`]) and the
-//! table of results ([`report`]). Every benchmark main parses its flags and
+//! ([`cache_wait`]), medians with their spread ([`stats`]), the
+//! table of results ([`report`]) and what a batch of retries asked by one
+//! command adds to it ([`batch`]). Every benchmark main parses its flags and
 //! starts its logging with [`cli`].
 
 pub mod audit;
+pub mod batch;
 pub mod cache_wait;
 pub mod child;
 pub mod cli;

@@ -372,6 +372,7 @@ mod tests {
             verb: verb.into(),
             resource: resource.into(),
             namespace: namespace.into(),
+            name: String::new(),
             received: t(at),
             completed: t(at + took),
         };

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use super::audit::Steps;
+use super::batch::Batch;
 use super::neighbours::{KINDS, Latency};
 use super::stats::{Summary, median};
 use super::usage::Usage;
@@ -27,6 +28,9 @@ pub struct Measured {
     pub usage: Option<Usage>,
     pub neighbour_idle: Latency,
     pub neighbour_during: Latency,
+    /// A batch run's own figures (many workflows retried by one command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<Batch>,
 }
 
 /// Medians of a row's steps.
@@ -438,6 +442,7 @@ mod tests {
                 }),
                 ..Latency::default()
             },
+            batch: None,
         }
     }
 
