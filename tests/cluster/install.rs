@@ -14,7 +14,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
@@ -75,17 +75,36 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         .context("the Deployment names no ServiceAccount")?;
     let container = pod.containers.into_iter().next().context("no container")?;
     let pod_name = "rewind-0";
-    // The installed arguments, except that tests listen on loopback only.
+    // The certificate the chart generated for Argo's retry API, where the
+    // mounted Secret would put it.
+    let tls = Api::<Secret>::namespaced(admin.clone(), &namespace)
+        .get(&format!("{RELEASE}-argo-api-tls"))
+        .await
+        .context("the chart's Secret for Argo's retry API")?;
+    let mut written = Vec::new();
+    for key in ["tls.crt", "tls.key"] {
+        let data = tls
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .with_context(|| format!("the Secret has no {key}"))?;
+        let path = work.path().join(key);
+        std::fs::write(&path, &data.0)?;
+        written.push(path.display().to_string());
+    }
+    let (cert_file, key_file) = (&written[0], &written[1]);
+    // The installed arguments, except that tests listen on loopback only and
+    // read the certificate from where this test wrote it.
     let args: Vec<String> = container
         .args
         .unwrap_or_default()
         .into_iter()
-        .map(|a| {
-            if a.starts_with("--http-addr=") {
-                "--http-addr=127.0.0.1:0".to_owned()
-            } else {
-                a
-            }
+        .map(|a| match a.split_once('=') {
+            Some(("--http-addr", _)) => "--http-addr=127.0.0.1:0".to_owned(),
+            Some(("--argo-api-addr", _)) => "--argo-api-addr=127.0.0.1:0".to_owned(),
+            Some(("--argo-api-tls-cert", _)) => format!("--argo-api-tls-cert={cert_file}"),
+            Some(("--argo-api-tls-key", _)) => format!("--argo-api-tls-key={key_file}"),
+            _ => a,
         })
         .collect();
     ensure!(
@@ -93,10 +112,16 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         "the Deployment does not scope the controller to {namespace}: {args:?}"
     );
     let mut env = Vec::new();
+    let limits = container
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
     for var in container.env.unwrap_or_default() {
-        let value = match (var.value, var.value_from.and_then(|v| v.field_ref)) {
-            (Some(value), _) => value,
-            (None, Some(field)) => match field.field_path.as_str() {
+        let from = var.value_from.unwrap_or_default();
+        let value = match (var.value, from.field_ref, from.resource_field_ref) {
+            (Some(value), _, _) => value,
+            (None, Some(field), _) => match field.field_path.as_str() {
                 "metadata.name" => pod_name.to_owned(),
                 "metadata.namespace" => namespace.clone(),
                 other => bail!(
@@ -104,7 +129,24 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
                     var.name
                 ),
             },
-            (None, None) => String::new(),
+            // As the kubelet gives it: the limit in bytes, or in millicores.
+            (None, None, Some(field)) => {
+                let limit = |name: &str| {
+                    limits
+                        .get(name)
+                        .map(|q| q.0.clone())
+                        .with_context(|| format!("env {} needs a {name} limit", var.name))
+                };
+                match field.resource.as_str() {
+                    "limits.memory" => bytes(&limit("memory")?)?.to_string(),
+                    "limits.cpu" => millicores(&limit("cpu")?)?.to_string(),
+                    other => bail!(
+                        "env {} refers to {other}, which this test cannot stand in for",
+                        var.name
+                    ),
+                }
+            }
+            (None, None, None) => String::new(),
         };
         env.push((var.name, value));
     }
@@ -369,4 +411,28 @@ pub async fn helm(cluster: &LocalCluster, dir: &Path, args: &[&str]) -> anyhow::
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8(out.stdout)?)
+}
+
+/// A memory quantity in bytes (the forms the chart uses: plain, Ki, Mi, Gi).
+fn bytes(quantity: &str) -> anyhow::Result<u64> {
+    let (number, unit) = match quantity.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => quantity.split_at(at),
+        None => (quantity, ""),
+    };
+    let scale = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        other => bail!("memory quantity {quantity}: unit {other} not handled here"),
+    };
+    Ok(number.parse::<u64>()? * scale)
+}
+
+/// A CPU quantity in millicores ("1", "500m").
+fn millicores(quantity: &str) -> anyhow::Result<u64> {
+    Ok(match quantity.strip_suffix('m') {
+        Some(milli) => milli.parse()?,
+        None => quantity.parse::<u64>()? * 1000,
+    })
 }
