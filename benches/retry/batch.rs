@@ -10,7 +10,8 @@
 //!   from its request to its reset;
 //! - `peer-batch`: Argo's `argo retry -l team=ml` through an Argo Server: the peer lists
 //!   with the server's ListWorkflows and calls its RetryWorkflow once per workflow, one
-//!   after another, at the Argo Server's budget of 20/30 (tools/peer).
+//!   after another, each call with clients of its own at the Argo Server's 20/30, as its
+//!   default auth mode (client) serves every call (tools/peer).
 //!
 //! Every workflow is checked as a single row's is: its failed pods gone, its succeeded ones
 //! kept, and (rewind) its reset equal to the planner's retry.

@@ -19,8 +19,10 @@
 // does. --selector retries every workflow of the namespace whose labels match, as
 // `argo retry -l L` does through an Argo Server (cmd/argo/commands/retry.go): the
 // server's ListWorkflows, then its RetryWorkflow once per workflow, one after
-// another, stopping at the first error; all of it in one process, so on one
-// client budget, as one Argo Server serves them. On success it prints one JSON
+// another, stopping at the first error; each call with clients of its own, as
+// the server's gatekeeper gives every call in its default auth mode (client,
+// server/auth/gatekeeper.go), so each call a fresh budget of --qps/--burst (in
+// server auth mode one set of clients would serve them all). On success it prints one JSON
 // line: {"workflow": NAME, "seconds": ELAPSED} (with --selector, "workflow" says
 // how many were retried).
 package main
@@ -105,7 +107,7 @@ func main() {
 			}
 			return wf.Name, nil
 		}
-		retry := func(name string) error {
+		retry := func(ctx context.Context, name string) error {
 			_, err := s.workflow.RetryWorkflow(ctx, &workflowpkg.WorkflowRetryRequest{
 				Name:              name,
 				Namespace:         *namespace,
@@ -116,7 +118,7 @@ func main() {
 			return err
 		}
 		if *labels == "" {
-			return *name, retry(*name)
+			return *name, retry(ctx, *name)
 		}
 		list, err := s.workflow.ListWorkflows(ctx, &workflowpkg.WorkflowListRequest{
 			Namespace:   *namespace,
@@ -126,7 +128,11 @@ func main() {
 			return "", err
 		}
 		for _, wf := range list.Items {
-			if err := retry(wf.Name); err != nil {
+			call, err := s.withClients(ctx)
+			if err != nil {
+				return "", err
+			}
+			if err := retry(call, wf.Name); err != nil {
 				return "", fmt.Errorf("%s: %w", wf.Name, err)
 			}
 		}
@@ -140,6 +146,9 @@ func main() {
 type servers struct {
 	workflow workflow.Server
 	archive  workflowarchivepkg.ArchivedWorkflowServiceServer
+	// withClients gives a call clients of its own (a budget of its own), as
+	// the gatekeeper does in client auth mode.
+	withClients func(context.Context) (context.Context, error)
 }
 
 func run(kubeconfig, configmap, namespace string, qps float32, burst int, call func(context.Context, servers) (string, error)) error {
@@ -148,19 +157,26 @@ func run(kubeconfig, configmap, namespace string, qps float32, burst int, call f
 		return fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
 	}
 	restConfig.QPS, restConfig.Burst = qps, burst
-	kube, err := kubernetes.NewForConfig(restConfig)
-	if err != nil {
-		return err
-	}
-	wf, err := versioned.NewForConfig(restConfig)
-	if err != nil {
-		return err
+	withClients := func(ctx context.Context) (context.Context, error) {
+		kube, err := kubernetes.NewForConfig(restConfig)
+		if err != nil {
+			return nil, err
+		}
+		wf, err := versioned.NewForConfig(restConfig)
+		if err != nil {
+			return nil, err
+		}
+		ctx = context.WithValue(ctx, auth.WfKey, wf)
+		return context.WithValue(ctx, auth.KubeKey, kube), nil
 	}
 	// Argo's code requires a logger in the context; warnings and errors, on stderr.
-	ctx := logging.WithLogger(context.Background(),
-		logging.NewSlogLoggerCustom(logging.Warn, logging.Text, os.Stderr))
-	ctx = context.WithValue(ctx, auth.WfKey, wf)
-	ctx = context.WithValue(ctx, auth.KubeKey, kube)
+	ctx, err := withClients(logging.WithLogger(context.Background(),
+		logging.NewSlogLoggerCustom(logging.Warn, logging.Text, os.Stderr)))
+	if err != nil {
+		return err
+	}
+	kube := auth.GetKubeClient(ctx)
+	wf := auth.GetWfClient(ctx)
 
 	// Without a ConfigMap: an Argo Server without persistence and without an
 	// instance ID (the explosive repo, no archive).
@@ -203,8 +219,9 @@ func run(kubeconfig, configmap, namespace string, qps float32, burst int, call f
 	// No workflow store: RetryWorkflow reads the workflow from the API, and
 	// ListWorkflows lists from it (the Argo Server's own lister is a cache).
 	s := servers{
-		workflow: workflow.NewServer(ctx, instanceIDService, offloadRepo, wfArchive, wf, store.NewKubeLister(wf), nil, nil, nil, nil, &namespace, nil),
-		archive:  workflowarchive.NewWorkflowArchiveServer(wfArchive, offloadRepo, nil),
+		workflow:    workflow.NewServer(ctx, instanceIDService, offloadRepo, wfArchive, wf, store.NewKubeLister(wf), nil, nil, nil, nil, &namespace, nil),
+		archive:     workflowarchive.NewWorkflowArchiveServer(wfArchive, offloadRepo, nil),
+		withClients: withClients,
 	}
 	start := time.Now()
 	name, err := call(ctx, s)
