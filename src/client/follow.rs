@@ -105,10 +105,15 @@ impl Follower {
         &self.asked
     }
 
+    /// True once a controller has reported on the request.
+    pub fn answered(&self) -> bool {
+        !matches!(self.last, None | Some(Observed::NotYet))
+    }
+
     /// True when no controller has reported on the request for `timeout`
     /// since it was asked.
     pub fn unanswered_for(&self, timeout: Duration) -> bool {
-        matches!(self.last, None | Some(Observed::NotYet)) && self.asked_at.elapsed() >= timeout
+        !self.answered() && self.asked_at.elapsed() >= timeout
     }
 
     /// Reads the request once.

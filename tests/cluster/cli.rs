@@ -597,6 +597,66 @@ pub async fn piped_output_json_selector_and_no_wait(
     Ok(())
 }
 
+/// A batch the controller cannot start at once (its reads at 2 a second):
+/// the last requests wait in its queue past `--controller-timeout`, and the
+/// CLI, seeing the controller answer the first, follows them all to the end.
+pub async fn a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const WORKFLOWS: usize = 12;
+    grant_user(&cluster, &namespace).await?;
+    let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
+    for i in 0..WORKFLOWS {
+        let name = format!("q{i:02}");
+        failed_workflow(&cluster, &namespace, &name, 3).await?;
+        let patch = serde_json::json!({"metadata": {"labels": {"team": "q"}}});
+        workflows
+            .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let mut options = ctl::options(50, 50, true);
+    options.budget.reads = rewind::engine::budget::Rate::new(2, 1).expect("non-zero rate");
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let started = std::time::Instant::now();
+    let run = run_piped(rewind(
+        &cluster,
+        &namespace,
+        &[
+            "retry",
+            "-l",
+            "team=q",
+            "--controller-timeout",
+            "3s",
+            "-o",
+            "json",
+        ],
+    ))
+    .await?;
+    let took = started.elapsed();
+    controller.stop().await?;
+    ensure!(
+        run.status.success(),
+        "exit {:?} after {took:?}:\n{}{}",
+        run.status,
+        run.stdout,
+        run.stderr
+    );
+    let printed: Value = serde_json::from_str(&run.stdout)
+        .with_context(|| format!("parsing -o json:\n{}", run.stdout))?;
+    let succeeded = printed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["status"]["phase"] == "Succeeded")
+        .count();
+    ensure!(
+        succeeded == WORKFLOWS && took > Duration::from_secs(3),
+        "all {WORKFLOWS} should succeed, some after the 3 s timeout (the batch took {took:?}): {printed}"
+    );
+    Ok(())
+}
+
 /// With no controller, the CLI stops waiting and says what to check.
 pub async fn without_a_controller_retry_says_so_and_how_to_check(
     cluster: Arc<LocalCluster>,

@@ -114,6 +114,7 @@ fn main() -> ExitCode {
         workflowretry_kill::an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once,
         cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
         cli::a_bulk_delete_shows_its_count_rising_each_second,
+        cli::a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end,
         cli::dry_run_prints_the_planners_plan_and_changes_nothing,
         cli::piped_output_json_selector_and_no_wait,
         cli::without_a_controller_retry_says_so_and_how_to_check,

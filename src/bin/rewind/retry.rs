@@ -64,7 +64,8 @@ pub struct RetryArgs {
     /// Print the final status (or, with --dry-run, the plan) for scripts.
     #[arg(short = 'o', long, value_enum)]
     output: Option<Output>,
-    /// Give up following when no controller has answered within this time.
+    /// Give up following when no controller has answered within this time (once it answered
+    /// one request of a batch, the others are followed while they wait in its queue).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     controller_timeout: Duration,
     /// --dry-run: the controller's budget of mutating requests per second.
@@ -498,6 +499,9 @@ async fn follow_all(
     // One read per workflow a round: at most 20 reads a second, however many.
     let interval = follow::POLL_INTERVAL.max(Duration::from_millis(50) * followers.len() as u32);
     while outcomes.iter().any(Option::is_none) {
+        // A controller that answered one request of the batch is there: the
+        // others wait their turn in its queue, however long that takes.
+        let served = followers.iter().any(Follower::answered);
         for (i, follower) in followers.iter_mut().enumerate() {
             if outcomes[i].is_some() {
                 continue;
@@ -532,7 +536,7 @@ async fn follow_all(
                         asked.token
                     )),
                 )),
-                _ if follower.unanswered_for(timeout) => Some(outcome(
+                _ if !served && follower.unanswered_for(timeout) => Some(outcome(
                     None,
                     Some(follow::no_controller_message(&asked, timeout)),
                 )),

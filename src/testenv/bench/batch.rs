@@ -25,6 +25,10 @@ pub struct Batch {
     /// The command's CPU and peak RSS where it is not the retrier itself (rewind's CLI).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command_usage: Option<Usage>,
+    /// What the command said where it failed (its exit status and its words); `None` where
+    /// it succeeded. The workflows are checked all the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command_failed: Option<String>,
     /// The retrier's most mutating requests the API server received within one second
     /// (what rewind's write bucket pays for), and its most requests of any kind (what
     /// client-go's limiter, Argo's budget, pays for); watches left out.
@@ -50,8 +54,9 @@ pub struct SmallRetry {
 }
 
 /// The batch runs among `runs` as a Markdown table, a line per row and shape in `order`'s
-/// order of rows: medians (with min–max over several runs). `peer` names the row a row's
-/// speed-up is measured against. `None` without batch runs.
+/// order of rows: medians (with min–max over several runs), then what each command that
+/// failed said. `peer` names the row a row's speed-up is measured against. `None` without
+/// batch runs.
 pub fn markdown(
     runs: &[Measured],
     order: &[&str],
@@ -122,6 +127,18 @@ pub fn markdown(
             );
         }
     }
+    for (run, batch) in &batch {
+        if let Some(said) = &batch.command_failed {
+            let _ = write!(
+                out,
+                "\n{} ({} × {}, run {}): the command failed: {said}\n",
+                run.row,
+                batch.workflows,
+                batch.pods_each,
+                run.repetition + 1
+            );
+        }
+    }
     Some(out)
 }
 
@@ -165,6 +182,7 @@ mod tests {
                 cpu_seconds: 0.5,
                 peak_rss_bytes: 20 * 1024 * 1024,
             }),
+            command_failed: None,
             busiest_writes: 50,
             busiest_requests: if small.is_some() { 120 } else { 50 },
             small: small.map(|wall| SmallRetry {
@@ -180,16 +198,24 @@ mod tests {
     fn a_line_per_batch_row_with_its_speed_up() {
         let mut single = run("rewind", 3.0, batch(0.0, None));
         single.batch = None;
-        let runs = vec![
+        let mut runs = vec![
             single,
             run("rewind-batch", 40.0, batch(45.0, Some(1.0))),
             run("peer-batch", 1000.0, batch(1000.0, None)),
             run("rewind-batch", 50.0, batch(52.0, Some(2.0))),
         ];
+        let mut failed = run("rewind-batch", 50.0, batch(52.0, Some(2.0)));
+        failed.repetition = 1;
+        failed.batch.as_mut().unwrap().command_failed = Some("exit status 1: no".into());
+        runs[3] = failed;
         let peer = |row: &str| (row == "rewind-batch").then_some("peer-batch");
         let table = markdown(&runs, &["rewind", "rewind-batch", "peer-batch"], &peer).unwrap();
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(lines.len(), 4);
+        assert_eq!(lines.len(), 6);
+        assert_eq!(
+            lines[5],
+            "rewind-batch (200 × 100, run 2): the command failed: exit status 1: no"
+        );
         assert_eq!(lines[0].matches('|').count(), lines[1].matches('|').count());
         assert_eq!(
             lines[2],
