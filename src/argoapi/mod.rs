@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use crate::argoapi::auth::{Account, AuthMode, Authenticator};
 use crate::argoapi::wire::{Code, Status};
 
-/// How long a WorkflowRetry created for an archived retry is kept after it
-/// finished: long enough to look at with `rewind status`, short enough that
-/// a UI's clicks do not pile up.
-pub const ARCHIVED_TTL: Duration = Duration::from_secs(3600);
+/// How long a WorkflowRetry created for a call is kept after it finished:
+/// long enough to look at with `rewind status`, short enough that a UI's
+/// clicks do not pile up.
+pub const TTL: Duration = Duration::from_secs(3600);
 
 /// How the listener is configured.
 #[derive(Clone, Debug)]
@@ -90,7 +90,7 @@ pub struct ArgoApi {
     /// rewind's own client: it asks reviews, writes requests, reads results.
     client: kube::Client,
     auth: Arc<Authenticator>,
-    archived_ttl: Duration,
+    ttl: Duration,
 }
 
 impl ArgoApi {
@@ -121,7 +121,7 @@ impl ArgoApi {
                 server_account: server_account.clone(),
                 argo_server,
             }),
-            archived_ttl: ARCHIVED_TTL,
+            ttl: TTL,
         })
     }
 }

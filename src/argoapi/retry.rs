@@ -1,16 +1,13 @@
 //! The two retry calls, each followed to its end before it answers, as Argo's
-//! synchronous calls do: a live retry is rewind's annotation request, an
-//! archived one a WorkflowRetry (with a TTL). Either is written only once the
-//! caller is authorized; once written, it is the controller's to finish, so a
-//! caller who hangs up stops following and the retry goes on.
+//! synchronous calls do: each is a WorkflowRetry (with a TTL), written only
+//! once the caller is authorized; once written, it is the controller's to
+//! finish, so a caller who hangs up stops following and the retry goes on.
 //!
-//! A live retry is asked with the annotation rather than a live-target
-//! WorkflowRetry: that is one write on the path the controller serves
-//! fastest (a WorkflowRetry's live target is served by writing the same
-//! annotation, one watch event and one write later), it is what `rewind
-//! retry` asks, and it leaves nothing behind to expire. Argo's call reports no
-//! progress on the way, so the WorkflowRetry's richer status would not reach
-//! the caller either.
+//! A live retry is a WorkflowRetry too, not the bare annotation: Argo's call
+//! reports no progress on the way, so the object is where an operator sees
+//! a retry a UI click asked for (`rewind status`, `kubectl get
+//! workflowretries`), its pods counted each second during a bulk delete. It
+//! costs one watch event and one write before the controller starts.
 
 use std::time::Duration;
 
@@ -19,7 +16,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use kube::api::Api;
+use kube::api::{Api, GetParams};
 use tracing::info;
 
 use crate::argo::workflow::Workflow;
@@ -87,11 +84,38 @@ async fn retry_live(
     )
     .await?;
     let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
-    // A token per call: Argo's clients make one call per workflow (`argo
+    // Argo's server reads the workflow first: a missing one is NotFound, in
+    // its words, before anything is written. Read from the watch cache: a
+    // read from etcd would decode the whole (large) workflow.
+    match workflows.get_metadata_with(&name, &GetParams::any()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            return Err(asking(FollowError::NotFound {
+                namespace: namespace.clone(),
+                workflow: name,
+            }));
+        }
+        Err(source) => {
+            return Err(asking(FollowError::Read {
+                namespace: namespace.clone(),
+                workflow: name,
+                source,
+            }));
+        }
+    }
+    // An object per call: Argo's clients make one call per workflow (`argo
     // retry -l` too, one after another), so each call is its own asker.
-    let asked = ask::ask(&workflows, &namespace, &name, &options, &ask::new_token())
-        .await
-        .map_err(asking)?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(api.client.clone(), &namespace);
+    let (asked, _) = ask::ask_object(
+        &retries,
+        &namespace,
+        ask::Target::Live(&name),
+        &options,
+        api.ttl,
+        false,
+    )
+    .await
+    .map_err(asking)?;
     log_asked(&caller, &asked);
     let (_, status) = follow_to_end(api, asked).await?;
     read_workflow(&workflows, &namespace, &name, &status).await
@@ -134,7 +158,7 @@ async fn retry_archived(
         &namespace,
         ask::Target::Archived(&uid),
         &body.options(),
-        api.archived_ttl,
+        api.ttl,
         false,
     )
     .await
@@ -167,9 +191,9 @@ fn asking(e: FollowError) -> Status {
             Code::NotFound,
             format!("workflows.argoproj.io \"{workflow}\" not found"),
         ),
-        FollowError::Ask { source, .. } | FollowError::Create { source, .. } => {
-            Status::new(code_of(source), e.to_string())
-        }
+        FollowError::Ask { source, .. }
+        | FollowError::Create { source, .. }
+        | FollowError::Read { source, .. } => Status::new(code_of(source), e.to_string()),
         _ => Status::new(Code::Internal, e.to_string()),
     }
 }

@@ -20,6 +20,8 @@ use rewind::argo::workflow::{Workflow, labels};
 use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::request::RetryPhase;
 use rewind::testenv::clients::{self, ArgoServer, Dex};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
@@ -269,6 +271,26 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
     ensure!(
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
+    );
+    // The call left a WorkflowRetry where an operator sees what it did.
+    let asked: Vec<_> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|r| (r.spec.workflow_name.clone(), r.status.unwrap_or_default()))
+        .map(|(w, s)| (w, s.phase, s.pods_deleted, s.pods_total))
+        .collect();
+    let deleted = plan.pods_to_delete.len() as u64;
+    ensure!(
+        asked
+            == [(
+                Some("wf".into()),
+                Some(RetryPhase::Succeeded),
+                deleted,
+                deleted
+            )],
+        "the call should leave one Succeeded WorkflowRetry of wf counting {deleted} pods: {asked:?}"
     );
 
     // The reset workflow has no phase until Argo's controller runs it: Argo refuses that.

@@ -8,9 +8,10 @@
 //! workflow is deleted while its pods stay, and a WorkflowRetry brings it
 //! back; the time of each step is printed beside the live retry's.
 //!
-//! `--compare-raw` measures instead: rewind's retry beside one raw
-//! DeleteCollection of the same pods, each on a fresh control plane, timed by
-//! the API server's audit log.
+//! `--compare-raw` measures instead: rewind's retry (asked as `rewind retry`
+//! asks, a WorkflowRetry counting the pods) beside one raw DeleteCollection of
+//! the same pods, each on a fresh control plane, timed by the API server's
+//! audit log.
 
 use std::time::{Duration, Instant};
 
@@ -438,15 +439,15 @@ mod bench {
     use std::time::{Duration, Instant};
 
     use anyhow::{Context as _, bail, ensure};
-    use kube::ResourceExt as _;
-    use kube::api::{Api, GetParams, Patch, PatchParams};
+    use kube::api::Api;
     use tokio_util::sync::CancellationToken;
 
-    use rewind::argo::workflow::Workflow;
+    use rewind::client::ask;
     use rewind::controller::Controller;
     use rewind::engine::assess::bulk_selectors;
     use rewind::engine::pods::delete_collection;
-    use rewind::protocol::request::{self, RequestOptions, RetryPhase};
+    use rewind::protocol::crd::WorkflowRetry;
+    use rewind::protocol::request::{RequestOptions, RetryPhase};
     use rewind::retry::Scope;
     use rewind::testenv::bench::audit::{self, Audited, seconds};
     use rewind::testenv::bench::stats::median;
@@ -602,21 +603,23 @@ mod bench {
         while !state.is_ready() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), NAMESPACE);
-        let token = "bench";
-        let patch = request::patch(token, &RequestOptions::default());
-        workflows
-            .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        // Asked as `rewind retry` asks for one workflow: a WorkflowRetry, whose
+        // status counts the pods as the API server deletes them.
+        let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), NAMESPACE);
+        let (asked, _) = ask::ask_object(
+            &retries,
+            NAMESPACE,
+            ask::Target::Live(WORKFLOW),
+            &RequestOptions::default(),
+            Duration::from_secs(3600),
+            false,
+        )
+        .await?;
         let deadline = Instant::now() + Duration::from_secs(600);
         let status = loop {
-            // From the watch cache: a read from etcd decodes the whole workflow, on the
-            // API server whose DeleteCollection this compares.
-            let meta = workflows
-                .get_metadata_with(WORKFLOW, &GetParams::any())
-                .await?;
-            if let Some(status) = request::status_of(meta.annotations(), token)?
-                && status.phase.is_finished()
+            let object = retries.get_status(&asked.token).await?;
+            if let Some(status) = object.status
+                && status.phase.is_some_and(RetryPhase::is_finished)
             {
                 break status;
             }
@@ -628,7 +631,7 @@ mod bench {
         };
         shutdown.cancel();
         running.await??;
-        if status.phase != RetryPhase::Succeeded {
+        if status.phase != Some(RetryPhase::Succeeded) {
             bail!("the retry failed: {}", status.message);
         }
         Ok(())
@@ -640,7 +643,7 @@ mod bench {
     fn breakdown(log: &[Audited]) -> anyhow::Result<Breakdown> {
         let asked = log
             .iter()
-            .find(|a| a.user == ADMIN_NAME && a.verb == "patch" && a.resource == "workflows")
+            .find(|a| a.user == ADMIN_NAME && a.verb == "create" && a.resource == "workflowretries")
             .context("the audit log has no retry request")?;
         let ours: Vec<&Audited> = log
             .iter()
