@@ -41,6 +41,10 @@ pub struct Options {
     pub budget: BudgetConfig,
     /// Delete workers (each sends one request at a time).
     pub workers: usize,
+    /// DeleteCollections in flight at once, across requests (raised to the
+    /// retries' `bulk_parallelism` where below it, so one bulk delete's parts
+    /// still go side by side).
+    pub max_bulk_in_flight: usize,
     pub queue: QueueConfig,
     pub retry: RetryConfig,
     /// Sweep for orphan pods this often; `None` turns garbage collection off.
@@ -92,6 +96,7 @@ impl Default for Options {
             scope: Scope::default(),
             budget: BudgetConfig::default(),
             workers: BudgetConfig::default().workers.get(),
+            max_bulk_in_flight: workers::DEFAULT_MAX_BULK_IN_FLIGHT,
             queue: QueueConfig::default(),
             retry: RetryConfig::default(),
             pod_gc: None,
@@ -319,9 +324,14 @@ impl Controller {
             ctx.database = argo_config::database(&ctx.client(), configmap, &shutdown).await;
         }
         let engine = ctx.engine.clone();
+        let bulk_slots = options
+            .max_bulk_in_flight
+            .max(options.retry.bulk_parallelism)
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         let clients = workers::Clients {
             client: engine.client.clone(),
             bulk: bulk_client,
+            bulk_slots: Arc::new(tokio::sync::Semaphore::new(bulk_slots)),
         };
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();

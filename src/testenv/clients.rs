@@ -114,6 +114,38 @@ impl Process {
         }
     }
 
+    /// Waits until `url` is served: any answer but a gateway's refusal (502,
+    /// 503, 504), asked with curl (Debian's package). A listening port is not
+    /// yet a serving server: the Argo Server's HTTP gateway answers 503 until
+    /// it reaches its own gRPC side, and a 401 there comes from that side.
+    async fn wait_answering(&mut self, url: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            self.check_running()?;
+            let probe = tokio::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+                .args(["--max-time", "5", url])
+                .output()
+                .await
+                .map_err(io("running curl (Debian package curl) on", url))?;
+            let code = String::from_utf8_lossy(&probe.stdout);
+            if !matches!(code.trim(), "000" | "502" | "503" | "504") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "{} to answer {url}; its log:\n{}",
+                        self.what,
+                        log_tail(&self.log)
+                    ),
+                    waited: START_TIMEOUT,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn stop(mut self) -> Result<(), Error> {
         let result = self.check_running();
         if let Some(child) = self.child.take() {
@@ -205,6 +237,9 @@ impl ArgoServer {
             .env("ARGO_SERVER_METRICS_PORT", free_port()?.to_string());
         let mut process = Process::start("argo server", command)?;
         process.wait_listening(addr).await?;
+        process
+            .wait_answering(&format!("http://{addr}/api/v1/version"))
+            .await?;
         tracing::info!(%addr, auth_mode, log = %process.log.display(), "argo server started");
         Ok(ArgoServer { process, addr })
     }

@@ -1,6 +1,7 @@
-//! The bound on planned pods in deletion at once (--max-pods-in-flight): with it set below
-//! two retries' pods, the second waits, Pending and saying why, until the first is done;
-//! both then end as planned.
+//! What runs at once. The bound on planned pods in deletion (--max-pods-in-flight): with it
+//! set below two retries' pods, the second waits, Pending and saying why, until the first is
+//! done; both then end as planned. The bound on DeleteCollections in flight
+//! (--max-bulk-in-flight): the API server never holds more of the controller's at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,4 +113,61 @@ async fn wait_phase(
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     bail!("{name} never reported {phase:?}")
+}
+
+/// Six bulk retries asked together, with at most one DeleteCollection in flight: the API
+/// server's audit log shows them one after another, never two at once, and each retry ends
+/// as planned.
+pub async fn bulk_deletes_past_the_bound_wait_their_turn_in_the_controller(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const WORKFLOWS: usize = 6;
+    let admin = cluster.admin_client();
+    let mut dags = Vec::new();
+    for i in 0..WORKFLOWS {
+        let dag = FailedDag {
+            name: format!("bulk{i}"),
+            failed: 40,
+            succeeded: 2,
+        };
+        dag.create(&admin, &namespace, 8, || ()).await?;
+        dags.push(dag);
+    }
+    let mut options = ctl::options(50, 50, true);
+    options.max_bulk_in_flight = 1;
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    for dag in &dags {
+        ctl::request_retry(&cluster, &namespace, &dag.name, "1").await?;
+    }
+    for dag in &dags {
+        let (_, status) =
+            ctl::wait_finished(&workflows, &dag.name, "1", Duration::from_secs(60)).await?;
+        ensure!(
+            status.phase == RetryPhase::Succeeded && status.pods_deleted == 40,
+            "{}: {status:?}",
+            dag.name
+        );
+    }
+    controller.stop().await?;
+    let log = cluster.audit_log_path().context("the cluster audits")?;
+    let mut bulk: Vec<_> = rewind::testenv::bench::audit::read(&log)?
+        .into_iter()
+        .filter(|a| {
+            a.namespace == namespace && a.verb == "deletecollection" && a.resource == "pods"
+        })
+        .map(|a| (a.received, a.completed))
+        .collect();
+    bulk.sort();
+    ensure!(
+        bulk.len() >= WORKFLOWS,
+        "expected a DeleteCollection per workflow: {bulk:?}"
+    );
+    let overlapping: Vec<_> = bulk.windows(2).filter(|w| w[1].0 < w[0].1).collect();
+    ensure!(
+        overlapping.is_empty(),
+        "two DeleteCollections were in flight at once: {overlapping:?}"
+    );
+    Ok(())
 }

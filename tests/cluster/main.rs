@@ -138,6 +138,7 @@ fn main() -> ExitCode {
         throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
         hostile::malformed_and_oversize_annotations_each_fail_clearly_and_delete_nothing,
         concurrency::a_retry_past_the_bound_waits_pending_then_both_end_as_planned,
+        concurrency::bulk_deletes_past_the_bound_wait_their_turn_in_the_controller,
         hostile::workflowretry_fields_past_their_bounds_are_refused_and_at_them_served,
         hostile::a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_small,
         hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another,

@@ -475,6 +475,9 @@ mod bench {
         total: f64,
         workflow_writes: usize,
         requests: usize,
+        /// The longest the WorkflowRetry's count stood still once it had risen (s); `None`
+        /// when it rose at most once.
+        slowest_rise: Option<f64>,
     }
 
     pub async fn run(args: &DemoArgs) -> anyhow::Result<()> {
@@ -506,7 +509,7 @@ mod bench {
                 match (side, result?) {
                     (Side::Rewind, Measured::Rewind(b)) => {
                         println!(
-                            "  run {}: rewind {:6.2}s  (read+plan {:.2}, list {:.2}, delete {:.2}, confirm gone {:.2}, commit {:.2}; workflow writes {}, API requests {})",
+                            "  run {}: rewind {:6.2}s  (read+plan {:.2}, list {:.2}, delete {:.2}, confirm gone {:.2}, commit {:.2}; workflow writes {}, API requests {}; the count stood still at most {})",
                             rep + 1,
                             b.total,
                             b.read_plan,
@@ -515,7 +518,8 @@ mod bench {
                             b.confirm,
                             b.commit,
                             b.workflow_writes,
-                            b.requests
+                            b.requests,
+                            still(b.slowest_rise)
                         );
                         rewind.push(b);
                     }
@@ -539,10 +543,23 @@ mod bench {
             rewind_total / raw_total
         );
         println!(
-            "rewind wrote the workflow object at most {} times in a retry",
-            rewind.iter().map(|b| b.workflow_writes).max().unwrap_or(0)
+            "rewind wrote the workflow object at most {} times in a retry; its WorkflowRetry's count stood still at most {} once it had started",
+            rewind.iter().map(|b| b.workflow_writes).max().unwrap_or(0),
+            still(
+                rewind
+                    .iter()
+                    .filter_map(|b| b.slowest_rise)
+                    .reduce(f64::max)
+            )
         );
         Ok(())
+    }
+
+    fn still(slowest: Option<f64>) -> String {
+        slowest.map_or_else(
+            || "– (it rose at most once)".to_owned(),
+            |s| format!("{s:.2}s"),
+        )
     }
 
     enum Measured {
@@ -581,14 +598,19 @@ mod bench {
                 Ok(Measured::Raw(seconds(dc.received, dc.completed)))
             }
             Side::Rewind => {
-                retry(cluster, args).await?;
-                Ok(Measured::Rewind(breakdown(&audit(&log)?)?))
+                let slowest_rise = retry(cluster, args).await?;
+                Ok(Measured::Rewind(Breakdown {
+                    slowest_rise,
+                    ..breakdown(&audit(&log)?)?
+                }))
             }
         }
     }
 
-    /// Runs the controller in this process and asks it for one retry; returns once it is reported.
-    async fn retry(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<()> {
+    /// Runs the controller in this process and asks it for one retry; returns once it is
+    /// reported, with the longest the count its WorkflowRetry shows (read every 200 ms, as
+    /// `rewind retry` would show it) went without rising once it had started.
+    async fn retry(cluster: &LocalCluster, args: &DemoArgs) -> anyhow::Result<Option<f64>> {
         let scope = Scope {
             namespaces: vec![NAMESPACE.into()],
             instance_id: None,
@@ -616,25 +638,35 @@ mod bench {
         )
         .await?;
         let deadline = Instant::now() + Duration::from_secs(600);
+        // When the count last rose, and the longest it then stood still.
+        let (mut count, mut rose, mut slowest) = (0, None::<Instant>, None::<f64>);
         let status = loop {
             let object = retries.get_status(&asked.token).await?;
-            if let Some(status) = object.status
-                && status.phase.is_some_and(RetryPhase::is_finished)
-            {
-                break status;
+            if let Some(status) = object.status {
+                if status.pods_deleted > count {
+                    let now = Instant::now();
+                    if let Some(at) = rose {
+                        let gap = (now - at).as_secs_f64();
+                        slowest = Some(slowest.map_or(gap, |s| s.max(gap)));
+                    }
+                    (count, rose) = (status.pods_deleted, Some(now));
+                }
+                if status.phase.is_some_and(RetryPhase::is_finished) {
+                    break status;
+                }
             }
             ensure!(
                 Instant::now() < deadline,
                 "the retry did not finish within 10 minutes"
             );
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         };
         shutdown.cancel();
         running.await??;
         if status.phase != Some(RetryPhase::Succeeded) {
             bail!("the retry failed: {}", status.message);
         }
-        Ok(())
+        Ok(slowest)
     }
 
     /// rewind's steps as the API server saw them: from the user's request to the first list of
@@ -675,6 +707,7 @@ mod bench {
                 .iter()
                 .filter(|a| a.received <= commit.completed && a.verb != "watch")
                 .count(),
+            slowest_rise: None,
         })
     }
 

@@ -19,6 +19,7 @@ use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
 use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
+use rewind::engine::workers::DEFAULT_MAX_BULK_IN_FLIGHT;
 use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
@@ -255,6 +256,11 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
+    /// DeleteCollections in flight at once, across retries (at least --bulk-parallelism): the
+    /// API server deletes each one's pods one by one, so more would only queue there, where
+    /// one retry's turn no longer counts against another's.
+    #[arg(long, default_value_t = NonZeroUsize::new(DEFAULT_MAX_BULK_IN_FLIGHT).expect("not zero"), env = "REWIND_MAX_BULK_IN_FLIGHT")]
+    max_bulk_in_flight: NonZeroUsize,
     /// Planned pods in deletion at once, across retries: a retry past it waits (Pending, saying
     /// why) until enough others are done. Bounds the controller's memory.
     #[arg(long, default_value_t = DEFAULT_MAX_PODS, env = "REWIND_MAX_PODS_IN_FLIGHT")]
@@ -310,6 +316,7 @@ impl Tuning {
                 ..BudgetConfig::default()
             },
             workers: self.workers.get(),
+            max_bulk_in_flight: self.max_bulk_in_flight.get(),
             retry: RetryConfig {
                 allow_bulk: !self.no_bulk,
                 bulk_parallelism: self.bulk_parallelism.get(),
