@@ -327,10 +327,17 @@ impl<'a> Job<'a> {
                     "retry started"
                 );
                 // Off the retry's path; the request's last Event waits for it.
-                self.announcing = Some(tokio::spawn(self.status.events.publish(
-                    kube::runtime::events::EventType::Normal,
-                    report::reasons::STARTED,
-                    format!("rewind started retry request {}", self.target.token),
+                // Its write is the asker's too: a task of its own would lose
+                // the asker and wait in the namespace's line once per Event,
+                // ahead of other askers (200 of a batch's did, before a
+                // second user's retry).
+                self.announcing = Some(tokio::spawn(asking(
+                    self.target.key().asker().into(),
+                    self.status.events.publish(
+                        kube::runtime::events::EventType::Normal,
+                        report::reasons::STARTED,
+                        format!("rewind started retry request {}", self.target.token),
+                    ),
                 )));
             }
             // The workflow as read is not kept: the plan holds the one copy of its nodes.

@@ -258,7 +258,7 @@ pub struct Tuning {
     always_offload_node_status: bool,
     /// DeleteCollections in flight at once, across retries (at least --bulk-parallelism): the
     /// API server deletes each one's pods one by one, so more would only queue there, where
-    /// one retry's turn no longer counts against another's.
+    /// its other clients wait too.
     #[arg(long, default_value_t = NonZeroUsize::new(DEFAULT_MAX_BULK_IN_FLIGHT).expect("not zero"), env = "REWIND_MAX_BULK_IN_FLIGHT")]
     max_bulk_in_flight: NonZeroUsize,
     /// Planned pods in deletion at once, across retries: a retry past it waits (Pending, saying

@@ -28,13 +28,28 @@ pub fn parse_from<A: clap::Parser>(
         return Ok(None);
     }
     let command = format!(
-        "cargo bench --features testenv --bench {name} -- {}",
+        "{}cargo bench --features testenv --bench {name} -- {}",
+        controller_settings(),
         flags.join(" ")
     );
     // The program's name as usage shows it: how to pass the flags, not the hashed binary.
     let program = format!("cargo bench --features testenv --bench {name} --");
     let args = A::try_parse_from(std::iter::once(program).chain(flags))?;
     Ok(Some((args, command)))
+}
+
+/// The controller's flags given by environment (`REWIND_MAX_BULK_IN_FLIGHT=32 `, say), which
+/// its child process inherits: part of what reproduces a run. The control plane's directory
+/// and the benchmarks' own switches (`REWIND_BENCH_*`) change no result.
+fn controller_settings() -> String {
+    let mut vars: Vec<String> = std::env::vars()
+        .filter(|(k, _)| {
+            k.starts_with("REWIND_") && k != "REWIND_BIN_DIR" && !k.starts_with("REWIND_BENCH_")
+        })
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect();
+    vars.sort();
+    vars.concat()
 }
 
 /// A count that must be at least 1 (a clap `value_parser`).
@@ -108,7 +123,10 @@ mod tests {
         );
         assert_eq!(
             command,
-            format!("cargo bench --features testenv --bench retry -- {given}")
+            format!(
+                "{}cargo bench --features testenv --bench retry -- {given}",
+                controller_settings()
+            )
         );
         let (args, _) = parsed(&["--bench", "--slow"]).unwrap().unwrap();
         assert_eq!(
