@@ -514,7 +514,13 @@ fn controller_flags() -> BTreeSet<String> {
         .unwrap()
         .split_whitespace()
         .filter_map(|w| w.strip_prefix("--"))
-        .map(|w| w.split(['=', ' ', ',', '<']).next().unwrap().to_owned())
+        // A flag's name ends where its value or the sentence's punctuation begins.
+        .map(|w| {
+            w.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .next()
+                .unwrap()
+                .to_owned()
+        })
         .filter(|w| !w.is_empty())
         .collect()
 }
