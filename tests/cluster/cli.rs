@@ -339,9 +339,13 @@ pub async fn a_bulk_delete_shows_its_count_rising_each_second(
         .max()
         .unwrap_or_default();
     ensure!(
-        moving.len() >= 2 && slowest <= Duration::from_millis(1500),
+        moving.len() >= 2 && slowest <= Duration::from_secs(1),
         "the count should rise at least once a second during the bulk delete ({:?} from the first to the last partial count); it rose at {rises:?}",
         last.0 - first.0
+    );
+    eprintln!(
+        "bulk delete of {PODS} pods: the count rose {} times, at most {slowest:?} apart",
+        rises.len()
     );
     let writes: Vec<String> = ctl::audit_log(&cluster, &namespace)?
         .into_iter()
