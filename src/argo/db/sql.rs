@@ -3,9 +3,9 @@
 //! offload nodes the way Argo's offload repo does, so Argo reads them back.
 
 use futures::future::BoxFuture;
-use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgSslMode};
+use sqlx::{Executor, Row as _};
 
 use super::{ArgoDatabase, Database, DbError, Persistence, go_json};
 use crate::argo::plan::compress::Nodes;
@@ -208,38 +208,54 @@ impl Sql {
     /// clustername and instanceid; None if no row.
     async fn read_archived(&self, uid: &str) -> Result<Option<Workflow>, DbError> {
         let what = || format!("reading archived workflow {uid}");
-        let row: Option<String> = match &self.pool {
-            Pool::Postgres(pool) => sqlx::query_scalar(
-                "SELECT workflow::text FROM argo_archived_workflows \
-                 WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
-            )
-            .bind(&self.cluster_name)
-            .bind(&self.instance_id)
-            .bind(uid)
-            .fetch_optional(pool)
-            .await
-            .map_err(self.db_error(what()))?
-            .map(|text: String| text.replace(POSTGRES_NULL_REPLACEMENT, "\\u0000")),
-            Pool::MySql(pool) => sqlx::query_scalar(
-                "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
-                 WHERE clustername = ? AND instanceid = ? AND uid = ?",
-            )
-            .bind(&self.cluster_name)
-            .bind(&self.instance_id)
-            .bind(uid)
-            .fetch_optional(pool)
-            .await
-            .map_err(self.db_error(what()))?,
+        let corrupt = |source| DbError::CorruptArchivedWorkflow {
+            uid: uid.to_owned(),
+            target: self.target.clone(),
+            source,
         };
-        let Some(text) = row else {
-            return Ok(None);
+        // Parsed from the row's own bytes: a copy of the text only where
+        // PostgreSQL's stand-in for NUL must be put back.
+        let mut wf: Workflow = match &self.pool {
+            Pool::Postgres(pool) => {
+                let Some(row) = sqlx::query(
+                    "SELECT workflow::text FROM argo_archived_workflows \
+                     WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
+                )
+                .bind(&self.cluster_name)
+                .bind(&self.instance_id)
+                .bind(uid)
+                .fetch_optional(pool)
+                .await
+                .map_err(self.db_error(what()))?
+                else {
+                    return Ok(None);
+                };
+                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
+                if text.contains(POSTGRES_NULL_REPLACEMENT) {
+                    serde_json::from_str(&text.replace(POSTGRES_NULL_REPLACEMENT, "\\u0000"))
+                } else {
+                    serde_json::from_str(text)
+                }
+                .map_err(corrupt)?
+            }
+            Pool::MySql(pool) => {
+                let Some(row) = sqlx::query(
+                    "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
+                     WHERE clustername = ? AND instanceid = ? AND uid = ?",
+                )
+                .bind(&self.cluster_name)
+                .bind(&self.instance_id)
+                .bind(uid)
+                .fetch_optional(pool)
+                .await
+                .map_err(self.db_error(what()))?
+                else {
+                    return Ok(None);
+                };
+                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
+                serde_json::from_str(text).map_err(corrupt)?
+            }
         };
-        let mut wf: Workflow =
-            serde_json::from_str(&text).map_err(|source| DbError::CorruptArchivedWorkflow {
-                uid: uid.to_owned(),
-                target: self.target.clone(),
-                source,
-            })?;
         // As Argo's GetWorkflow: a workflow read from the archive is Persisted.
         wf.metadata.labels.get_or_insert_default().insert(
             labels::WORKFLOW_ARCHIVING_STATUS.to_owned(),
@@ -251,35 +267,12 @@ impl Sql {
     /// Offloaded nodes (status.offloadNodeStatusVersion) of a live or archived workflow.
     async fn read_offloaded(&self, uid: &str, version: &str) -> Result<Nodes, DbError> {
         let what = || format!("reading offloaded nodes of workflow {uid} version {version}");
-        let row: Option<String> = match &self.pool {
-            Pool::Postgres(pool) => sqlx::query_scalar(&format!(
-                "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
-                self.table_name
-            ))
-            .bind(&self.cluster_name)
-            .bind(uid)
-            .bind(version)
-            .fetch_optional(pool)
-            .await
-            .map_err(self.db_error(what()))?,
-            Pool::MySql(pool) => sqlx::query_scalar(&format!(
-                "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
-                 WHERE clustername = ? AND uid = ? AND version = ?",
-                self.table_name
-            ))
-            .bind(&self.cluster_name)
-            .bind(uid)
-            .bind(version)
-            .fetch_optional(pool)
-            .await
-            .map_err(self.db_error(what()))?,
-        };
-        let text = row.ok_or_else(|| DbError::OffloadedNodesMissing {
+        let missing = || DbError::OffloadedNodesMissing {
             uid: uid.to_owned(),
             version: version.to_owned(),
             table: self.table_name.clone(),
             target: self.target.clone(),
-        })?;
+        };
         let corrupt = |source| DbError::CorruptOffloadedNodes {
             uid: uid.to_owned(),
             version: version.to_owned(),
@@ -287,8 +280,42 @@ impl Sql {
             target: self.target.clone(),
             source,
         };
-        // Straight into node statuses: no value tree of them in between.
-        serde_json::from_str(&text).map_err(corrupt)
+        // Parsed from the row's own bytes, straight into node statuses: no
+        // copy of the text (megabytes for a large workflow) and no value
+        // tree in between.
+        match &self.pool {
+            Pool::Postgres(pool) => {
+                let row = sqlx::query(&format!(
+                    "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
+                    self.table_name
+                ))
+                .bind(&self.cluster_name)
+                .bind(uid)
+                .bind(version)
+                .fetch_optional(pool)
+                .await
+                .map_err(self.db_error(what()))?
+                .ok_or_else(missing)?;
+                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
+                serde_json::from_str(text).map_err(corrupt)
+            }
+            Pool::MySql(pool) => {
+                let row = sqlx::query(&format!(
+                    "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
+                     WHERE clustername = ? AND uid = ? AND version = ?",
+                    self.table_name
+                ))
+                .bind(&self.cluster_name)
+                .bind(uid)
+                .bind(version)
+                .fetch_optional(pool)
+                .await
+                .map_err(self.db_error(what()))?
+                .ok_or_else(missing)?;
+                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
+                serde_json::from_str(text).map_err(corrupt)
+            }
+        }
     }
 
     /// Writes nodes as Argo's offload repo Save does (an insert; an existing
