@@ -213,49 +213,40 @@ impl Sql {
             target: self.target.clone(),
             source,
         };
-        // Parsed from the row's own bytes: a copy of the text only where
-        // PostgreSQL's stand-in for NUL must be put back.
-        let mut wf: Workflow = match &self.pool {
+        let binds = [self.cluster_name.as_str(), self.instance_id.as_str(), uid];
+        let read = match &self.pool {
+            // A copy of the text only where PostgreSQL's stand-in for NUL must be put back.
             Pool::Postgres(pool) => {
-                let Some(row) = sqlx::query(
+                parse_row(
+                    pool,
                     "SELECT workflow::text FROM argo_archived_workflows \
                      WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
+                    binds,
+                    |text| {
+                        if text.contains(POSTGRES_NULL_REPLACEMENT) {
+                            serde_json::from_str::<Workflow>(
+                                &text.replace(POSTGRES_NULL_REPLACEMENT, "\\u0000"),
+                            )
+                        } else {
+                            serde_json::from_str(text)
+                        }
+                    },
                 )
-                .bind(&self.cluster_name)
-                .bind(&self.instance_id)
-                .bind(uid)
-                .fetch_optional(pool)
                 .await
-                .map_err(self.db_error(what()))?
-                else {
-                    return Ok(None);
-                };
-                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
-                if text.contains(POSTGRES_NULL_REPLACEMENT) {
-                    serde_json::from_str(&text.replace(POSTGRES_NULL_REPLACEMENT, "\\u0000"))
-                } else {
-                    serde_json::from_str(text)
-                }
-                .map_err(corrupt)?
             }
-            Pool::MySql(pool) => {
-                let Some(row) = sqlx::query(
-                    "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
+            Pool::MySql(pool) => parse_row(
+                pool,
+                "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
                      WHERE clustername = ? AND instanceid = ? AND uid = ?",
-                )
-                .bind(&self.cluster_name)
-                .bind(&self.instance_id)
-                .bind(uid)
-                .fetch_optional(pool)
-                .await
-                .map_err(self.db_error(what()))?
-                else {
-                    return Ok(None);
-                };
-                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
-                serde_json::from_str(text).map_err(corrupt)?
-            }
+                binds,
+                |text| serde_json::from_str::<Workflow>(text),
+            )
+            .await,
         };
+        let Some(parsed) = read.map_err(self.db_error(what()))? else {
+            return Ok(None);
+        };
+        let mut wf = parsed.map_err(corrupt)?;
         // As Argo's GetWorkflow: a workflow read from the archive is Persisted.
         wf.metadata.labels.get_or_insert_default().insert(
             labels::WORKFLOW_ARCHIVING_STATUS.to_owned(),
@@ -280,42 +271,27 @@ impl Sql {
             target: self.target.clone(),
             source,
         };
-        // Parsed from the row's own bytes, straight into node statuses: no
-        // copy of the text (megabytes for a large workflow) and no value
-        // tree in between.
-        match &self.pool {
-            Pool::Postgres(pool) => {
-                let row = sqlx::query(&format!(
-                    "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
-                    self.table_name
-                ))
-                .bind(&self.cluster_name)
-                .bind(uid)
-                .bind(version)
-                .fetch_optional(pool)
-                .await
-                .map_err(self.db_error(what()))?
-                .ok_or_else(missing)?;
-                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
-                serde_json::from_str(text).map_err(corrupt)
-            }
-            Pool::MySql(pool) => {
-                let row = sqlx::query(&format!(
-                    "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
-                     WHERE clustername = ? AND uid = ? AND version = ?",
-                    self.table_name
-                ))
-                .bind(&self.cluster_name)
-                .bind(uid)
-                .bind(version)
-                .fetch_optional(pool)
-                .await
-                .map_err(self.db_error(what()))?
-                .ok_or_else(missing)?;
-                let text: &str = row.try_get(0).map_err(self.db_error(what()))?;
-                serde_json::from_str(text).map_err(corrupt)
-            }
-        }
+        let sql = match &self.pool {
+            Pool::Postgres(_) => format!(
+                "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
+                self.table_name
+            ),
+            Pool::MySql(_) => format!(
+                "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
+                 WHERE clustername = ? AND uid = ? AND version = ?",
+                self.table_name
+            ),
+        };
+        let binds = [self.cluster_name.as_str(), uid, version];
+        // Straight into node statuses: no value tree of them in between.
+        let parse = |text: &str| serde_json::from_str::<Nodes>(text);
+        let read = match &self.pool {
+            Pool::Postgres(pool) => parse_row(pool, &sql, binds, parse).await,
+            Pool::MySql(pool) => parse_row(pool, &sql, binds, parse).await,
+        };
+        read.map_err(self.db_error(what()))?
+            .ok_or_else(missing)?
+            .map_err(corrupt)
     }
 
     /// Writes nodes as Argo's offload repo Save does (an insert; an existing
@@ -376,6 +352,32 @@ impl Sql {
             Pool::MySql(pool) => pool.close().await,
         }
     }
+}
+
+/// Runs `sql` with its text parameters and parses the first column of its
+/// row, if there is one, from the row's own bytes: no copy of the text
+/// (megabytes for a large workflow), on either database.
+async fn parse_row<DB, T>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    binds: [&str; 3],
+    parse: impl FnOnce(&str) -> T,
+) -> Result<Option<T>, sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let mut query = sqlx::query::<DB>(sql);
+    for value in binds {
+        query = query.bind(value);
+    }
+    let Some(row) = query.fetch_optional(pool).await? else {
+        return Ok(None);
+    };
+    Ok(Some(parse(row.try_get(0)?)))
 }
 
 impl ArgoDatabase for Sql {
