@@ -211,9 +211,10 @@ impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B
 /// its pods one by one (`--delete-collection-workers`, 1 by default), so a few
 /// at once keep it as busy as it gets (README, "Beyond the serial floor");
 /// more only queue inside it, where every other client waits too. Measured
-/// on 2 cores, 200 workflows of 100 pods retried at once: with 32 in flight
-/// the batch took 41 s and another user's reads saw a p99 of 94 ms; with 2,
-/// 50 s and 39 ms (bench/results/retry-batch-bulk32.md, retry-batch-fair.md).
+/// on 2 cores, 200 workflows of 100 pods retried at once, one run each: with
+/// 32 in flight the batch took 41 s and another user's reads saw a p99 of
+/// 94 ms; with 2, 51 s and 42 ms (bench/results/retry-batch-bulk32.md,
+/// retry-batch.md).
 pub const DEFAULT_MAX_BULK_IN_FLIGHT: usize = 2;
 
 /// The clients a worker sends with: `client` for single pods, `bulk` (see

@@ -27,13 +27,9 @@ pub fn parse_from<A: clap::Parser>(
     if flags.len() == before {
         return Ok(None);
     }
-    let command = format!(
-        "{}cargo bench --features testenv --bench {name} -- {}",
-        controller_settings(),
-        flags.join(" ")
-    );
     // The program's name as usage shows it: how to pass the flags, not the hashed binary.
     let program = format!("cargo bench --features testenv --bench {name} --");
+    let command = format!("{}{program} {}", controller_settings(), flags.join(" "));
     let args = A::try_parse_from(std::iter::once(program).chain(flags))?;
     Ok(Some((args, command)))
 }
