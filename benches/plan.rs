@@ -28,7 +28,7 @@ fn node(
     phase: &str,
     children: Vec<String>,
     boundary: &str,
-) -> NodeStatus {
+) -> Box<NodeStatus> {
     serde_json::from_value(json!({
         "id": id, "name": name, "displayName": name, "type": type_, "phase": phase,
         "templateName": "work", "templateScope": "local/big", "boundaryID": boundary,

@@ -10,15 +10,13 @@ use std::time::Duration;
 
 use base64::Engine;
 use proptest::prelude::*;
-use rewind::argo::workflow::{NodeStatus, Workflow};
+use rewind::argo::workflow::{NodeStatus, Nodes, Workflow};
 use serde_json::Value;
 use support::r#gen::{Defect, GenCase, case_strategy, generate, generate_case};
 use support::oracle::{ArgoLine, OracleCase, run_oracle};
 
 const SEED: u64 = 0x5eed_2026;
 const CASES: usize = 2_000;
-
-type Nodes = BTreeMap<String, NodeStatus>;
 
 /// The case's nodes, decompressed when they come as `compressedNodes`
 /// (gzip, zstd or brotli, told apart by their magic bytes as Argo does).
@@ -80,7 +78,11 @@ fn fnv1a64(s: &str) -> u64 {
 fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
     let name = wf.name();
     let id = &case.id;
-    let roots: Vec<&NodeStatus> = nodes.values().filter(|n| n.name == name).collect();
+    let roots: Vec<&NodeStatus> = nodes
+        .values()
+        .filter(|n| n.name == name)
+        .map(|n| &**n)
+        .collect();
     assert_eq!(roots.len(), 1, "{id}: one root named {name}");
     assert_eq!(
         roots[0].id, name,
@@ -456,7 +458,7 @@ fn features(case: &GenCase) -> Vec<String> {
         if n.type_ == "Retry" && n.children().len() >= 2 {
             add("retry with several attempts");
             let last = &nodes.get(&n.children()[n.children().len() - 1]);
-            match (n.phase(), last.map(NodeStatus::phase)) {
+            match (n.phase(), last.map(|l| l.phase())) {
                 ("Succeeded", _) => add("retry recovered"),
                 ("Failed" | "Error", Some("Failed" | "Error")) => add("retry all failed"),
                 _ => {}

@@ -11,10 +11,117 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Fields a struct does not name, kept verbatim.
 pub type Other = Map<String, Value>;
+
+/// Fields of the spec and status that rewind passes through unread, each
+/// value kept as its JSON text ([`Opaque`]).
+pub type Passed = indexmap::IndexMap<String, Opaque>;
+
+/// A JSON value rewind passes through without reading it, held as its text.
+/// A spec's templates list every task of a DAG: for 20,000 tasks, 12 MiB as a
+/// value tree, 1 MiB as text. Transcoded as it is read, from any deserializer
+/// (a value tree too), so the text is written anew as a value tree would
+/// write it: same keys in the same order, numbers and escapes as serde_json
+/// writes them.
+#[derive(Clone, Debug)]
+pub struct Opaque(Box<RawValue>);
+
+impl Opaque {
+    /// The value's JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The value as a tree, for the rare reader.
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.get()).expect("an opaque value holds JSON it wrote")
+    }
+}
+
+impl From<Value> for Opaque {
+    fn from(value: Value) -> Self {
+        Opaque(serde_json::value::to_raw_value(&value).expect("a JSON value serializes"))
+    }
+}
+
+impl PartialEq for Opaque {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Serialize for Opaque {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Opaque {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut text = Vec::new();
+        serde_transcode::transcode(d, &mut serde_json::Serializer::new(&mut text))
+            .map_err(serde::de::Error::custom)?;
+        let text = String::from_utf8(text).map_err(serde::de::Error::custom)?;
+        RawValue::from_string(text)
+            .map(Opaque)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// A workflow's node statuses by node ID. A `BTreeMap` so output is ordered
+/// like Go's `encoding/json` orders map keys. Each node boxed: a map filled in
+/// key order leaves its leaves about half empty, which costs a slot's size per
+/// unused slot (over 300 bytes inline, 8 boxed; at 20,000 nodes, 7 MiB).
+pub type Nodes = BTreeMap<String, Box<NodeStatus>>;
+
+/// `Deserialize` for a struct that keeps the fields it does not name in
+/// `other`, reading the object as it comes. Serde's `flatten` would first
+/// buffer the whole object as a tree of its own (a workflow's status with
+/// 20,000 nodes inline: some 20 MiB) and only then read the fields from it.
+/// A missing field reads as in `Default` (what the fields' `default`
+/// attributes say). `Serialize` stays derived: it writes `flatten` without a
+/// buffer.
+macro_rules! deserialize_streamed {
+    ($ty:ident { $($key:literal => $field:ident),* $(,)? }) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                // Compiles only while every field of the struct is named
+                // above: a field added there must get its key here too.
+                let _ = |value: &$ty| {
+                    let $ty { $($field: _,)* other: _ } = value;
+                };
+                struct Fields;
+                impl<'de> serde::de::Visitor<'de> for Fields {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str(concat!("a ", stringify!($ty), " object"))
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<$ty, A::Error> {
+                        let mut value = $ty::default();
+                        while let Some(key) = map.next_key::<String>()? {
+                            match key.as_str() {
+                                $($key => value.$field = map.next_value()?,)*
+                                _ => {
+                                    let other = map.next_value()?;
+                                    value.other.insert(key, other);
+                                }
+                            }
+                        }
+                        Ok(value)
+                    }
+                }
+                d.deserialize_map(Fields)
+            }
+        }
+    };
+}
 
 pub const GROUP: &str = "argoproj.io";
 pub const VERSION: &str = "v1alpha1";
@@ -45,7 +152,7 @@ pub mod labels {
     pub const POD_STATUS_FINALIZER: &str = "workflows.argoproj.io/status";
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Workflow {
     #[serde(default = "default_api_version")]
@@ -61,6 +168,14 @@ pub struct Workflow {
     #[serde(flatten)]
     pub other: Other,
 }
+
+deserialize_streamed!(Workflow {
+    "apiVersion" => api_version,
+    "kind" => kind,
+    "metadata" => metadata,
+    "spec" => spec,
+    "status" => status,
+});
 
 impl Default for Workflow {
     fn default() -> Self {
@@ -123,7 +238,7 @@ impl Workflow {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkflowSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,8 +249,14 @@ pub struct WorkflowSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_deadline_seconds: Option<i64>,
     #[serde(flatten)]
-    pub other: Other,
+    pub other: Passed,
 }
+
+deserialize_streamed!(WorkflowSpec {
+    "arguments" => arguments,
+    "shutdown" => shutdown,
+    "activeDeadlineSeconds" => active_deadline_seconds,
+});
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -177,7 +298,7 @@ fn any_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, 
     })
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkflowStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,10 +309,8 @@ pub struct WorkflowStatus {
     pub finished_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Node statuses by node ID. A `BTreeMap` so output is ordered like Go's
-    /// `encoding/json` orders map keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nodes: Option<BTreeMap<String, NodeStatus>>,
+    pub nodes: Option<Nodes>,
     /// `nodes` as base64 of compressed JSON, used when the workflow is too
     /// large for etcd otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,8 +329,21 @@ pub struct WorkflowStatus {
     )]
     pub stored_workflow_spec: Option<Box<WorkflowSpec>>,
     #[serde(flatten)]
-    pub other: Other,
+    pub other: Passed,
 }
+
+deserialize_streamed!(WorkflowStatus {
+    "phase" => phase,
+    "startedAt" => started_at,
+    "finishedAt" => finished_at,
+    "message" => message,
+    "nodes" => nodes,
+    "compressedNodes" => compressed_nodes,
+    "offloadNodeStatusVersion" => offload_node_status_version,
+    "persistentVolumeClaims" => persistent_volume_claims,
+    "conditions" => conditions,
+    "storedWorkflowTemplateSpec" => stored_workflow_spec,
+});
 
 impl WorkflowStatus {
     fn is_empty(&self) -> bool {
@@ -232,7 +364,7 @@ pub struct Condition {
     pub other: Other,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
     #[serde(default)]
@@ -251,6 +383,11 @@ pub struct NodeStatus {
     // and more, and each would otherwise be a few hundred bytes inline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<Box<TemplateRef>>,
+    // Three fields rewind does not change are named all the same: Argo sets
+    // them on most nodes, and each in `other` would cost that node a map
+    // (over 300 bytes) of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_scope: Option<String>,
     /// Pending, Running, Succeeded, Skipped, Failed, Error, Omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
@@ -267,6 +404,8 @@ pub struct NodeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_flag: Option<Box<NodeFlag>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Box<IoParameters>>,
@@ -276,9 +415,34 @@ pub struct NodeStatus {
     pub children: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outbound_nodes: Option<Vec<String>>,
+    /// The Kubernetes node the pod ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_node_name: Option<String>,
     #[serde(flatten)]
     pub other: Other,
 }
+
+deserialize_streamed!(NodeStatus {
+    "id" => id,
+    "name" => name,
+    "displayName" => display_name,
+    "type" => type_,
+    "templateName" => template_name,
+    "templateRef" => template_ref,
+    "templateScope" => template_scope,
+    "phase" => phase,
+    "boundaryID" => boundary_id,
+    "message" => message,
+    "startedAt" => started_at,
+    "finishedAt" => finished_at,
+    "progress" => progress,
+    "nodeFlag" => node_flag,
+    "inputs" => inputs,
+    "outputs" => outputs,
+    "children" => children,
+    "outboundNodes" => outbound_nodes,
+    "hostNodeName" => host_node_name,
+});
 
 impl NodeStatus {
     pub fn phase(&self) -> &str {
@@ -365,6 +529,66 @@ mod tests {
         let wf: Workflow = serde_json::from_value(input.clone()).unwrap();
         assert_eq!(wf.status.nodes.as_ref().unwrap()["wf"].template(), "u");
         assert_eq!(serde_json::to_value(&wf).unwrap(), input);
+    }
+
+    #[test]
+    fn named_fields_are_read_as_named_and_the_rest_kept_from_text() {
+        let text = r#"{"kind": "Workflow", "apiVersion": "argoproj.io/v1alpha1",
+            "status": {"phase": "Failed", "startedAt": "a", "finishedAt": "b", "message": "m <&>",
+                "nodes": {"wf": {"id": "wf", "name": "wf", "type": "DAG"}}, "compressedNodes": "H4s",
+                "offloadNodeStatusVersion": "fnv:1", "persistentVolumeClaims": [{"name": "v"}],
+                "conditions": [{"type": "Completed"}], "storedWorkflowTemplateSpec": {"shutdown": "Stop"},
+                "taskResultsCompletionStatus": {"wf-1": true}, "estimatedDuration": 1.5e3},
+            "spec": {"arguments": {"parameters": [{"name": "p", "value": 2}]}, "shutdown": "Stop",
+                "activeDeadlineSeconds": 0, "templates": [{"name": "a\u0000\"b", "n": -7}]},
+            "metadata": {"name": "wf"}, "someTopLevelField": null}"#;
+        let wf: Workflow = serde_json::from_str(text).unwrap();
+        let status = &wf.status;
+        assert_eq!(
+            (status.phase.as_deref(), status.message.as_deref()),
+            (Some("Failed"), Some("m <&>"))
+        );
+        assert_eq!(status.nodes.as_ref().map(BTreeMap::len), Some(1));
+        assert_eq!(status.compressed_nodes.as_deref(), Some("H4s"));
+        assert_eq!(status.offload_node_status_version.as_deref(), Some("fnv:1"));
+        assert_eq!(
+            status.persistent_volume_claims.as_ref().map(Vec::len),
+            Some(1)
+        );
+        assert_eq!(status.conditions.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            status
+                .stored_workflow_spec
+                .as_ref()
+                .unwrap()
+                .shutdown
+                .as_deref(),
+            Some("Stop")
+        );
+        assert_eq!(
+            status.other.keys().collect::<Vec<_>>(),
+            ["taskResultsCompletionStatus", "estimatedDuration"]
+        );
+        assert_eq!(wf.spec.active_deadline_seconds, Some(0));
+        assert_eq!(wf.spec.shutdown.as_deref(), Some("Stop"));
+        let parameters = wf
+            .spec
+            .arguments
+            .as_ref()
+            .unwrap()
+            .parameters
+            .as_ref()
+            .unwrap();
+        assert_eq!(parameters[0].value.as_deref(), Some("2"));
+        assert_eq!(
+            wf.spec.other["templates"].get(),
+            r#"[{"name":"a\u0000\"b","n":-7}]"#
+        );
+        assert_eq!(wf.other.keys().collect::<Vec<_>>(), ["someTopLevelField"]);
+        let mut expected: Value = serde_json::from_str(text).unwrap();
+        // Argo's AnyString: the number is written back as its text.
+        expected["spec"]["arguments"]["parameters"][0]["value"] = "2".into();
+        assert_eq!(serde_json::to_value(&wf).unwrap(), expected);
     }
 
     #[test]

@@ -324,14 +324,14 @@ impl Controller {
             ctx.database = argo_config::database(&ctx.client(), configmap, &shutdown).await;
         }
         let engine = ctx.engine.clone();
-        let bulk_slots = options
-            .max_bulk_in_flight
-            .max(options.retry.bulk_parallelism)
-            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         let clients = workers::Clients {
             client: engine.client.clone(),
             bulk: bulk_client,
-            bulk_slots: Arc::new(tokio::sync::Semaphore::new(bulk_slots)),
+            bulk_slots: workers::BulkSlots::new(
+                options
+                    .max_bulk_in_flight
+                    .max(options.retry.bulk_parallelism),
+            ),
         };
         let mut tasks = tokio::task::JoinSet::new();
         let turn = workers::Turn::default();

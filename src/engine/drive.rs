@@ -288,6 +288,11 @@ impl Deletion {
                 _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                 listed = self.list() => listed?,
             };
+            debug!(
+                ms = listing.elapsed().as_millis() as u64,
+                pods = listed.0.len(),
+                "pods listed"
+            );
             let assessment = self.assess(&listed)?;
             let total = self.tracker.plan().len();
             if assessment.all_gone(total) {
@@ -322,6 +327,7 @@ impl Deletion {
                     .queue
                     .add(self.key.clone(), Class::Interactive, item);
             }
+            debug!(items = pending, "delete work queued");
             let mut wait_terminating = !assessment.terminating.is_empty();
             while pending > 0 || wait_terminating {
                 let outcome = tokio::select! {
@@ -349,6 +355,7 @@ impl Deletion {
                     }
                 };
                 pending -= 1;
+                debug!(left = pending, "delete work answered");
                 self.answered(outcome)?;
             }
         }

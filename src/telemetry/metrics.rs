@@ -515,13 +515,18 @@ impl Metrics {
         }
     }
 
-    fn observe_step(&self, kind: &'static str, step: Step, elapsed: Duration) {
+    /// A step's time, in `rewind_retry_step_seconds` and, for whoever asks
+    /// why one request took long, in the request's log at debug level.
+    fn observe_step(&self, kind: &'static str, step: &'static str, elapsed: Duration) {
         self.step_seconds
-            .get_or_create(&StepLabels {
-                kind,
-                step: step.as_str(),
-            })
+            .get_or_create(&StepLabels { kind, step })
             .observe(elapsed.as_secs_f64());
+        tracing::debug!(
+            kind,
+            step,
+            ms = elapsed.as_millis() as u64,
+            "retry step done"
+        );
     }
 
     pub fn api_requests(&self) -> RequestCounts {
@@ -557,9 +562,7 @@ impl StepTimer<'_> {
     pub fn done(self) -> Duration {
         let elapsed = self.started.elapsed();
         self.metrics
-            .step_seconds
-            .get_or_create(&self.labels)
-            .observe(elapsed.as_secs_f64());
+            .observe_step(self.labels.kind, self.labels.step, elapsed);
         elapsed
     }
 
@@ -571,8 +574,9 @@ impl StepTimer<'_> {
         let confirm = confirm.min(elapsed);
         let kind = self.labels.kind;
         self.metrics
-            .observe_step(kind, Step::Delete, elapsed - confirm);
-        self.metrics.observe_step(kind, Step::Confirm, confirm);
+            .observe_step(kind, Step::Delete.as_str(), elapsed - confirm);
+        self.metrics
+            .observe_step(kind, Step::Confirm.as_str(), confirm);
         elapsed
     }
 }

@@ -71,13 +71,9 @@ impl FailedDag {
         for (i, (node_name, phase)) in self.tasks().enumerate() {
             let id = node_id(&self.name, &node_name);
             children.push(id.clone());
-            let mut other = serde_json::Map::new();
-            if let Some(host) = host(hosts, i) {
-                other.insert("hostNodeName".into(), host.into());
-            }
             nodes.insert(
                 id.clone(),
-                NodeStatus {
+                Box::new(NodeStatus {
                     id,
                     display_name: Some(node_name.rsplit('.').next().unwrap_or_default().to_owned()),
                     name: node_name,
@@ -88,14 +84,14 @@ impl FailedDag {
                     message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
                     started_at: Some(TIME.into()),
                     finished_at: Some(TIME.into()),
-                    other,
+                    host_node_name: host(hosts, i).map(str::to_owned),
                     ..Default::default()
-                },
+                }),
             );
         }
         nodes.insert(
             self.name.clone(),
-            NodeStatus {
+            Box::new(NodeStatus {
                 id: self.name.clone(),
                 name: self.name.clone(),
                 display_name: Some(self.name.clone()),
@@ -107,7 +103,7 @@ impl FailedDag {
                 outbound_nodes: Some(children.clone()),
                 children: Some(children),
                 ..Default::default()
-            },
+            }),
         );
         let tasks: Vec<_> = self
             .tasks()
@@ -133,7 +129,7 @@ impl FailedDag {
                 ..Default::default()
             },
             spec: WorkflowSpec {
-                other: spec_other,
+                other: spec_other.into_iter().map(|(k, v)| (k, v.into())).collect(),
                 ..Default::default()
             },
             status: WorkflowStatus {

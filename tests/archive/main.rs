@@ -46,6 +46,7 @@ fn main() -> ExitCode {
         offloaded_nodes_written_by_rewind_are_read_back_by_argo,
         offload_version_and_bytes_equal_argos,
         offloaded_nodes_written_by_argo_are_read_by_rewind,
+        rows_over_a_megabyte_are_read_again_and_again,
         load_persistence_reads_argos_configmap_and_secrets,
         tls_settings_are_honoured,
         a_fixture_stops_cleanly_and_leaves_nothing,

@@ -350,6 +350,41 @@ pub async fn offloaded_nodes_written_by_argo_are_read_by_rewind(
     Ok(())
 }
 
+/// A row over a megabyte closes its connection once read (its read buffer
+/// would stay that large in the pool): the pool opens another, and every read
+/// gives the same nodes.
+pub async fn rows_over_a_megabyte_are_read_again_and_again(env: Arc<Env>) -> anyhow::Result<()> {
+    let uid = new_uid("large-offload");
+    let mut nodes = serde_json::Map::new();
+    for i in 0..800 {
+        let Value::Object(group) = self::nodes(&format!("wf-{i:04}")) else {
+            unreachable!("nodes are an object")
+        };
+        nodes.extend(group);
+    }
+    let nodes = Value::Object(nodes);
+    let saved = argodb::one(
+        Line::V4,
+        request(
+            &env.db,
+            "save",
+            json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
+        ),
+    )?;
+    let expected = go_json::marshal_nodes(&typed(&nodes));
+    ensure!(
+        expected.len() > 1 << 20,
+        "the nodes must make a row over a megabyte, not {} bytes",
+        expected.len()
+    );
+    let archive = Sql::connect(&env.db.persistence()).await?;
+    for _ in 0..3 {
+        let read = archive.offloaded_nodes(&uid, &saved.version).await?;
+        assert_eq!(go_json::marshal_nodes(&read), expected);
+    }
+    Ok(())
+}
+
 pub async fn load_persistence_reads_argos_configmap_and_secrets(
     env: Arc<Env>,
 ) -> anyhow::Result<()> {

@@ -205,7 +205,7 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
         children.push(id.clone());
         nodes.insert(
             id.clone(),
-            NodeStatus {
+            Box::new(NodeStatus {
                 id: id.clone(),
                 name: node_name.clone(),
                 display_name: Some(format!("{task}({attempt})")),
@@ -221,7 +221,7 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
                     ..Default::default()
                 })),
                 ..Default::default()
-            },
+            }),
         );
         let pod_name = pod_name(
             &name,
@@ -245,7 +245,7 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
     let last = children.last().cloned();
     nodes.insert(
         retry_id.clone(),
-        NodeStatus {
+        Box::new(NodeStatus {
             id: retry_id.clone(),
             name: retry_name,
             display_name: Some(task.into()),
@@ -258,24 +258,21 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
             children: Some(children),
             outbound_nodes: last.clone().map(|l| vec![l]),
             ..Default::default()
-        },
+        }),
     );
     let root = nodes.get_mut(&name).expect("the DAG node");
     root.children.get_or_insert_with(Vec::new).push(retry_id);
     root.outbound_nodes
         .get_or_insert_with(Vec::new)
         .extend(last);
-    if let Some(templates) = wf
-        .spec
-        .other
-        .get_mut("templates")
-        .and_then(|t| t.as_array_mut())
-    {
+    if let Some(opaque) = wf.spec.other.get_mut("templates") {
+        let mut templates = opaque.to_value();
         templates[0]["dag"]["tasks"]
             .as_array_mut()
             .expect("the DAG's tasks")
             .push(serde_json::json!({"name": task, "template": "work"}));
         templates[1]["retryStrategy"] = serde_json::json!({"limit": phases.len() - 1});
+        *opaque = templates.into();
     }
     pods
 }

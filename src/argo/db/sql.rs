@@ -17,6 +17,9 @@ pub const ARCHIVE_TABLE: &str = "argo_archived_workflows";
 const POSTGRES_NULL_REPLACEMENT: &str = "ARGO_POSTGRES_NULL_REPLACEMENT";
 /// A small pool: rewind reads one row per archived retry.
 const DEFAULT_MAX_CONNECTIONS: u32 = 4;
+/// Rows above this many bytes close their connection once read or written
+/// (see `parse_row`).
+const LARGE_ROW: usize = 1 << 20;
 
 /// Whether a database error may pass: no connection, a connection lost,
 /// a server shutting down or overloaded, a deadlock.
@@ -309,31 +312,22 @@ impl Sql {
         // so does ours, from Rust strings.
         let text = String::from_utf8(marshalled).expect("Go-style JSON is UTF-8");
         let what = format!("offloading nodes of workflow {uid} version {version}");
+        let binds = [self.cluster_name.as_str(), uid, &version, namespace];
         let result = match &self.pool {
-            Pool::Postgres(pool) => sqlx::query(&format!(
-                "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES ($1, $2, $3, $4, CAST($5 AS json))",
-                self.table_name
-            ))
-            .bind(&self.cluster_name)
-            .bind(uid)
-            .bind(&version)
-            .bind(namespace)
-            .bind(&text)
-            .execute(pool)
-            .await
-            .map(drop),
-            Pool::MySql(pool) => sqlx::query(&format!(
-                "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES (?, ?, ?, ?, ?)",
-                self.table_name
-            ))
-            .bind(&self.cluster_name)
-            .bind(uid)
-            .bind(&version)
-            .bind(namespace)
-            .bind(&text)
-            .execute(pool)
-            .await
-            .map(drop),
+            Pool::Postgres(pool) => {
+                let sql = format!(
+                    "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES ($1, $2, $3, $4, CAST($5 AS json))",
+                    self.table_name
+                );
+                insert_text(pool, &sql, binds, text).await
+            }
+            Pool::MySql(pool) => {
+                let sql = format!(
+                    "INSERT INTO {} (clustername, uid, version, namespace, nodes) VALUES (?, ?, ?, ?, ?)",
+                    self.table_name
+                );
+                insert_text(pool, &sql, binds, text).await
+            }
         };
         match result {
             Err(e) if is_duplicate_key(&e) => {
@@ -374,10 +368,49 @@ where
     for value in binds {
         query = query.bind(value);
     }
-    let Some(row) = query.fetch_optional(pool).await? else {
+    let mut connection = pool.acquire().await?;
+    let Some(row) = query.fetch_optional(&mut *connection).await? else {
         return Ok(None);
     };
-    Ok(Some(parse(row.try_get(0)?)))
+    let text: &str = row.try_get(0)?;
+    // A connection keeps its read buffer as large as the largest message it
+    // read, and a pooled one lives on: after a large row, closing it frees
+    // that buffer (8 MiB for 20,000 nodes) before the parse needs its memory.
+    if text.len() > LARGE_ROW
+        && let Err(error) = connection.close().await
+    {
+        tracing::debug!(%error, "closing a connection after a large row failed");
+    }
+    Ok(Some(parse(text)))
+}
+
+/// Runs the insert `sql` with its text parameters, `text` last. The text is
+/// moved into the query (encoded there, not kept beside it), and a connection
+/// that wrote a large one is closed after, as in [`parse_row`].
+async fn insert_text<DB>(
+    pool: &sqlx::Pool<DB>,
+    sql: &str,
+    binds: [&str; 4],
+    text: String,
+) -> Result<(), sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    String: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let large = text.len() > LARGE_ROW;
+    let mut query = sqlx::query::<DB>(sql);
+    for value in binds {
+        query = query.bind(value);
+    }
+    let mut connection = pool.acquire().await?;
+    let result = query.bind(text).execute(&mut *connection).await.map(drop);
+    if large && let Err(error) = connection.close().await {
+        tracing::debug!(%error, "closing a connection after a large row failed");
+    }
+    result
 }
 
 impl ArgoDatabase for Sql {

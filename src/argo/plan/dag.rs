@@ -69,7 +69,7 @@ impl<'a> Graph<'a> {
         workflow_name: &str,
         choose: ChooseParent<'_>,
     ) -> Result<Self, PlanError> {
-        let list: Vec<&NodeStatus> = nodes.values().collect();
+        let list: Vec<&NodeStatus> = nodes.values().map(|n| &**n).collect();
         let n = list.len();
         let mut index: HashMap<&str, usize> = HashMap::with_capacity(n);
         for (i, node) in list.iter().enumerate() {

@@ -309,8 +309,8 @@ fn plan(
     let mut pod_nodes = BTreeMap::new();
     let mut add_pod = |node: &NodeStatus| -> Result<(), PlanError> {
         let pod = pod_name::node_pod_name(wf, node, version)?;
-        if let Some(host) = node.other.get("hostNodeName").and_then(|h| h.as_str()) {
-            pod_nodes.insert(pod.clone(), host.to_owned());
+        if let Some(host) = &node.host_node_name {
+            pod_nodes.insert(pod.clone(), host.clone());
         }
         pods.push(pod);
         Ok(())
@@ -630,7 +630,7 @@ fn failed_nodes<'a>(
         if !failed_or_error(node) || !is_execution(&node.type_) {
             continue;
         }
-        let mut check = node;
+        let mut check: &NodeStatus = node;
         if node.node_flag.as_ref().is_some_and(|f| f.retried) {
             let parents = parents_of.get_or_insert_with(|| index_parents(nodes));
             let candidates = parents
@@ -671,7 +671,7 @@ fn failed_nodes<'a>(
 /// Child ID -> the nodes listing it, in node-ID order.
 fn index_parents(nodes: &Nodes) -> HashMap<&str, Vec<&NodeStatus>> {
     let mut parents: HashMap<&str, Vec<&NodeStatus>> = HashMap::new();
-    for node in nodes.values() {
+    for node in nodes.values().map(|n| &**n) {
         for child in node.children() {
             let listers = parents.entry(child.as_str()).or_default();
             if !listers.last().is_some_and(|&last| std::ptr::eq(last, node)) {

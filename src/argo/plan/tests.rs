@@ -257,7 +257,11 @@ fn retried_node_without_retry_parent_differs_by_version() {
     orphan["nodeFlag"] = json!({"retried": true});
     let mut wf = simple_dag();
     let x: NodeStatus = serde_json::from_value(orphan).unwrap();
-    wf.status.nodes.as_mut().unwrap().insert("wf-x".into(), x);
+    wf.status
+        .nodes
+        .as_mut()
+        .unwrap()
+        .insert("wf-x".into(), Box::new(x));
     wf.status
         .nodes
         .as_mut()
@@ -362,7 +366,7 @@ fn on_exit_nodes_are_dropped_and_all_their_nodes_get_pod_names() {
         ),
         node("wf-e1", "wf.onExit[0].notify", "Pod", "Succeeded", &[]),
     ] {
-        let n: NodeStatus = serde_json::from_value(n).unwrap();
+        let n: Box<NodeStatus> = serde_json::from_value(n).unwrap();
         nodes.insert(n.id.clone(), n);
     }
     let p = plan(&wf, &RetryOptions::default());
