@@ -76,6 +76,23 @@ fn workflow(name: &str, uid: &str) -> Value {
     })
 }
 
+/// Argo's offload repo (of `line`) saves `nodes` under `uid`.
+fn saved_by_argo(
+    env: &Env,
+    line: Line,
+    uid: &str,
+    nodes: &Value,
+) -> anyhow::Result<argodb::Answer> {
+    argodb::one(
+        line,
+        request(
+            &env.db,
+            "save",
+            json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
+        ),
+    )
+}
+
 fn archive_request(env: &Env, wf: &Value, cluster: &str, instance: &str) -> Value {
     request(
         &env.db,
@@ -299,14 +316,7 @@ pub async fn offload_version_and_bytes_equal_argos(env: Arc<Env>) -> anyhow::Res
     let version = go_json::nodes_version(&typed(&nodes));
     for line in [Line::V4, Line::V3] {
         let uid = new_uid("version");
-        let saved = argodb::one(
-            line,
-            request(
-                &env.db,
-                "save",
-                json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
-            ),
-        )?;
+        let saved = saved_by_argo(&env, line, &uid, &nodes)?;
         ensure!(
             saved.version == version,
             "{line:?}: Argo's version {} != ours {version}",
@@ -327,14 +337,7 @@ pub async fn offloaded_nodes_written_by_argo_are_read_by_rewind(
 ) -> anyhow::Result<()> {
     let uid = new_uid("argo-offload");
     let nodes = nodes("wf-argo");
-    let saved = argodb::one(
-        Line::V4,
-        request(
-            &env.db,
-            "save",
-            json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
-        ),
-    )?;
+    let saved = saved_by_argo(&env, Line::V4, &uid, &nodes)?;
     let archive = Sql::connect(&env.db.persistence()).await?;
     let ours = archive.offloaded_nodes(&uid, &saved.version).await?;
     // Rewind reads every field Argo wrote.
@@ -363,14 +366,7 @@ pub async fn rows_over_a_megabyte_are_read_again_and_again(env: Arc<Env>) -> any
         nodes.extend(group);
     }
     let nodes = Value::Object(nodes);
-    let saved = argodb::one(
-        Line::V4,
-        request(
-            &env.db,
-            "save",
-            json!({"uid": uid, "namespace": "argo", "nodes": nodes}),
-        ),
-    )?;
+    let saved = saved_by_argo(&env, Line::V4, &uid, &nodes)?;
     let expected = go_json::marshal_nodes(&typed(&nodes));
     ensure!(
         expected.len() > 1 << 20,

@@ -256,9 +256,9 @@ pub struct Tuning {
     /// Argo's ALWAYS_OFFLOAD_NODE_STATUS: with Argo's database, always offload nodes.
     #[arg(long, env = "ALWAYS_OFFLOAD_NODE_STATUS")]
     always_offload_node_status: bool,
-    /// DeleteCollections in flight at once, across retries (at least --bulk-parallelism): the
-    /// API server deletes each one's pods one by one, so more would only queue there, where
-    /// its other clients wait too.
+    /// DeleteCollections in flight at once, across retries (at least --bulk-parallelism), and
+    /// one more for an asker with none in flight: the API server deletes each one's pods one
+    /// by one, so more would only queue there, where its other clients wait too.
     #[arg(long, default_value_t = NonZeroUsize::new(DEFAULT_MAX_BULK_IN_FLIGHT).expect("not zero"), env = "REWIND_MAX_BULK_IN_FLIGHT")]
     max_bulk_in_flight: NonZeroUsize,
     /// Planned pods in deletion at once, across retries: a retry past it waits (Pending, saying
