@@ -571,15 +571,11 @@ mod tests {
         );
         assert_eq!(wf.spec.active_deadline_seconds, Some(0));
         assert_eq!(wf.spec.shutdown.as_deref(), Some("Stop"));
-        let parameters = wf
-            .spec
-            .arguments
-            .as_ref()
-            .unwrap()
-            .parameters
-            .as_ref()
-            .unwrap();
-        assert_eq!(parameters[0].value.as_deref(), Some("2"));
+        let arguments = wf.spec.arguments.as_ref().unwrap();
+        assert_eq!(
+            arguments.parameters.as_ref().unwrap()[0].value.as_deref(),
+            Some("2")
+        );
         assert_eq!(
             wf.spec.other["templates"].get(),
             r#"[{"name":"a\u0000\"b","n":-7}]"#
