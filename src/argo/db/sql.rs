@@ -374,8 +374,9 @@ where
     };
     let text: &str = row.try_get(0)?;
     // A connection keeps its read buffer as large as the largest message it
-    // read, and a pooled one lives on: after a large row, closing it frees
-    // that buffer (8 MiB for 20,000 nodes) before the parse needs its memory.
+    // read, and a pooled one lives on: after a large row (8 MiB for 20,000
+    // nodes, the row itself in that buffer), closing it lets the buffer go
+    // with the row once parsed instead of staying in the pool.
     if text.len() > LARGE_ROW
         && let Err(error) = connection.close().await
     {
