@@ -18,7 +18,7 @@ const POSTGRES_NULL_REPLACEMENT: &str = "ARGO_POSTGRES_NULL_REPLACEMENT";
 /// A small pool: rewind reads one row per archived retry.
 const DEFAULT_MAX_CONNECTIONS: u32 = 4;
 /// Rows above this many bytes close their connection once read or written
-/// (see `parse_row`).
+/// (see `release`).
 const LARGE_ROW: usize = 1 << 20;
 
 /// Whether a database error may pass: no connection, a connection lost,
@@ -373,21 +373,27 @@ where
         return Ok(None);
     };
     let text: &str = row.try_get(0)?;
-    // A connection keeps its read buffer as large as the largest message it
-    // read, and a pooled one lives on: after a large row (8 MiB for 20,000
-    // nodes, the row itself in that buffer), closing it lets the buffer go
-    // with the row once parsed instead of staying in the pool.
-    if text.len() > LARGE_ROW
+    // The buffer holds the row itself (8 MiB for 20,000 nodes): closed, the
+    // connection lets it go once the row is parsed.
+    release(connection, text.len()).await;
+    Ok(Some(parse(text)))
+}
+
+/// Gives `connection` back to its pool, unless it just read or wrote a row of
+/// over [`LARGE_ROW`] bytes: a connection keeps its buffers as large as the
+/// largest message it read or wrote, and a pooled one lives on, so that one
+/// is closed instead.
+async fn release<DB: sqlx::Database>(connection: sqlx::pool::PoolConnection<DB>, row_bytes: usize) {
+    if row_bytes > LARGE_ROW
         && let Err(error) = connection.close().await
     {
         tracing::debug!(%error, "closing a connection after a large row failed");
     }
-    Ok(Some(parse(text)))
 }
 
 /// Runs the insert `sql` with its text parameters, `text` last. The text is
-/// moved into the query (encoded there, not kept beside it), and a connection
-/// that wrote a large one is closed after, as in [`parse_row`].
+/// moved into the query (encoded there, not kept beside it), and the
+/// connection is [`release`]d after.
 async fn insert_text<DB>(
     pool: &sqlx::Pool<DB>,
     sql: &str,
@@ -401,16 +407,14 @@ where
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let large = text.len() > LARGE_ROW;
+    let row_bytes = text.len();
     let mut query = sqlx::query::<DB>(sql);
     for value in binds {
         query = query.bind(value);
     }
     let mut connection = pool.acquire().await?;
     let result = query.bind(text).execute(&mut *connection).await.map(drop);
-    if large && let Err(error) = connection.close().await {
-        tracing::debug!(%error, "closing a connection after a large row failed");
-    }
+    release(connection, row_bytes).await;
     result
 }
 
