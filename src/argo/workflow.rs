@@ -105,12 +105,12 @@ macro_rules! deserialize_streamed {
                         mut map: A,
                     ) -> Result<$ty, A::Error> {
                         let mut value = $ty::default();
-                        while let Some(key) = map.next_key::<String>()? {
-                            match key.as_str() {
+                        while let Some(Key(key)) = map.next_key()? {
+                            match &*key {
                                 $($key => value.$field = map.next_value()?,)*
                                 _ => {
                                     let other = map.next_value()?;
-                                    value.other.insert(key, other);
+                                    value.other.insert(key.into_owned(), other);
                                 }
                             }
                         }
@@ -121,6 +121,34 @@ macro_rules! deserialize_streamed {
             }
         }
     };
+}
+
+/// An object's key as [`deserialize_streamed`] reads it: borrowed from the
+/// input where the input allows (no escapes in it), so that a named field
+/// costs no allocation, as with a derived `Deserialize`; 20,000 nodes have a
+/// quarter of a million keys.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(key)))
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key.to_owned())))
+            }
+            fn visit_string<E>(self, key: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(key)))
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
 }
 
 pub const GROUP: &str = "argoproj.io";
@@ -533,12 +561,13 @@ mod tests {
 
     #[test]
     fn named_fields_are_read_as_named_and_the_rest_kept_from_text() {
+        // Two keys escaped: a key read as a copy, not borrowed, is matched the same.
         let text = r#"{"kind": "Workflow", "apiVersion": "argoproj.io/v1alpha1",
-            "status": {"phase": "Failed", "startedAt": "a", "finishedAt": "b", "message": "m <&>",
+            "status": {"phase": "Failed", "startedAt": "a", "finishedAt": "b", "mess\u0061ge": "m <&>",
                 "nodes": {"wf": {"id": "wf", "name": "wf", "type": "DAG"}}, "compressedNodes": "H4s",
                 "offloadNodeStatusVersion": "fnv:1", "persistentVolumeClaims": [{"name": "v"}],
                 "conditions": [{"type": "Completed"}], "storedWorkflowTemplateSpec": {"shutdown": "Stop"},
-                "taskResultsCompletionStatus": {"wf-1": true}, "estimatedDuration": 1.5e3},
+                "taskResultsCompletionStatus": {"wf-1": true}, "estimated\u0044uration": 1.5e3},
             "spec": {"arguments": {"parameters": [{"name": "p", "value": 2}]}, "shutdown": "Stop",
                 "activeDeadlineSeconds": 0, "templates": [{"name": "a\u0000\"b", "n": -7}]},
             "metadata": {"name": "wf"}, "someTopLevelField": null}"#;
