@@ -8,11 +8,16 @@
 
 use std::collections::BTreeSet;
 
+use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt as _};
+use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, VersionMatch, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, ListParams, VersionMatch, WatchParams};
 use kube::{Client, Resource as _};
+use prost::Message as _;
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+use tokio_util::io::StreamReader;
 
 use crate::argo::workflow::labels;
 use crate::engine::assess::{Listed, SUCCEEDED};
@@ -76,10 +81,10 @@ pub async fn list_workflow_pods(
 /// The name and UID of each pod labelled with `workflow` that the API server
 /// removes from `revision` on, as it removes them: how a bulk delete, one
 /// request the server carries out pod by pod, shows its progress. A metadata
-/// watch, each event decoded for the name and UID alone (the rest of the
-/// metadata skipped unread: 20,000 events of full metadata cost seconds of
-/// CPU). The stream ends where the watch does (its timeout, an error, a
-/// revision compacted away).
+/// watch in protobuf: the server encodes an event for each pod while it
+/// deletes them, and its protobuf encoder costs it about a third less CPU
+/// than its JSON one (README, "Progress and its cost"). The stream ends
+/// where the watch does (its timeout, an error, a revision compacted away).
 pub async fn watch_deletions(
     client: &Client,
     namespace: &str,
@@ -88,34 +93,118 @@ pub async fn watch_deletions(
 ) -> Result<BoxStream<'static, (String, String)>, kube::Error> {
     let url = Pod::url_path(&(), Some(namespace));
     let params = WatchParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
-    let request = kube::core::Request::new(url)
+    let mut request = kube::core::Request::new(url)
         .watch_metadata(&params, revision)
         .map_err(kube::Error::BuildRequest)?;
-    let events = client.request_events::<Removed>(request).await?;
-    Ok(events
-        .take_while(|e| {
-            std::future::ready(matches!(e, Ok(e) if !matches!(e, WatchEvent::Error(_))))
-        })
-        .filter_map(|e| {
-            std::future::ready(match e {
-                Ok(WatchEvent::Deleted(Removed { metadata })) => metadata.name.zip(metadata.uid),
-                _ => None,
-            })
-        })
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(PROTOBUF_METADATA),
+    );
+    let answer = client.send(request.map(Into::into)).await?;
+    let status = answer.status();
+    if !status.is_success() {
+        // The body is a Status in protobuf; its code says enough for a log line.
+        let refused =
+            kube::core::Status::failure("the watch was refused", "").with_code(status.as_u16());
+        return Err(kube::Error::Api(refused.boxed()));
+    }
+    let body = StreamReader::new(
+        answer
+            .into_body()
+            .into_data_stream()
+            .map(|chunk| chunk.map_err(std::io::Error::other)),
+    );
+    let frames = FramedRead::new(
+        body,
+        LengthDelimitedCodec::builder()
+            .max_frame_length(MAX_EVENT)
+            .new_codec(),
+    );
+    Ok(frames
+        .map(|frame| frame.ok().and_then(|f| removal(f.freeze())))
+        .take_while(|event| std::future::ready(event.is_some()))
+        .filter_map(|event| std::future::ready(event.flatten()))
         .boxed())
 }
 
-/// What [`watch_deletions`] reads of a watch event's object.
-#[derive(Clone, serde::Deserialize)]
-struct Removed {
-    #[serde(default)]
-    metadata: RemovedMeta,
+/// Asks for a watch's objects as metadata, in protobuf.
+const PROTOBUF_METADATA: &str =
+    "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// The largest watch event read: a pod's metadata is a few KiB, its
+/// annotations at most 256 KiB; past this the watch ends (progress then
+/// waits for the bulk request's answer).
+const MAX_EVENT: usize = 1024 * 1024;
+
+/// The prefix of a protobuf-encoded Kubernetes object, before its envelope.
+const PROTOBUF_MAGIC: &[u8] = b"k8s\0";
+
+/// What one frame of a protobuf metadata watch says: `None` ends the watch
+/// (an ERROR event, or a frame that is not an event), `Some(None)` is an event
+/// other than a removal, `Some(Some((name, uid)))` a pod removed.
+///
+/// The frame is a `metav1.WatchEvent` (framed by its length, without the
+/// magic prefix); its object is a `runtime.Unknown` envelope after the magic
+/// prefix, holding a `PartialObjectMetadata`.
+fn removal(frame: Bytes) -> Option<Option<(String, String)>> {
+    let event = proto::WatchEvent::decode(frame).ok()?;
+    match event.r#type.as_str() {
+        "DELETED" => {}
+        "ERROR" => return None,
+        _ => return Some(None),
+    }
+    let object = event.object?.raw;
+    if !object.starts_with(PROTOBUF_MAGIC) {
+        return None;
+    }
+    let envelope = proto::Unknown::decode(object.slice(PROTOBUF_MAGIC.len()..)).ok()?;
+    let metadata = proto::PartialObjectMetadata::decode(envelope.raw)
+        .ok()?
+        .metadata?;
+    Some(metadata.name.zip(metadata.uid))
 }
 
-#[derive(Clone, Default, serde::Deserialize)]
-struct RemovedMeta {
-    name: Option<String>,
-    uid: Option<String>,
+/// The fields a removal is read from, as numbered in Kubernetes' protobuf
+/// messages (`k8s.io/apimachinery`'s `generated.proto`); protobuf skips the
+/// others unread. Kubernetes publishes no Rust types for its protobuf
+/// messages short of a generated crate for the whole API, so the five read
+/// here are declared here.
+mod proto {
+    use bytes::Bytes;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct WatchEvent {
+        #[prost(string, tag = "1")]
+        pub r#type: String,
+        #[prost(message, optional, tag = "2")]
+        pub object: Option<RawExtension>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RawExtension {
+        #[prost(bytes = "bytes", tag = "1")]
+        pub raw: Bytes,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Unknown {
+        #[prost(bytes = "bytes", tag = "2")]
+        pub raw: Bytes,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PartialObjectMetadata {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<ObjectMeta>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ObjectMeta {
+        #[prost(string, optional, tag = "1")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "5")]
+        pub uid: Option<String>,
+    }
 }
 
 /// Every page of a metadata list (one consistent snapshot: a continue token
@@ -198,5 +287,66 @@ pub async fn delete_collection(
         // The connection broke while the answer came: the request was cut short.
         Err(e) if e.is_io() => Err(kube::Error::Service(Box::new(e))),
         Err(e) => Err(kube::Error::SerdeError(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use prost::Message as _;
+
+    use super::{PROTOBUF_MAGIC, proto, removal};
+
+    /// A watch frame as the API server writes it: the event, its object in
+    /// the envelope after the magic prefix.
+    fn frame(kind: &str, name: Option<&str>, uid: Option<&str>) -> Bytes {
+        let metadata = proto::PartialObjectMetadata {
+            metadata: Some(proto::ObjectMeta {
+                name: name.map(str::to_owned),
+                uid: uid.map(str::to_owned),
+            }),
+        };
+        let envelope = proto::Unknown {
+            raw: metadata.encode_to_vec().into(),
+        };
+        let mut object = PROTOBUF_MAGIC.to_vec();
+        object.extend(envelope.encode_to_vec());
+        let event = proto::WatchEvent {
+            r#type: kind.to_owned(),
+            object: Some(proto::RawExtension { raw: object.into() }),
+        };
+        event.encode_to_vec().into()
+    }
+
+    #[test]
+    fn reads_a_removal_and_ends_at_an_error() {
+        assert_eq!(
+            removal(frame("DELETED", Some("wf-1"), Some("u-1"))),
+            Some(Some(("wf-1".to_owned(), "u-1".to_owned())))
+        );
+        // Other events are passed over; a removal without a name or UID counts nothing.
+        assert_eq!(
+            removal(frame("MODIFIED", Some("wf-1"), Some("u-1"))),
+            Some(None)
+        );
+        assert_eq!(removal(frame("BOOKMARK", None, None)), Some(None));
+        assert_eq!(removal(frame("DELETED", Some("wf-1"), None)), Some(None));
+        // An error, or bytes that are no event, end the watch.
+        assert_eq!(removal(frame("ERROR", None, None)), None);
+        assert_eq!(removal(Bytes::from_static(b"\xff\xff\xff")), None);
+        let mut unwrapped = frame("DELETED", Some("wf-1"), Some("u-1")).to_vec();
+        unwrapped.truncate(unwrapped.len() - 3);
+        assert_eq!(removal(unwrapped.into()), None);
+    }
+
+    #[test]
+    fn an_object_without_the_magic_prefix_ends_the_watch() {
+        let event = proto::WatchEvent {
+            r#type: "DELETED".to_owned(),
+            object: Some(proto::RawExtension {
+                raw: Bytes::from_static(b"{\"metadata\":{}}"),
+            }),
+        };
+        assert_eq!(removal(event.encode_to_vec().into()), None);
     }
 }

@@ -132,10 +132,9 @@ impl Events {
         self.reference.name.as_deref().unwrap_or_default()
     }
 
-    /// The request started.
-    pub async fn started(&self, note: String) {
+    /// The request started (a future that borrows nothing, as [`Events::publish`]).
+    pub fn started(&self, note: String) -> impl Future<Output = ()> + Send + 'static {
         self.publish(EventType::Normal, reasons::STARTED, note)
-            .await
     }
 
     /// Publishes one Event; the future borrows nothing, so it can run beside
