@@ -10,6 +10,7 @@
 //! retry before both passed.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::str::FromStr;
 
 use axum::http::HeaderMap;
@@ -21,6 +22,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::{Api, PostParams};
 use serde::Deserialize;
 
+use crate::argoapi::review::Reviews;
 use crate::argoapi::wire::{Code, Status};
 use crate::engine::fault;
 
@@ -155,10 +157,12 @@ fn unauthenticated(argo: &str, hint: &str) -> Status {
 }
 
 impl Authenticator {
-    /// Who makes the call with `headers`; 401 when nobody Argo would accept.
+    /// Who makes the call with `headers` from `source`; 401 when nobody
+    /// Argo would accept. A token is reviewed within the reviews' budget.
     pub async fn authenticate(
         &self,
-        client: &kube::Client,
+        reviews: &Reviews,
+        source: IpAddr,
         headers: &HeaderMap,
     ) -> Result<Identity, Status> {
         let mut tokens = tokens(headers);
@@ -177,9 +181,13 @@ impl Authenticator {
             return Err(unauthenticated(TOKEN_NOT_VALID, hint));
         };
         match mode {
-            AuthMode::Client => review(client, token).await,
+            AuthMode::Client => {
+                reviews
+                    .identity(source, token, review(reviews.client(), token))
+                    .await
+            }
             AuthMode::Server => Ok(self.server_identity("server mode")?),
-            AuthMode::Sso => self.sso(token).await,
+            AuthMode::Sso => reviews.identity(source, token, self.sso(token)).await,
         }
     }
 
@@ -325,15 +333,50 @@ fn asking_failed(what: &str, resource: &str, e: &kube::Error) -> Status {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Permission {
     pub verb: &'static str,
+    pub resource: Resource,
     pub namespace: String,
-    /// The workflow's name, when the check is about one.
+    /// The object's name, when the check is about one.
     pub name: Option<String>,
 }
 
-/// Whether `who` holds every permission of `needed` on workflows
-/// (argoproj.io); 403 naming the first one missing.
+/// What a permission is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// argoproj.io workflows.
+    Workflows,
+    /// Pods, which Argo's server deletes as the caller.
+    Pods,
+}
+
+impl Resource {
+    fn group(self) -> &'static str {
+        match self {
+            Resource::Workflows => "argoproj.io",
+            Resource::Pods => "",
+        }
+    }
+
+    fn plural(self) -> &'static str {
+        match self {
+            Resource::Workflows => "workflows",
+            Resource::Pods => "pods",
+        }
+    }
+
+    /// As RBAC and kubectl name it: `workflows.argoproj.io`, `pods`.
+    fn qualified(self) -> String {
+        match self.group() {
+            "" => self.plural().to_owned(),
+            group => format!("{}.{group}", self.plural()),
+        }
+    }
+}
+
+/// Whether `who` holds every permission of `needed`; 403 naming the first
+/// one missing. Each review is asked within the reviews' budget.
 pub async fn authorize(
-    client: &kube::Client,
+    reviews: &Reviews,
+    source: IpAddr,
     who: &Identity,
     needed: &[Permission],
     why: &str,
@@ -346,8 +389,8 @@ pub async fn authorize(
                 uid: who.uid.clone(),
                 extra: (!who.extra.is_empty()).then(|| who.extra.clone()),
                 resource_attributes: Some(ResourceAttributes {
-                    group: Some("argoproj.io".into()),
-                    resource: Some("workflows".into()),
+                    group: Some(permission.resource.group().into()),
+                    resource: Some(permission.resource.plural().into()),
                     verb: Some(permission.verb.into()),
                     namespace: Some(permission.namespace.clone()),
                     name: permission.name.clone(),
@@ -357,9 +400,10 @@ pub async fn authorize(
             },
             ..Default::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
+        let api = Api::<SubjectAccessReview>::all(reviews.client().clone());
+        let answer = reviews
+            .spend(source, api.create(&PostParams::default(), &review))
+            .await?
             .map_err(|e| {
                 asking_failed(
                     "a SubjectAccessReview of the caller",
@@ -377,12 +421,16 @@ pub async fn authorize(
 /// The 403 of a missing permission: Argo's words, then which one and what to do.
 pub fn denied(who: &Identity, permission: &Permission, why: &str) -> Status {
     let Permission {
-        verb, namespace, ..
+        verb,
+        resource,
+        namespace,
+        ..
     } = permission;
+    let resource = resource.qualified();
     Status::new(
         Code::PermissionDenied,
         format!(
-            "permission denied — {user} ({how}) may not {verb} workflows.argoproj.io in namespace {namespace}, which {why}; nothing was done; ask for it (e.g. Argo's argo-edit role, or a Role granting {verb} on workflows.argoproj.io in {namespace})",
+            "permission denied — {user} ({how}) may not {verb} {resource} in namespace {namespace}, which {why}; nothing was done; ask for it (e.g. Argo's argo-edit role, or a Role granting {verb} on {resource} in {namespace})",
             user = who.user,
             how = who.how,
         ),
@@ -499,6 +547,7 @@ mod tests {
             &who,
             &Permission {
                 verb: "update",
+                resource: Resource::Workflows,
                 namespace: "team".into(),
                 name: Some("wf".into()),
             },

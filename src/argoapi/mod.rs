@@ -6,13 +6,16 @@
 //! everything else to argo-server.
 //!
 //! A call is authenticated and authorized as Argo's server would ([`auth`]),
-//! becomes rewind's request and is followed to its end ([`retry`]). It may
-//! run on every replica: it only writes the request and reads its progress,
-//! which the leader serves. Served over TLS ([`tls`]) unless plain HTTP is
-//! asked for.
+//! within a budget of reviews of its own ([`review`]), becomes rewind's
+//! request and is followed to its end ([`retry`]). It may run on every
+//! replica: it only writes the request and reads its progress, which the
+//! leader serves. Served over TLS ([`tls`]) unless plain HTTP is asked for,
+//! within bounds on what any caller can cost ([`listener`]).
 
 pub mod auth;
+pub mod listener;
 pub mod retry;
+pub mod review;
 pub mod tls;
 pub mod wire;
 
@@ -27,6 +30,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::argoapi::auth::{Account, AuthMode, Authenticator};
+use crate::argoapi::listener::{Limits, Shares};
+use crate::argoapi::review::Reviews;
 use crate::argoapi::wire::{Code, Status};
 
 /// How long a WorkflowRetry created for a call is kept after it finished:
@@ -45,6 +50,10 @@ pub struct Settings {
     pub argo_server: Option<ArgoServer>,
     /// Serve TLS with this certificate; `None` serves plain HTTP.
     pub tls: Option<tls::CertFiles>,
+    /// What any caller may cost the listener.
+    pub limits: Limits,
+    /// The reviews of callers' budget.
+    pub reviews: review::Budget,
 }
 
 /// Where the Argo Server is and how to trust it.
@@ -87,20 +96,29 @@ pub enum SettingsError {
 /// What the handlers share.
 #[derive(Clone)]
 pub struct ArgoApi {
-    /// rewind's own client: it asks reviews, writes requests, reads results.
+    /// rewind's own client: it writes requests and reads results.
     client: kube::Client,
     auth: Arc<Authenticator>,
+    reviews: Arc<Reviews>,
+    limits: Limits,
     ttl: Duration,
 }
 
 impl ArgoApi {
-    /// Checks `settings` and builds the Argo Server's client. Must be called
-    /// inside a tokio runtime.
-    pub fn new(client: kube::Client, settings: &Settings) -> Result<Self, SettingsError> {
+    /// Checks `settings` and builds the Argo Server's client; callers are
+    /// reviewed with `review_client`, outside `client`'s budget. Must be
+    /// called inside a tokio runtime.
+    pub fn new(
+        client: kube::Client,
+        review_client: kube::Client,
+        settings: &Settings,
+    ) -> Result<Self, SettingsError> {
         let Settings {
             modes,
             server_account,
             argo_server,
+            limits,
+            reviews,
             ..
         } = settings;
         if modes.is_empty() {
@@ -121,6 +139,8 @@ impl ArgoApi {
                 server_account: server_account.clone(),
                 argo_server,
             }),
+            reviews: Arc::new(Reviews::new(review_client, *reviews)),
+            limits: *limits,
             ttl: TTL,
         })
     }
@@ -138,8 +158,10 @@ fn argo_server_client(server: &ArgoServer) -> Result<kube::Client, SettingsError
     })
 }
 
-/// The two retry calls; anything else is refused saying where it belongs.
+/// The two retry calls, each within the shares of calls in flight;
+/// anything else is refused saying where it belongs.
 pub fn router(api: ArgoApi) -> Router {
+    let calls = Shares::new(api.limits.max_calls, api.limits.max_calls_per_source);
     Router::new()
         .route(
             "/api/v1/workflows/{namespace}/{name}/retry",
@@ -156,40 +178,17 @@ pub fn router(api: ArgoApi) -> Router {
             )
         })
         .with_state(api)
+        .layer(axum::middleware::from_fn_with_state(calls, listener::admit))
 }
 
-/// How long calls in progress may still take once the listener stops: a
-/// rolling update must not wait for a long retry (it goes on without its
-/// caller, who can ask again or look with `rewind status`).
-const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// Serves [`router`] on `listener` until `shutdown`, over TLS when `tls` is
-/// given; calls still in progress [`STOP_GRACE`] later are cut off.
+/// Serves [`router`] on `listener` within the API's limits until
+/// `shutdown`, over TLS when `tls` is given.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<tls::ServerConfig>>,
     api: ArgoApi,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(api);
-    let stopping = shutdown.clone();
-    let stop = async move { stopping.cancelled().await };
-    let serving = async {
-        match tls {
-            Some(config) => {
-                axum::serve(tls::Listener::new(listener, config)?, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-            }
-            None => {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
-            }
-        }
-    };
-    tokio::select! {
-        served = serving => served,
-        _ = async { shutdown.cancelled().await; tokio::time::sleep(STOP_GRACE).await } => Ok(()),
-    }
+    let limits = api.limits;
+    listener::serve(listener, tls, router(api), limits, shutdown).await
 }

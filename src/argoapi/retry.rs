@@ -11,22 +11,25 @@
 
 use std::time::Duration;
 
+use std::net::{IpAddr, SocketAddr};
+
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kube::api::{Api, GetParams};
 use tracing::info;
 
 use crate::argo::workflow::Workflow;
-use crate::argoapi::ArgoApi;
-use crate::argoapi::auth::{self, Identity, Permission};
+use crate::argoapi::auth::{self, Identity, Permission, Resource};
 use crate::argoapi::wire::{Code, RetryBody, Status};
+use crate::argoapi::{ArgoApi, listener};
 use crate::client::follow::{self, Follower, Observed, POLL_INTERVAL};
 use crate::client::{FollowError, ask};
 use crate::engine::fault;
 use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::names;
 use crate::protocol::request::{RetryPhase, RetryStatus};
 
 /// How long a request may wait for a controller to report on it before the
@@ -37,49 +40,113 @@ pub const NO_CONTROLLER: Duration = Duration::from_secs(30);
 /// `PUT /api/v1/workflows/{namespace}/{name}/retry`.
 pub async fn live(
     State(api): State<ArgoApi>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((namespace, name)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
-    answer(retry_live(&api, namespace, name, &headers, &body).await)
+    let (parts, body) = request.into_parts();
+    let call = Call {
+        api: &api,
+        source: peer.ip(),
+        headers: &parts.headers,
+        body,
+    };
+    answer(retry_live(call, namespace, name).await)
 }
 
 /// `PUT /api/v1/archived-workflows/{uid}/retry`.
 pub async fn archived(
     State(api): State<ArgoApi>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(uid): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
-    answer(retry_archived(&api, uid, &headers, &body).await)
+    let (parts, body) = request.into_parts();
+    let call = Call {
+        api: &api,
+        source: peer.ip(),
+        headers: &parts.headers,
+        body,
+    };
+    answer(retry_archived(call, uid).await)
 }
 
-fn answer(result: Result<Workflow, Status>) -> Response {
-    match result {
-        Ok(workflow) => Json(workflow).into_response(),
-        Err(status) => status.into_response(),
+/// One call as it arrived: its body still unread.
+struct Call<'a> {
+    api: &'a ArgoApi,
+    source: IpAddr,
+    headers: &'a HeaderMap,
+    body: Body,
+}
+
+impl Call<'_> {
+    /// Who calls; only then is the body read, within the listener's limits,
+    /// so an unauthenticated caller never costs its body's memory.
+    async fn authenticate(self) -> Result<(Identity, RetryBody), Response> {
+        let caller = self
+            .api
+            .auth
+            .authenticate(&self.api.reviews, self.source, self.headers)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let bytes = listener::read_body(&self.api.limits, self.headers, self.body).await?;
+        let body = RetryBody::parse(&bytes).map_err(IntoResponse::into_response)?;
+        Ok((caller, body))
     }
 }
 
-async fn retry_live(
-    api: &ArgoApi,
-    namespace: String,
-    name: String,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Workflow, Status> {
-    let options = RetryBody::parse(body)?.options();
-    let caller = api.auth.authenticate(&api.client, headers).await?;
-    // Argo's server reads the workflow and updates it as the caller.
-    let needed = ["get", "update"].map(|verb| Permission {
+fn answer(result: Result<Workflow, Response>) -> Response {
+    match result {
+        Ok(workflow) => Json(workflow).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// A path's name that is no Kubernetes name, refused before anything is asked.
+fn not_a_name(what: &str, value: &str, syntax: &str) -> Response {
+    Status::new(
+        Code::InvalidArgument,
+        format!("{what} {value:?} is not {syntax}"),
+    )
+    .into_response()
+}
+
+/// What Argo's server needs of the caller to retry: `verbs` on workflows
+/// (`name` among them, when the call is about one), and delete on pods,
+/// as it deletes the retried nodes' pods with the caller's own client.
+fn permissions(verbs: [&'static str; 2], namespace: &str, name: Option<&str>) -> Vec<Permission> {
+    let workflows = verbs.map(|verb| Permission {
         verb,
-        namespace: namespace.clone(),
-        name: Some(name.clone()),
+        resource: Resource::Workflows,
+        namespace: namespace.to_owned(),
+        name: name.map(str::to_owned),
     });
+    let pods = Permission {
+        verb: "delete",
+        resource: Resource::Pods,
+        namespace: namespace.to_owned(),
+        name: None,
+    };
+    workflows.into_iter().chain([pods]).collect()
+}
+
+async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<Workflow, Response> {
+    if !names::is_namespace(&namespace) {
+        return Err(not_a_name("namespace", &namespace, "a DNS-1123 label"));
+    }
+    if !names::is_name(&name) {
+        return Err(not_a_name("workflow name", &name, "a DNS-1123 subdomain"));
+    }
+    let (api, source) = (call.api, call.source);
+    let (caller, body) = call.authenticate().await?;
+    let options = body.options();
+    // Argo's server reads the workflow, updates it and deletes its pods as
+    // the caller.
     auth::authorize(
-        &api.client,
+        &api.reviews,
+        source,
         &caller,
-        &needed,
+        &permissions(["get", "update"], &namespace, Some(&name)),
         "Argo's server needs of the caller to retry a workflow (`argo retry`)",
     )
     .await?;
@@ -93,14 +160,16 @@ async fn retry_live(
             return Err(asking(FollowError::NotFound {
                 namespace: namespace.clone(),
                 workflow: name,
-            }));
+            })
+            .into());
         }
         Err(source) => {
             return Err(asking(FollowError::Read {
                 namespace: namespace.clone(),
                 workflow: name,
                 source,
-            }));
+            })
+            .into());
         }
     }
     // An object per call: Argo's clients make one call per workflow (`argo
@@ -118,16 +187,19 @@ async fn retry_live(
     .map_err(asking)?;
     log_asked(&caller, &asked);
     let (_, status) = follow_to_end(api, asked).await?;
-    read_workflow(&workflows, &namespace, &name, &status).await
+    Ok(read_workflow(&workflows, &namespace, &name, &status).await?)
 }
 
-async fn retry_archived(
-    api: &ArgoApi,
-    uid: String,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Workflow, Status> {
-    let body = RetryBody::parse(body)?;
+async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Response> {
+    if !names::is_uid(&uid) {
+        return Err(not_a_name(
+            "archived workflow UID",
+            &uid,
+            "a Kubernetes UID",
+        ));
+    }
+    let (api, source) = (call.api, call.source);
+    let (caller, body) = call.authenticate().await?;
     let namespace = body.namespace.trim().to_owned();
     if namespace.is_empty() {
         // Argo's server creates the workflow in the request's namespace too,
@@ -135,20 +207,19 @@ async fn retry_archived(
         return Err(Status::new(
             Code::InvalidArgument,
             "the request names no namespace: an archived retry creates the workflow in the namespace the request names (`argo archive retry UID -n NAMESPACE`)",
-        ));
+        )
+        .into_response());
     }
-    let caller = api.auth.authenticate(&api.client, headers).await?;
-    // Argo's server reads the archived workflow as the caller (get) and
-    // creates it again as the caller (create).
-    let needed = ["get", "create"].map(|verb| Permission {
-        verb,
-        namespace: namespace.clone(),
-        name: None,
-    });
+    if !names::is_namespace(&namespace) {
+        return Err(not_a_name("namespace", &namespace, "a DNS-1123 label"));
+    }
+    // Argo's server reads the archived workflow as the caller (get),
+    // deletes its leftover pods and creates it again as the caller.
     auth::authorize(
-        &api.client,
+        &api.reviews,
+        source,
         &caller,
-        &needed,
+        &permissions(["get", "create"], &namespace, None),
         "Argo's server needs of the caller to retry an archived workflow (`argo archive retry`)",
     )
     .await?;
@@ -166,7 +237,7 @@ async fn retry_archived(
     log_asked(&caller, &asked);
     let (asked, status) = follow_to_end(api, asked).await?;
     let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
-    read_workflow(&workflows, &namespace, &asked.workflow, &status).await
+    Ok(read_workflow(&workflows, &namespace, &asked.workflow, &status).await?)
 }
 
 fn log_asked(caller: &Identity, asked: &ask::Asked) {

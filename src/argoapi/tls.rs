@@ -1,19 +1,13 @@
 //! TLS for the listener, as Argo's server serves it: a certificate and key
 //! from files (a Secret mounted by the chart, which can generate a
-//! self-signed one as Argo's server does), rustls with ring.
+//! self-signed one as Argo's server does), rustls with ring. The handshake
+//! itself is in `listener`, within its header timeout.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tracing::debug;
 
 pub use tokio_rustls::rustls::ServerConfig;
 
@@ -94,76 +88,6 @@ pub fn server_config(files: &CertFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = config;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// A slow or silent client must not hold a handshake open forever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// TLS connections for `axum::serve`: each TCP connection is handshaken in a
-/// task of its own, so one slow client never holds up the next.
-pub struct Listener {
-    ready: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    accepting: JoinHandle<()>,
-}
-
-impl Listener {
-    pub fn new(tcp: TcpListener, config: Arc<ServerConfig>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let acceptor = TlsAcceptor::from(config);
-        let (tx, ready) = mpsc::channel(64);
-        let accepting = tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors and the like: pause, as axum's own loop does.
-                        debug!(error = %e, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Listener {
-            ready,
-            local,
-            accepting,
-        })
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-impl axum::serve::Listener for Listener {
-    type Io = tokio_rustls::server::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(accepted) => accepted,
-            // The accepting task only ends when this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ pub enum Code {
     NotFound = 5,
     AlreadyExists = 6,
     PermissionDenied = 7,
+    ResourceExhausted = 8,
     Aborted = 10,
     Internal = 13,
     Unavailable = 14,
@@ -75,6 +76,7 @@ impl Code {
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -123,14 +125,42 @@ struct Rendered<'a> {
     details: [(); 0],
 }
 
-impl IntoResponse for Status {
-    fn into_response(self) -> Response {
+impl Status {
+    /// This status under another HTTP status than its code's: the
+    /// listener's own limits (413, 408, 503), met before a call reaches
+    /// anything grpc-gateway would map, keep Argo's body so its clients
+    /// print the message.
+    pub fn with_http(self, http: StatusCode) -> Response {
         let body = Rendered {
             code: self.code as i32,
             message: &self.message,
             details: [],
         };
-        (self.code.http(), Json(body)).into_response()
+        (http, Json(body)).into_response()
+    }
+}
+
+/// So a handler answering [`Response`]s can pass a status on with `?`.
+impl From<Status> for Response {
+    fn from(status: Status) -> Self {
+        status.into_response()
+    }
+}
+
+impl IntoResponse for Status {
+    /// Unavailable says when to come back: every one of rewind's is a
+    /// moment's trouble (a full listener, a spent review budget, an API
+    /// server away).
+    fn into_response(self) -> Response {
+        let (http, code) = (self.code.http(), self.code);
+        let mut response = self.with_http(http);
+        if code == Code::Unavailable {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 
@@ -191,6 +221,9 @@ mod tests {
             serde_json::json!({"code": 7, "message": "permission denied", "details": []})
         );
         assert_eq!(Code::Unauthenticated.http(), StatusCode::UNAUTHORIZED);
+        let busy = Status::new(Code::Unavailable, "later").into_response();
+        assert_eq!(busy.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(busy.headers()[axum::http::header::RETRY_AFTER], "1");
         assert_eq!(Code::from_http(404), Code::NotFound);
         assert_eq!(Code::from_http(422), Code::InvalidArgument);
         assert_eq!(Code::from_http(500), Code::Internal);

@@ -64,6 +64,10 @@ pub struct Options {
     pub limits: ContainerLimits,
 }
 
+/// How long one review of an Argo API caller may take: a call answers
+/// Unavailable rather than hang on an API server that does not answer.
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where and how to serve the Argo Server's retry calls (see [`argoapi`]).
 #[derive(Clone, Debug)]
 pub struct ArgoApiOptions {
@@ -123,6 +127,10 @@ pub struct Controller {
     /// The lease's own client: outside the budget (renewals never wait for
     /// pod deletions) and with short timeouts (fencing, see `leader`).
     lease_client: Option<kube::Client>,
+    /// The Argo API's client for reviews of its callers: outside the
+    /// budget, so calls anyone can make never take pod deletions' tokens
+    /// (the reviews have a budget of their own, `argoapi::review`).
+    review_client: Option<kube::Client>,
 }
 
 impl Controller {
@@ -142,6 +150,16 @@ impl Controller {
                 config.connect_timeout = Some(lease.request_timeout());
                 config.read_timeout = Some(lease.request_timeout());
                 config.write_timeout = Some(lease.request_timeout());
+                Some(kube::Client::try_from(config)?)
+            }
+            None => None,
+        };
+        let review_client = match &options.argo_api {
+            Some(_) => {
+                let mut config = config.clone();
+                config.connect_timeout = Some(REVIEW_TIMEOUT);
+                config.read_timeout = Some(REVIEW_TIMEOUT);
+                config.write_timeout = Some(REVIEW_TIMEOUT);
                 Some(kube::Client::try_from(config)?)
             }
             None => None,
@@ -178,6 +196,7 @@ impl Controller {
             writers,
             state: State::default(),
             lease_client,
+            review_client,
         })
     }
 
@@ -290,7 +309,12 @@ impl Controller {
     ) -> Result<impl Future<Output = std::io::Result<()>> + use<>, RunError> {
         let addr = options.addr;
         let settings = |source| RunError::ArgoApi { addr, source };
-        let api = ArgoApi::new(self.ctx.client(), &options.settings).map_err(settings)?;
+        let review_client = self
+            .review_client
+            .clone()
+            .expect("a review client is built when the Argo API is served");
+        let api =
+            ArgoApi::new(self.ctx.client(), review_client, &options.settings).map_err(settings)?;
         let tls = match &options.settings.tls {
             Some(files) => {
                 Some(argoapi::tls::server_config(files).map_err(|e| settings(e.into()))?)

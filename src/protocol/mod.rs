@@ -3,4 +3,5 @@
 
 pub mod crd;
 pub mod hint;
+pub mod names;
 pub mod request;

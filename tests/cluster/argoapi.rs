@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -32,18 +32,28 @@ use crate::support::grants::{named, rule};
 use crate::workflowretry::Rows;
 
 /// A free port on loopback for the API listener.
-fn free_addr() -> anyhow::Result<SocketAddr> {
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(probe.local_addr()?)
 }
 
-/// A ServiceAccount `name` in `namespace` holding `verbs` on workflows there (none: no
-/// Role), and a token of it.
-async fn account(
+/// `verbs` on workflows.
+pub fn workflows(verbs: &[&str]) -> PolicyRule {
+    rule("argoproj.io", "workflows", verbs)
+}
+
+/// Deleting pods, which Argo's server does as the caller in a retry.
+pub fn delete_pods() -> PolicyRule {
+    rule("", "pods", &["delete"])
+}
+
+/// A ServiceAccount `name` in `namespace` holding `rules` there (none: no Role), and a
+/// token of it.
+pub async fn account(
     admin: &kube::Client,
     namespace: &str,
     name: &str,
-    verbs: &[&str],
+    rules: &[PolicyRule],
 ) -> anyhow::Result<String> {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
     accounts
@@ -56,13 +66,13 @@ async fn account(
         )
         .await
         .with_context(|| format!("creating ServiceAccount {name}"))?;
-    if !verbs.is_empty() {
+    if !rules.is_empty() {
         Api::<Role>::namespaced(admin.clone(), namespace)
             .create(
                 &PostParams::default(),
                 &Role {
                     metadata: named(name),
-                    rules: Some(vec![rule("argoproj.io", "workflows", verbs)]),
+                    rules: Some(rules.to_vec()),
                 },
             )
             .await?;
@@ -106,7 +116,7 @@ async fn account(
 
 /// `PUT url` with `authorization` (the header's whole value) and `body`, as curl sends it;
 /// the HTTP status and the JSON answer.
-async fn put(
+pub async fn put(
     url: &str,
     authorization: Option<&str>,
     body: &Value,
@@ -160,6 +170,8 @@ fn api_options(addr: SocketAddr, tls: Option<CertFiles>) -> ArgoApiOptions {
             server_account: None,
             argo_server: None,
             tls,
+            limits: Default::default(),
+            reviews: Default::default(),
         },
     }
 }
@@ -194,8 +206,28 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
     let plan = ctl::expected_plan(&before)?;
     let selector = format!("{}={}", labels::WORKFLOW, dag.name);
     let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
-    let allowed = account(&admin, &namespace, "alice", &["get", "update"]).await?;
-    let reader = account(&admin, &namespace, "bob", &["get", "list", "patch"]).await?;
+    let allowed = account(
+        &admin,
+        &namespace,
+        "alice",
+        &[workflows(&["get", "update"]), delete_pods()],
+    )
+    .await?;
+    let reader = account(
+        &admin,
+        &namespace,
+        "bob",
+        &[workflows(&["get", "list", "patch"])],
+    )
+    .await?;
+    // Everything on workflows but no pods: Argo's server fails deleting the pods as them.
+    let podless = account(
+        &admin,
+        &namespace,
+        "erin",
+        &[workflows(&["get", "list", "update", "patch"])],
+    )
+    .await?;
 
     let dir = cluster.dir().join(format!("argoapi-{namespace}"));
     std::fs::create_dir_all(&dir)?;
@@ -228,6 +260,24 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
             "system:serviceaccount:{namespace}:bob (client mode (a Kubernetes token)) may not update workflows.argoproj.io in namespace {namespace}"
         ),
     )?;
+    let podless = put(&url("wf"), Some(&format!("Bearer {podless}")), &body, ca).await?;
+    ensure_status(
+        &podless,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:erin (client mode (a Kubernetes token)) may not delete pods in namespace {namespace}"
+        ),
+    )?;
+    // Names that are no names are refused before any review: an escaped NUL, a query.
+    for bad in ["a%00b", "a%3Fx=1", "UPPER"] {
+        ensure_status(
+            &put(&url(bad), Some(&format!("Bearer {allowed}")), &body, ca).await?,
+            400,
+            3,
+            "is not a DNS-1123 subdomain",
+        )?;
+    }
     ensure!(
         ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
         "a refused call deleted pods"
@@ -322,8 +372,20 @@ pub async fn argos_archived_retry_call_creates_the_workflow(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let plan = ctl::expected_plan(&row)?;
-    let creator = account(&admin, &namespace, "carol", &["get", "create"]).await?;
-    let updater = account(&admin, &namespace, "dave", &["get", "update"]).await?;
+    let creator = account(
+        &admin,
+        &namespace,
+        "carol",
+        &[workflows(&["get", "create"]), delete_pods()],
+    )
+    .await?;
+    let updater = account(
+        &admin,
+        &namespace,
+        "dave",
+        &[workflows(&["get", "update"]), delete_pods()],
+    )
+    .await?;
 
     let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(uid.clone(), row)])));
     let addr = free_addr()?;
@@ -394,7 +456,7 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
     let before = dag.create(&admin, &namespace, 8, || ()).await?;
     let plan = ctl::expected_plan(&before)?;
     // The Argo Server's account may read workflows but not update them, at first.
-    account(&admin, &namespace, "argo-server", &["get"]).await?;
+    account(&admin, &namespace, "argo-server", &[workflows(&["get"])]).await?;
     let addr = free_addr()?;
     let mut options = ctl::options(50, 50, true);
     let mut api = api_options(addr, None);
@@ -425,7 +487,7 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
         .patch(
             "argo-server",
             &PatchParams::default(),
-            &Patch::Merge(json!({"rules": [rule("argoproj.io", "workflows", &["get", "update"])]})),
+            &Patch::Merge(json!({"rules": [workflows(&["get", "update"]), delete_pods()]})),
         )
         .await?;
     let from = Timestamp::now() - SignedDuration::from_secs(1);
@@ -448,17 +510,17 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
     controller.stop().await
 }
 
-/// A ServiceAccount `name` holding `verbs` on workflows, which Argo's SSO RBAC maps the
+/// A ServiceAccount `name` holding `rules`, which Argo's SSO RBAC maps the
 /// user `email` to: its rule annotation, and its token in the Secret Argo reads it from
 /// (`NAME.service-account-token`).
 async fn sso_account(
     admin: &kube::Client,
     namespace: &str,
     name: &str,
-    verbs: &[&str],
+    rules: &[PolicyRule],
     email: &str,
 ) -> anyhow::Result<()> {
-    let token = account(admin, namespace, name, verbs).await?;
+    let token = account(admin, namespace, name, rules).await?;
     Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
         .patch(
             name,
@@ -522,8 +584,22 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
     let selector = format!("{}=wf", labels::WORKFLOW);
     let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
     let (alice, bob) = ("alice@example.com", "bob@example.com");
-    sso_account(&admin, &namespace, "sso-retrier", &["get", "update"], alice).await?;
-    sso_account(&admin, &namespace, "sso-reader", &["get"], bob).await?;
+    sso_account(
+        &admin,
+        &namespace,
+        "sso-retrier",
+        &[workflows(&["get", "update"]), delete_pods()],
+        alice,
+    )
+    .await?;
+    sso_account(
+        &admin,
+        &namespace,
+        "sso-reader",
+        &[workflows(&["get"])],
+        bob,
+    )
+    .await?;
 
     // Argo's SSO: its client in dex, the secrets it reads, its ConfigMap's `sso` section.
     let client_secret = format!("secret-{}", fastrand::u64(..));

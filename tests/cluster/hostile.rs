@@ -398,6 +398,16 @@ fn spawn_controller(
     namespaces: &[&str],
     log: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
+    spawn_controller_with(cluster, namespaces, log, &[])
+}
+
+/// The real binary, serving `namespaces` with `extra` flags, logging to `log`.
+pub fn spawn_controller_with(
+    cluster: &LocalCluster,
+    namespaces: &[&str],
+    log: &Path,
+    extra: &[&str],
+) -> anyhow::Result<tokio::process::Child> {
     let out = std::fs::File::create(log)?;
     Command::new(env!("CARGO_BIN_EXE_rewind"))
         .args([
@@ -408,6 +418,7 @@ fn spawn_controller(
             "127.0.0.1:0",
         ])
         .args(["--namespace", &namespaces.join(","), "--argo-configmap", ""])
+        .args(extra)
         .env(
             "KUBECONFIG",
             cluster.kubeconfig_path(localcluster::Role::Controller),
@@ -422,7 +433,7 @@ fn spawn_controller(
 }
 
 /// Waits until the controller logged that its cache synced.
-async fn wait_ready(log: &Path) -> anyhow::Result<()> {
+pub async fn wait_ready(log: &Path) -> anyhow::Result<()> {
     for _ in 0..600 {
         if std::fs::read_to_string(log)?.contains("workflow metadata cache synced") {
             return Ok(());
@@ -436,7 +447,7 @@ async fn wait_ready(log: &Path) -> anyhow::Result<()> {
 }
 
 /// The process's peak resident memory (VmHWM), in KiB.
-fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
+pub fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

@@ -24,6 +24,7 @@ mod install;
 mod kills;
 mod leader;
 mod lifecycle;
+mod listener;
 mod monitoring;
 // The chart's dashboard and alerts as files, shared with tests/monitoring.rs.
 #[allow(dead_code)]
@@ -59,6 +60,7 @@ use support::{Test, namespace_for};
 const ALONE: &[&str] = &[
     "hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another",
     "cli::a_bulk_delete_shows_its_count_rising_each_second",
+    "listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack",
 ];
 
 macro_rules! tests {
@@ -131,6 +133,7 @@ fn main() -> ExitCode {
         argoapi::argos_archived_retry_call_creates_the_workflow,
         argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
         argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
+        listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

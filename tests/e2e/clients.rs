@@ -69,6 +69,8 @@ impl ApiClient for Client {
                 server_account: None,
                 argo_server: None,
                 tls: Some(files),
+                limits: Default::default(),
+                reviews: Default::default(),
             },
         })
     }
@@ -88,12 +90,24 @@ fn workflows_rule(verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// A ServiceAccount holding `verbs` on workflows in `namespace`, and a token of it.
+/// Deleting pods, which Argo's server does as the caller in a retry.
+fn delete_pods() -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["pods".into()]),
+        verbs: vec!["delete".into()],
+        ..Default::default()
+    }
+}
+
+/// A ServiceAccount holding `verbs` on workflows in `namespace` (and deleting its pods,
+/// with `pods`), and a token of it.
 pub async fn token(
     admin: &kube::Client,
     namespace: &str,
     name: &str,
     verbs: &[&str],
+    pods: bool,
 ) -> anyhow::Result<String> {
     let meta = ObjectMeta {
         name: Some(name.into()),
@@ -107,7 +121,11 @@ pub async fn token(
     accounts.create(&PostParams::default(), &account).await?;
     let role = Role {
         metadata: meta.clone(),
-        rules: Some(vec![workflows_rule(verbs)]),
+        rules: Some(
+            std::iter::once(workflows_rule(verbs))
+                .chain(pods.then(delete_pods))
+                .collect(),
+        ),
     };
     Api::<Role>::namespaced(admin.clone(), namespace)
         .create(&PostParams::default(), &role)
@@ -181,13 +199,21 @@ impl Client {
             namespace,
             "retrier",
             &["get", "list", "watch", "update", "create"],
+            true,
         )
         .await?;
         let router = Router::start(api.addr, true, self.argo_server).await?;
         let server = router.addr;
         let result = async {
             if self.kind == Kind::Cli && archived_uid.is_none() {
-                let viewer = token(&admin, namespace, "viewer", &["get", "list", "watch"]).await?;
+                let viewer = token(
+                    &admin,
+                    namespace,
+                    "viewer",
+                    &["get", "list", "watch"],
+                    false,
+                )
+                .await?;
                 let pods_api: Api<Pod> = Api::namespaced(admin.clone(), namespace);
                 let before = pods(&pods_api, &scenario.name).await?;
                 // The CLI sends no call without a token: curl does, through nginx.

@@ -14,6 +14,8 @@ use rewind::argo::plan::compress::{
 use rewind::argo::plan::{ArgoVersion, RetryOptions};
 use rewind::argo::workflow::Workflow;
 use rewind::argoapi::auth::{Account, AuthMode};
+use rewind::argoapi::listener::Limits;
+use rewind::argoapi::review::Budget as ReviewBudget;
 use rewind::argoapi::tls::CertFiles;
 use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
@@ -149,6 +151,77 @@ struct ArgoApiArgs {
     /// Trust any certificate of the Argo Server (as the argo CLI does when told to skip verifying).
     #[arg(long, env = "REWIND_ARGO_SERVER_INSECURE_SKIP_VERIFY")]
     argo_server_insecure_skip_verify: bool,
+    #[command(flatten)]
+    limits: ArgoApiLimits,
+}
+
+/// What any caller may cost the Argo API listener (it is often reachable from the internet).
+#[derive(clap::Args)]
+struct ArgoApiLimits {
+    /// The largest request body, in bytes; a larger one is refused with 413 before it is read
+    /// (a retry call carries at most about 410 KiB).
+    #[arg(long, value_name = "BYTES", default_value_t = nonzero(Limits::default().max_body), env = "REWIND_ARGO_API_MAX_BODY")]
+    argo_api_max_body: NonZeroUsize,
+    /// Close a connection whose request headers have not arrived within this (an idle
+    /// keep-alive connection too, and a TLS handshake).
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration, env = "REWIND_ARGO_API_HEADER_TIMEOUT")]
+    argo_api_header_timeout: Duration,
+    /// Answer 408 to a call whose body has not arrived within this.
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration, env = "REWIND_ARGO_API_BODY_TIMEOUT")]
+    argo_api_body_timeout: Duration,
+    /// Open connections at most; one more is closed at once.
+    #[arg(long, default_value_t = nonzero(Limits::default().max_connections), env = "REWIND_ARGO_API_MAX_CONNECTIONS")]
+    argo_api_max_connections: NonZeroUsize,
+    /// Open connections from one address (an IPv6 /64) at most; behind a proxy every call
+    /// comes from the proxy's addresses, so raise it there.
+    #[arg(long, default_value_t = nonzero(Limits::default().max_connections_per_source), env = "REWIND_ARGO_API_MAX_CONNECTIONS_PER_SOURCE")]
+    argo_api_max_connections_per_source: NonZeroUsize,
+    /// Calls in flight at most (a call lasts as long as its retry); one more is answered 503
+    /// with Retry-After.
+    #[arg(long, default_value_t = nonzero(Limits::default().max_calls), env = "REWIND_ARGO_API_MAX_CALLS")]
+    argo_api_max_calls: NonZeroUsize,
+    /// Calls in flight from one address at most.
+    #[arg(long, default_value_t = nonzero(Limits::default().max_calls_per_source), env = "REWIND_ARGO_API_MAX_CALLS_PER_SOURCE")]
+    argo_api_max_calls_per_source: NonZeroUsize,
+    /// Reviews of callers (TokenReviews, SubjectAccessReviews, the Argo Server's userinfo) per
+    /// second: their own budget, apart from --qps.
+    #[arg(long, default_value_t = nonzero32(ReviewBudget::default().qps), env = "REWIND_ARGO_API_REVIEW_QPS")]
+    argo_api_review_qps: NonZeroU32,
+    /// Reviews that may go at once after a quiet spell.
+    #[arg(long, default_value_t = nonzero32(ReviewBudget::default().burst), env = "REWIND_ARGO_API_REVIEW_BURST")]
+    argo_api_review_burst: NonZeroU32,
+    /// Reviews one address may have waiting or in flight; one more is answered 503.
+    #[arg(long, default_value_t = nonzero(ReviewBudget::default().per_source), env = "REWIND_ARGO_API_REVIEWS_PER_SOURCE")]
+    argo_api_reviews_per_source: NonZeroUsize,
+}
+
+fn nonzero(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n).expect("a default bound is not zero")
+}
+
+fn nonzero32(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).expect("a default bound is not zero")
+}
+
+impl ArgoApiLimits {
+    fn limits(&self) -> (Limits, ReviewBudget) {
+        let limits = Limits {
+            max_body: self.argo_api_max_body.get(),
+            header_timeout: self.argo_api_header_timeout,
+            body_timeout: self.argo_api_body_timeout,
+            max_connections: self.argo_api_max_connections.get(),
+            max_connections_per_source: self.argo_api_max_connections_per_source.get(),
+            max_calls: self.argo_api_max_calls.get(),
+            max_calls_per_source: self.argo_api_max_calls_per_source.get(),
+        };
+        let reviews = ReviewBudget {
+            qps: self.argo_api_review_qps.get(),
+            burst: self.argo_api_review_burst.get(),
+            per_source: self.argo_api_reviews_per_source.get(),
+            ..ReviewBudget::default()
+        };
+        (limits, reviews)
+    }
 }
 
 impl ArgoApiArgs {
@@ -166,6 +239,7 @@ impl ArgoApiArgs {
                 "--argo-api-addr serves TLS: give --argo-api-tls-cert and --argo-api-tls-key (the chart generates a self-signed pair), or --argo-api-plaintext=true behind a proxy that terminates TLS"
             ),
         };
+        let (limits, reviews) = self.limits.limits();
         let argo_server = self.argo_server_url.map(|url| ArgoServer {
             url,
             ca_file: self.argo_server_ca_file,
@@ -178,6 +252,8 @@ impl ArgoApiArgs {
                 server_account: self.argo_server_service_account,
                 argo_server,
                 tls,
+                limits,
+                reviews,
             },
         }))
     }
@@ -332,6 +408,13 @@ impl Tuning {
             http_addr,
             ..Options::default()
         }
+    }
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("{s:?} is no time at all; give a duration like 10s")),
+        d => Ok(d),
     }
 }
 
