@@ -25,8 +25,10 @@ pub struct Listed {
     pub completed: bool,
     /// Carries Argo's node annotations: Argo made it.
     pub argos: bool,
-    /// Being deleted (a deletion timestamp).
-    pub terminating: bool,
+    /// Being deleted (a deletion timestamp): what keeps it, for a status
+    /// that names it. Boxed: few pods are, and a request holds one `Listed`
+    /// per pod of its workflow.
+    pub terminating: Option<Box<Terminating>>,
     /// Where Argo's status finalizer is among the pod's finalizers.
     pub status_finalizer: Option<usize>,
     /// The UIDs of the pod's owners.
@@ -47,7 +49,12 @@ impl Listed {
                     .as_ref()
                     .is_some_and(|a| a.contains_key(*key))
             }),
-            terminating: meta.deletion_timestamp.is_some(),
+            terminating: meta.deletion_timestamp.map(|at| {
+                Box::new(Terminating {
+                    since: at.0.to_string(),
+                    finalizers: meta.finalizers.clone().unwrap_or_default(),
+                })
+            }),
             status_finalizer: meta
                 .finalizers
                 .as_ref()
@@ -63,6 +70,15 @@ impl Listed {
             succeeded,
         })
     }
+}
+
+/// A pod being deleted, as its metadata says: when the deletion was asked
+/// and the finalizers that keep it until whoever set them removes them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Terminating {
+    /// The deletion timestamp, as the API server gives it (RFC 3339).
+    pub since: String,
+    pub finalizers: Vec<String>,
 }
 
 /// The pod phase the bulk field selector excludes.
@@ -310,7 +326,7 @@ pub fn assess(
             continue;
         };
         let uid = pod.uid.as_str();
-        if pod.terminating {
+        if pod.terminating.is_some() {
             if let Some(index) = pod.status_finalizer {
                 out.work.push(DeleteWork::Finalizer {
                     name: name.clone(),
@@ -574,7 +590,7 @@ mod tests {
     }
 
     fn terminating(mut p: Listed, finalizer: bool) -> Listed {
-        p.terminating = true;
+        p.terminating = Some(Box::default());
         p.status_finalizer = finalizer.then_some(1);
         p
     }
@@ -602,7 +618,10 @@ mod tests {
             workflow: Some("wf".into()),
             completed: false,
             argos: true,
-            terminating: true,
+            terminating: Some(Box::new(Terminating {
+                since: "1970-01-01T00:00:00Z".into(),
+                finalizers: vec!["other".into(), labels::POD_STATUS_FINALIZER.into()],
+            })),
             status_finalizer: Some(1),
             owners: vec!["owner".into()],
             succeeded: false,

@@ -7,8 +7,16 @@
 //! (the UID each plan pod had, which are gone), so a pod recreated under a
 //! planned name is never deleted (rule 3) and progress never goes back. What
 //! the request tells its user in between is its [`Sink`]'s business.
+//!
+//! Every wait ends (rule 7): the answers to what it queued come from every
+//! lease of its items, and if the queue no longer holds any of them it lists
+//! again rather than wait; a plan pod that is deleted but stays (a finalizer
+//! nobody removes, a node that does not answer) is named in the count's note
+//! after a short while and ends the deletion with [`HeldPods`] after
+//! [`DriveConfig::terminating_timeout`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::future::Future;
 use std::time::Duration;
 
@@ -20,7 +28,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::engine::Engine;
-use crate::engine::assess::{DeleteWork, Listed, Progress, Recreated, Tracker, split_bulk};
+use crate::engine::assess::{
+    Assessment, DeleteWork, Listed, Progress, Recreated, Terminating, Tracker, split_bulk,
+};
 use crate::engine::fault;
 use crate::engine::pods::{list_workflow_pods, watch_deletions};
 use crate::engine::queue::Class;
@@ -37,7 +47,26 @@ pub struct DriveConfig {
     pub terminating_poll: Duration,
     /// How often the sink hears of progress while requests are out.
     pub tick: Duration,
+    /// How long a plan pod may stay terminating (deleted, but kept by a
+    /// finalizer or a node that does not confirm) before the deletion ends
+    /// with [`HeldPods`]; the note names it after a tenth of this (at most
+    /// [`HELD_NOTE_AFTER`]).
+    pub terminating_timeout: Duration,
 }
+
+/// The default [`DriveConfig::terminating_timeout`]: past the 30 s grace
+/// period a running pod gets and a kubelet's slow stop, short enough that a
+/// stuck retry gives its share back and tells why within minutes.
+pub const DEFAULT_TERMINATING_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The longest a plan pod stays terminating before the count's note names
+/// it: a pod on a healthy node is gone within a few seconds.
+pub const HELD_NOTE_AFTER: Duration = Duration::from_secs(10);
+
+/// How long a deletion waits for answers without hearing one before it asks
+/// whether the queue still holds any of its items (a pass over every queued
+/// item, so not at every tick).
+const SILENCE: Duration = Duration::from_secs(10);
 
 impl Default for DriveConfig {
     fn default() -> Self {
@@ -46,7 +75,15 @@ impl Default for DriveConfig {
             bulk_parallelism: 1,
             terminating_poll: Duration::from_millis(500),
             tick: Duration::from_secs(2),
+            terminating_timeout: DEFAULT_TERMINATING_TIMEOUT,
         }
+    }
+}
+
+impl DriveConfig {
+    /// When a terminating plan pod is named in the count's note.
+    fn held_note_after(&self) -> Duration {
+        (self.terminating_timeout / 10).min(HELD_NOTE_AFTER)
     }
 }
 
@@ -66,6 +103,8 @@ pub enum DeleteError {
     Work(#[from] WorkError),
     #[error(transparent)]
     Foreign(#[from] ForeignPods),
+    #[error(transparent)]
+    Held(#[from] HeldPods),
     #[error("the controller is shutting down; the request stays pending and resumes on restart")]
     Stopped,
 }
@@ -77,7 +116,7 @@ impl DeleteError {
             DeleteError::List { source, .. } => fault::is_transient(source),
             DeleteError::Work(e) => fault::is_transient(&e.source),
             DeleteError::Stopped => true,
-            DeleteError::Recreated(_) | DeleteError::Foreign(_) => false,
+            DeleteError::Recreated(_) | DeleteError::Foreign(_) | DeleteError::Held(_) => false,
         }
     }
 }
@@ -130,6 +169,99 @@ fn strangers(pods: &[String], owners: &[String], uid: &str) -> String {
     }
 }
 
+/// Plan pods deleted that stayed terminating past
+/// [`DriveConfig::terminating_timeout`]: the reset cannot be written over them
+/// (rule 2: Argo would adopt a pod still there), so the request ends, naming
+/// them, what keeps each and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{}: the workflow was not reset, as Argo would adopt a pod still there; {}, then ask for the retry again",
+    held_clause(pods, &format!("still there after {}", seconds(*waited))),
+    held_advice(pods, namespace)
+)]
+pub struct HeldPods {
+    /// Every plan pod still terminating, by name.
+    pub pods: Vec<HeldPod>,
+    pub namespace: String,
+    pub waited: Duration,
+}
+
+/// One plan pod being deleted that stays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPod {
+    pub name: String,
+    /// Its deletion timestamp and finalizers.
+    pub terminating: Terminating,
+    /// The node it ran on, as the workflow records it.
+    pub node: Option<String>,
+}
+
+impl std::fmt::Display for HeldPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (being deleted since {}",
+            self.name, self.terminating.since
+        )?;
+        if let Some(node) = &self.node {
+            write!(f, " on node {node}")?;
+        }
+        match self.terminating.finalizers.as_slice() {
+            [] => write!(
+                f,
+                ", no finalizer: its node has not confirmed that its containers stopped)"
+            ),
+            [one] => write!(f, ", held by finalizer {one})"),
+            many => write!(f, ", held by finalizers {})", many.join(", ")),
+        }
+    }
+}
+
+/// A wait as a person reads it, in the flag's own units: whole minutes or seconds.
+fn seconds(d: Duration) -> String {
+    match d.as_secs() {
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// "pod P (…) is {what}" or "N plan pods are {what}: P (…), …", naming at
+/// most [`NAMED`] pods.
+fn held_clause(pods: &[HeldPod], what: &str) -> String {
+    let named: Vec<String> = pods.iter().take(NAMED).map(ToString::to_string).collect();
+    let mut out = match pods {
+        [one] => format!("plan pod {one} is {what}"),
+        _ => format!("{} plan pods are {what}: {}", pods.len(), named.join(", ")),
+    };
+    if pods.len() > NAMED {
+        let _ = write!(
+            out,
+            " (and {} more, named in the controller's log)",
+            pods.len() - NAMED
+        );
+    }
+    out
+}
+
+/// What the user can do about `pods`: remove finalizers, check nodes.
+fn held_advice(pods: &[HeldPod], namespace: &str) -> String {
+    let mut advice = Vec::new();
+    if let Some(held) = pods.iter().find(|p| !p.terminating.finalizers.is_empty()) {
+        advice.push(format!(
+            "remove a finalizer once whatever set it is done with the pod (kubectl edit pod -n {namespace} {})",
+            held.name
+        ));
+    }
+    if let Some(stuck) = pods.iter().find(|p| p.terminating.finalizers.is_empty()) {
+        let node = stuck.node.as_deref().unwrap_or("NODE");
+        advice.push(format!(
+            "check its node (kubectl describe node {node}); if the node is gone for good, kubectl delete pod -n {namespace} {} --grace-period=0 --force removes the pod",
+            stuck.name
+        ));
+    }
+    advice.join("; ")
+}
+
 /// Where a deletion stands, for its sink.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Count {
@@ -141,8 +273,9 @@ pub struct Count {
     /// Besides, plan pods the API server has removed while a bulk request
     /// runs, seen on a watch, not yet confirmed.
     pub removing: usize,
-    /// Something the user should know about the way the pods go (a bulk
-    /// delete cut short), if anything happened.
+    /// Something the user should know about the way the pods go (plan pods
+    /// that are deleted but stay, a bulk delete cut short), if anything
+    /// happened.
     pub note: Option<String>,
 }
 
@@ -196,6 +329,10 @@ pub struct Deletion {
     confirm_took: Duration,
     /// The revision of the last list.
     revision: Option<String>,
+    /// Plan pods the lists show terminating, and since when.
+    terminating_since: BTreeMap<String, Instant>,
+    /// What the note says of them, once they stayed a while.
+    held_note: Option<String>,
 }
 
 impl Deletion {
@@ -221,6 +358,8 @@ impl Deletion {
             note: None,
             confirm_took: Duration::ZERO,
             revision: None,
+            terminating_since: BTreeMap::new(),
+            held_note: None,
         }
     }
 
@@ -251,7 +390,7 @@ impl Deletion {
             total: self.tracker.plan().len(),
             deleted: self.progress.deleted(),
             removing: self.progress.watched(),
-            note: self.note.clone(),
+            note: self.held_note.clone().or_else(|| self.note.clone()),
         }
     }
 
@@ -294,6 +433,8 @@ impl Deletion {
                 "pods listed"
             );
             let assessment = self.assess(&listed)?;
+            self.held(&assessment, &listed.0)
+                .map_err(DeleteError::from)?;
             let total = self.tracker.plan().len();
             if assessment.all_gone(total) {
                 self.confirm_took = listing.elapsed();
@@ -303,11 +444,15 @@ impl Deletion {
                 announced = true;
                 sink.deleting(&self.count()).await?;
             }
-            let work = split_bulk(
+            let mut work = split_bulk(
                 assessment.work,
                 self.config.bulk_parallelism,
                 &self.pod_nodes,
             );
+            // One answer comes per distinct item (the queue merges the same
+            // item queued twice), so each is counted once.
+            work.sort();
+            work.dedup();
             let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
             let mut removals = if bulk && sink.shows_removals() {
                 tokio::select! {
@@ -329,6 +474,7 @@ impl Deletion {
             }
             debug!(items = pending, "delete work queued");
             let mut wait_terminating = !assessment.terminating.is_empty();
+            let mut heard = Instant::now();
             while pending > 0 || wait_terminating {
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
@@ -341,6 +487,12 @@ impl Deletion {
                     _ = tokio::time::sleep_until(next_tick) => {
                         next_tick = Instant::now() + self.config.tick;
                         sink.tick(&self.count()).await?;
+                        if pending > 0 && heard.elapsed() >= SILENCE {
+                            heard = Instant::now();
+                            if self.unanswerable(&mut pending)? {
+                                break;
+                            }
+                        }
                         continue;
                     }
                     removed = async { removals.as_mut()?.next().await }, if removals.is_some() => {
@@ -354,11 +506,104 @@ impl Deletion {
                         continue;
                     }
                 };
+                heard = Instant::now();
                 pending -= 1;
                 debug!(left = pending, "delete work answered");
                 self.answered(outcome)?;
             }
         }
+    }
+
+    /// Whether the answers this deletion waits for can no longer come: the
+    /// queue holds none of its items (every answer was sent before its lease
+    /// ended), and none is left to read. Then it lists again, which decides
+    /// anew, instead of waiting forever.
+    fn unanswerable(&mut self, pending: &mut usize) -> Result<bool, DeleteError> {
+        if self.engine.queue.answers_to(&self.key) {
+            return Ok(false);
+        }
+        while *pending > 0 {
+            let Ok(outcome) = self.outcomes.try_recv() else {
+                break;
+            };
+            *pending -= 1;
+            self.answered(outcome)?;
+        }
+        if *pending > 0 {
+            warn!(
+                namespace = self.namespace,
+                workflow = self.workflow,
+                request = %self.key,
+                missing = *pending,
+                "answers to queued delete work never came; listing the pods again"
+            );
+        }
+        Ok(*pending > 0)
+    }
+
+    /// Follows the plan pods a fresh list shows terminating: named in the
+    /// note once they stayed [`DriveConfig::held_note_after`], an error
+    /// once one stayed [`DriveConfig::terminating_timeout`].
+    fn held(&mut self, assessment: &Assessment, listed: &[Listed]) -> Result<(), HeldPods> {
+        let now = Instant::now();
+        self.terminating_since
+            .retain(|pod, _| assessment.terminating.contains(pod));
+        for pod in &assessment.terminating {
+            self.terminating_since.entry(pod.clone()).or_insert(now);
+        }
+        let longest = self
+            .terminating_since
+            .values()
+            .map(|since| now.duration_since(*since))
+            .max()
+            .unwrap_or_default();
+        if longest < self.config.held_note_after() {
+            self.held_note = None;
+            return Ok(());
+        }
+        let pods: Vec<HeldPod> = listed
+            .iter()
+            .filter(|p| self.terminating_since.contains_key(&p.name))
+            .filter_map(|p| {
+                let held = HeldPod {
+                    name: p.name.clone(),
+                    terminating: (**p.terminating.as_ref()?).clone(),
+                    node: self
+                        .pod_nodes
+                        .get(&p.name)
+                        .filter(|n| !n.is_empty())
+                        .cloned(),
+                };
+                Some((p.name.clone(), held))
+            })
+            // By name, once each.
+            .collect::<BTreeMap<_, _>>()
+            .into_values()
+            .collect();
+        if longest >= self.config.terminating_timeout {
+            let held = HeldPods {
+                pods,
+                namespace: self.namespace.clone(),
+                waited: self.config.terminating_timeout,
+            };
+            warn!(
+                namespace = self.namespace,
+                workflow = self.workflow,
+                pods = ?held.pods,
+                "plan pods deleted but still there past the terminating timeout; the request stops"
+            );
+            return Err(held);
+        }
+        let deadline = seconds(self.config.terminating_timeout);
+        let (them, they) = match pods.len() {
+            1 => ("it", "it is"),
+            _ => ("them", "they are"),
+        };
+        self.held_note = Some(format!(
+            "{}; the retry waits for {them} and fails if {they} still there after {deadline}",
+            held_clause(&pods, "still there")
+        ));
+        Ok(())
     }
 
     /// A fresh list of the workflow's pods: with an owner, only its pods,
@@ -497,6 +742,73 @@ impl Drop for Deletion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held(name: &str, finalizers: &[&str], node: Option<&str>) -> HeldPod {
+        HeldPod {
+            name: name.into(),
+            terminating: Terminating {
+                since: "2026-12-02T18:25:22Z".into(),
+                finalizers: finalizers.iter().map(|f| f.to_string()).collect(),
+            },
+            node: node.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn pods_that_will_not_go_are_named_with_what_holds_them_and_what_to_do() {
+        let one = HeldPods {
+            pods: vec![held("wf-1", &["example.com/hold"], Some("n1"))],
+            namespace: "argo".into(),
+            waited: Duration::from_secs(300),
+        }
+        .to_string();
+        assert_eq!(
+            one,
+            "plan pod wf-1 (being deleted since 2026-12-02T18:25:22Z on node n1, held by finalizer example.com/hold) is still there after 5m: the workflow was not reset, as Argo would adopt a pod still there; remove a finalizer once whatever set it is done with the pod (kubectl edit pod -n argo wf-1), then ask for the retry again"
+        );
+        let two = HeldPods {
+            pods: vec![
+                held("wf-1", &["a.io/x", "b.io/y"], None),
+                held("wf-2", &[], Some("gone")),
+            ],
+            namespace: "argo".into(),
+            waited: Duration::from_secs(90),
+        }
+        .to_string();
+        assert!(
+            two.starts_with("2 plan pods are still there after 90s: wf-1 (being deleted since 2026-12-02T18:25:22Z, held by finalizers a.io/x, b.io/y), wf-2 (being deleted since 2026-12-02T18:25:22Z on node gone, no finalizer: its node has not confirmed that its containers stopped):"),
+            "{two}"
+        );
+        assert!(two.contains("(kubectl edit pod -n argo wf-1)"), "{two}");
+        assert!(
+            two.contains("check its node (kubectl describe node gone); if the node is gone for good, kubectl delete pod -n argo wf-2 --grace-period=0 --force removes the pod"),
+            "{two}"
+        );
+        let many = HeldPods {
+            pods: (0..25)
+                .map(|i| held(&format!("wf-{i:02}"), &["x.io/y"], None))
+                .collect(),
+            namespace: "argo".into(),
+            waited: Duration::from_secs(300),
+        }
+        .to_string();
+        assert!(many.contains("wf-09") && !many.contains("wf-10"), "{many}");
+        assert!(
+            many.contains("(and 15 more, named in the controller's log)"),
+            "{many}"
+        );
+    }
+
+    #[test]
+    fn held_pods_are_named_after_a_tenth_of_the_timeout_at_most_ten_seconds() {
+        let config = |secs| DriveConfig {
+            terminating_timeout: Duration::from_secs(secs),
+            ..DriveConfig::default()
+        };
+        assert_eq!(DriveConfig::default().held_note_after(), HELD_NOTE_AFTER);
+        assert_eq!(config(6).held_note_after(), Duration::from_millis(600));
+        assert_eq!(config(3600).held_note_after(), HELD_NOTE_AFTER);
+    }
 
     #[test]
     fn a_refusal_names_ten_pods_and_how_many_more() {

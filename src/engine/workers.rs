@@ -1,5 +1,5 @@
 //! Delete workers: take items from the queue, send one API request each, and
-//! report the outcome to the request that queued the item.
+//! report the outcome to every request that queued the item.
 //!
 //! Every request goes through the budgeted client, so the number of workers
 //! bounds concurrency while the token bucket bounds the rate.
@@ -81,8 +81,8 @@ impl std::fmt::Display for RequestKey {
 
 pub type Queue = WorkQueue<WorkItem, RequestKey>;
 
-/// What happened to one item.
-#[derive(Debug)]
+/// What happened to one item (cloned for each request that queued it).
+#[derive(Clone, Debug)]
 pub struct Outcome {
     pub item: WorkItem,
     pub result: Result<Done, WorkError>,
@@ -109,11 +109,13 @@ pub enum Done {
 /// retrying cannot fix, such as missing RBAC).
 #[derive(Debug, thiserror::Error)]
 #[error("{action} in namespace {namespace} failed: {}", crate::engine::fault::explain(.source))]
+#[derive(Clone)]
 pub struct WorkError {
     pub action: String,
     pub namespace: String,
+    /// Shared by the requests that queued the same item.
     #[source]
-    pub source: kube::Error,
+    pub source: Arc<kube::Error>,
 }
 
 /// Where workers send outcomes: one channel per request.
@@ -342,22 +344,24 @@ pub async fn run(
                     observer.pods_deleted(n);
                 }
                 queue.forget(&lease.item);
-                let Lease { item, request, .. } = &lease;
+                let Lease { item, owners, .. } = &lease;
                 let result = result.map_err(|source| WorkError {
                     action: describe(&item.work),
                     namespace: item.namespace.clone(),
-                    source,
+                    source: Arc::new(source),
                 });
                 if let Err(e) = &result {
                     warn!(error = %e, "delete work failed");
                 }
-                outcomes.send(
-                    request,
-                    Outcome {
-                        item: item.clone(),
-                        result,
-                    },
-                );
+                // Every request that queued the item waits for its answer; the
+                // answers go out before the lease ends (see `WorkQueue::answers_to`).
+                let outcome = Outcome {
+                    item: item.clone(),
+                    result,
+                };
+                for owner in owners {
+                    outcomes.send(owner, outcome.clone());
+                }
                 queue.done(lease);
             }
         }

@@ -686,8 +686,10 @@ impl Sink for Annotation<'_> {
     async fn tick(&mut self, count: &Count) -> Result<(), RetryError> {
         self.counted(count);
         // A WorkflowRetry that asked for this request shows its progress;
-        // the workflow is then written no more than the request needs.
-        if !self.publish(count) {
+        // the workflow is then written no more than the request needs, and
+        // when there is something to tell (pods that will not go): the
+        // WorkflowRetry copies its message from there.
+        if !self.publish(count) || count.note.is_some() {
             self.report_progress().await?;
         }
         self.check_still_completed().await
@@ -730,7 +732,8 @@ impl Report for Annotation<'_> {
 /// Whether progress `now`, of a request running for `running`, is worth a
 /// write, given the status last `written` and how long ago: only once the
 /// request has run an `interval`, at most once per `interval`, and only if it
-/// says something the last write did not.
+/// says something the last write did not (a count, or a message such as the
+/// pods that will not go).
 fn progress_due(
     now: &RetryStatus,
     running: Duration,
@@ -738,7 +741,8 @@ fn progress_due(
     interval: Duration,
 ) -> bool {
     let news = |s: &RetryStatus| {
-        (s.phase, s.pods_total, s.pods_deleted) != (now.phase, now.pods_total, now.pods_deleted)
+        (s.phase, s.pods_total, s.pods_deleted, &s.message)
+            != (now.phase, now.pods_total, now.pods_deleted, &now.message)
     };
     running >= interval && written.is_none_or(|(last, ago)| ago >= interval && news(last))
 }
@@ -793,5 +797,18 @@ mod tests {
             Some((&deleting, s(2))),
             interval
         ));
+        // A message alone is news: the count stands still while a pod that
+        // will not go is named.
+        let told = RetryStatus {
+            message: "plan pod wf-1 (…) is still there".into(),
+            ..deleting.clone()
+        };
+        assert!(progress_due(
+            &told,
+            s(30),
+            Some((&deleting, s(28))),
+            interval
+        ));
+        assert!(!progress_due(&told, s(32), Some((&told, s(2))), interval));
     }
 }

@@ -44,6 +44,9 @@ pub struct RetryConfig {
     pub status_interval: Duration,
     /// How often to look again at plan pods terminating gracefully.
     pub terminating_poll: Duration,
+    /// How long a plan pod may stay terminating before its request fails,
+    /// naming it (see [`DriveConfig::terminating_timeout`]).
+    pub terminating_timeout: Duration,
     /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
     pub always_offload_node_status: bool,
     /// The most bytes a workflow's `compressedNodes` may inflate to.
@@ -62,6 +65,7 @@ impl Default for RetryConfig {
             compression: Default::default(),
             status_interval: Duration::from_secs(2),
             terminating_poll: Duration::from_millis(500),
+            terminating_timeout: crate::engine::drive::DEFAULT_TERMINATING_TIMEOUT,
             always_offload_node_status: false,
             max_nodes_size: plan::compress::DEFAULT_MAX_NODES_SIZE,
             max_pods_in_flight: admission::DEFAULT_MAX_PODS,
@@ -81,6 +85,7 @@ impl RetryConfig {
             // for a write's latency (a one-second tick left an 8,000-pod
             // count still for up to 1.26 s).
             tick: self.status_interval.min(Duration::from_millis(500)),
+            terminating_timeout: self.terminating_timeout,
         }
     }
 

@@ -17,6 +17,7 @@ mod cli;
 mod concurrency;
 mod dashboard_png;
 mod db_restart;
+mod endings;
 mod faults;
 mod hostile;
 mod idempotency;
@@ -151,6 +152,8 @@ fn main() -> ExitCode {
         kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
         kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
         monitoring::a_scraped_retry_gives_every_panel_data_and_raises_no_alert,
+        endings::two_workflowretries_of_one_archived_workflow_both_end,
+        endings::a_pod_that_will_not_go_is_named_then_fails_its_retry_and_frees_its_share,
     ];
     for alone in ALONE {
         assert!(

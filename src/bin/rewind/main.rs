@@ -341,6 +341,11 @@ pub struct Tuning {
     /// why) until enough others are done. Bounds the controller's memory.
     #[arg(long, default_value_t = DEFAULT_MAX_PODS, env = "REWIND_MAX_PODS_IN_FLIGHT")]
     max_pods_in_flight: usize,
+    /// How long a planned pod may stay terminating (deleted, but kept by a finalizer or by a
+    /// node that does not confirm it stopped) before its retry fails naming it, what keeps it
+    /// and what to do, and gives back its share of --max-pods-in-flight (e.g. 5m).
+    #[arg(long, default_value = "5m", value_parser = parse_timeout, env = "REWIND_TERMINATING_TIMEOUT")]
+    terminating_timeout: Duration,
     /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
     /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
     #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
@@ -401,6 +406,7 @@ impl Tuning {
                 always_offload_node_status: self.always_offload_node_status,
                 max_nodes_size: self.max_nodes_size,
                 max_pods_in_flight: self.max_pods_in_flight,
+                terminating_timeout: self.terminating_timeout,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
@@ -429,6 +435,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => Ok(Duration::from_secs(n * 60)),
         "h" => Ok(Duration::from_secs(n * 3600)),
         _ => Err(format!("{s:?} is not a duration like 30s, 5m or 1h")),
+    }
+}
+
+/// A duration that is not zero: a wait that ends before it starts is no wait.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        Duration::ZERO => Err(format!("{s:?} is no wait: give a duration like 30s or 5m")),
+        d => Ok(d),
     }
 }
 

@@ -7,6 +7,10 @@
 //! - An item key is queued at most once and leased to at most one worker at a time (client-go
 //!   workqueue's dirty and processing sets); adding an item that is being processed queues it
 //!   once more after its lease ends.
+//! - Every add is answered: a lease answers every request that added its item before it began
+//!   ([`Lease::owners`]), not only the one whose turn it took, so two requests that queue the
+//!   same item (two retries of one archived workflow) both hear how it went. Cancelling one
+//!   request leaves the item queued for the others.
 //! - Transient failures come back after a per-item exponential [`Backoff`] with jitter.
 
 mod backoff;
@@ -82,10 +86,11 @@ impl Default for QueueConfig {
 pub enum Added {
     /// The item was not known; it is now queued.
     Queued,
-    /// The item was already queued or waiting out a backoff; it stays queued once. An
-    /// interactive add takes a background item over (its class and request change).
+    /// The item was already queued or waiting out a backoff; it stays queued once and its lease
+    /// answers this request too. An interactive add moves a background item to its own lane.
     Merged,
-    /// The item is leased to a worker; it will be queued once more when that lease ends.
+    /// The item is leased to a worker; it will be queued once more when that lease ends, and
+    /// that next lease answers this request.
     AfterLease,
     /// The queue is shut down; nothing was queued.
     ShutDown,
@@ -96,7 +101,11 @@ pub enum Added {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Lease<K, R> {
     pub item: K,
+    /// The request whose turn the item took (its lane).
     pub request: R,
+    /// Every request this lease answers, `request` first: those that added the item before the
+    /// lease began and were not cancelled.
+    pub owners: Vec<R>,
     pub class: Class,
     /// Failures of this item in a row before this attempt.
     pub failures: u32,
@@ -225,10 +234,11 @@ where
         }
     }
 
-    /// Drops every queued or waiting item of `request` and cancels the re-adds of its leased
-    /// items (their leases still end normally). Returns how many queued or waiting items went.
+    /// Withdraws `request` from every item it added: an item no other request wants leaves the
+    /// queue (a leased one is not queued again, whatever its lease's end); one that others want
+    /// stays for them, in their lane. Returns how many queued or waiting items went.
     pub fn cancel(&self, request: &R) -> usize {
-        let dropped = self.state().cancel(request);
+        let dropped = self.state().cancel(request, Instant::now());
         tracing::debug!(dropped, "cancelled a request's queued work");
         dropped
     }
@@ -265,21 +275,36 @@ where
             match entry.slot {
                 Slot::Ready => class.ready += 1,
                 Slot::Waiting => class.waiting += 1,
-                Slot::Leased { .. } => class.leased += 1,
+                Slot::Leased => class.leased += 1,
             }
         }
         depths
     }
 
-    /// Queued and waiting (not leased) items per request.
+    /// Queued and waiting (not leased) items per request that added them.
     pub fn request_depths(&self) -> HashMap<R, usize> {
         let mut depths = HashMap::new();
         for entry in self.state().entries.values() {
-            if !matches!(entry.slot, Slot::Leased { .. }) {
-                *depths.entry(entry.request.clone()).or_default() += 1;
+            if entry.slot != Slot::Leased {
+                for (request, _) in &entry.owners {
+                    *depths.entry(request.clone()).or_default() += 1;
+                }
             }
         }
         depths
+    }
+
+    /// Whether any item still owes `request` an answer: queued, waiting or leased for it. Once
+    /// this is false, every answer to it has been given (workers answer before they end a lease),
+    /// so a request still waiting for one would wait forever. One pass over every item.
+    pub fn answers_to(&self, request: &R) -> bool {
+        self.state().entries.values().any(|entry| {
+            entry
+                .owners
+                .iter()
+                .chain(&entry.leased_for)
+                .any(|(r, _)| r == request)
+        })
     }
 
     fn end(&self, lease: Lease<K, R>, outcome: Outcome) -> Option<Duration> {
@@ -305,22 +330,62 @@ enum Outcome {
 }
 
 struct Entry<R> {
+    /// The owner whose lane the item takes its turn in: one of the best class among `owners`
+    /// (while leased, the lease's).
     request: R,
     class: Class,
+    /// The requests the item's next lease answers, each once with the best class it asked in, in
+    /// the order they asked. While leased: those that asked since the lease began; if none did,
+    /// the item leaves the queue when the lease ends well.
+    owners: Vec<(R, Class)>,
+    /// While leased: the requests the lease answers; they want the item again if it fails.
+    leased_for: Vec<(R, Class)>,
     failures: u32,
     /// Identifies the current lane entry or timer of this item; older ones are stale.
     ticket: u64,
     slot: Slot,
 }
 
+impl<R: Request> Entry<R> {
+    /// Adds `request` to the owners, or raises its class if it is one.
+    fn join(&mut self, request: R, class: Class) {
+        match self.owners.iter_mut().find(|(r, _)| *r == request) {
+            Some((_, known)) => *known = (*known).min(class),
+            None => self.owners.push((request, class)),
+        }
+    }
+
+    /// Takes the lease's owners back (the item comes back for them), after any that asked
+    /// during the lease.
+    fn take_back(&mut self) {
+        for (request, class) in std::mem::take(&mut self.leased_for) {
+            self.join(request, class);
+        }
+    }
+
+    /// Picks the lane among the owners (there is at least one): the current one if it is of
+    /// the best class, else the first owner of that class. Returns whether it changed.
+    fn settle(&mut self) -> bool {
+        let Some(best) = self.owners.iter().map(|(_, c)| *c).min() else {
+            return false;
+        };
+        let current = self.owners.iter().find(|(r, _)| *r == self.request);
+        if self.class == best && current.is_some_and(|(_, c)| *c == best) {
+            return false;
+        }
+        if let Some((request, class)) = self.owners.iter().find(|(_, c)| *c == best) {
+            self.request = request.clone();
+            self.class = *class;
+        }
+        true
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Ready,
     Waiting,
-    /// `again`: when to queue the item once more after the lease ends.
-    Leased {
-        again: Option<Instant>,
-    },
+    Leased,
 }
 
 struct Timer<K> {
@@ -397,6 +462,8 @@ where
                 Entry {
                     request: request.clone(),
                     class,
+                    owners: vec![(request.clone(), class)],
+                    leased_for: Vec::new(),
                     failures: 0,
                     ticket,
                     slot: Slot::Ready,
@@ -405,32 +472,21 @@ where
             self.push_ready(&request, class, item, ticket, now);
             return Added::Queued;
         };
-        let promote = class < entry.class;
+        entry.join(request, class);
         match entry.slot {
-            Slot::Leased { again } => {
-                if promote {
-                    entry.request = request;
-                    entry.class = class;
-                }
-                entry.slot = Slot::Leased {
-                    again: Some(again.map_or(now, |at| at.min(now))),
-                };
-                Added::AfterLease
-            }
+            // The lane of the next lease is settled when this one ends.
+            Slot::Leased => Added::AfterLease,
+            // The timer finds the lane when it fires.
             Slot::Waiting => {
-                // The timer finds the new owner when it fires.
-                if promote {
-                    entry.request = request;
-                    entry.class = class;
-                }
+                entry.settle();
                 Added::Merged
             }
             Slot::Ready => {
-                if promote {
-                    let old = std::mem::replace(&mut entry.request, request.clone());
+                let (old, old_class) = (entry.request.lane(), entry.class);
+                if entry.settle() {
                     entry.ticket = ticket;
-                    entry.class = class;
-                    self.lane(Class::Background).unready(&old.lane(), 1);
+                    let (request, class) = (entry.request.clone(), entry.class);
+                    self.lane(old_class).unready(&old, 1);
                     self.push_ready(&request, class, item, ticket, now);
                 }
                 Added::Merged
@@ -467,41 +523,58 @@ where
             self.background_since = (self.background.ready() > 0).then_some(now);
         }
         let entry = self.entries.get_mut(&item)?;
-        entry.slot = Slot::Leased { again: None };
+        entry.slot = Slot::Leased;
+        entry.leased_for = std::mem::take(&mut entry.owners);
         self.leased += 1;
+        let mut owners = vec![entry.request.clone()];
+        owners.extend(
+            entry
+                .leased_for
+                .iter()
+                .map(|(r, _)| r)
+                .filter(|r| **r != entry.request)
+                .cloned(),
+        );
         Some(Lease {
             failures: entry.failures,
             request: entry.request.clone(),
+            owners,
             item,
             class,
         })
     }
 
-    /// Ends the lease of `item`; returns the backoff of a failure.
+    /// Ends the lease of `item`; returns the backoff of a failure. The item comes back for the
+    /// requests that asked during the lease (after a success), or also for those the lease
+    /// answered (after a failure or a requested delay); with none left, it leaves the queue.
     fn end(&mut self, item: K, outcome: Outcome, now: Instant) -> Option<Duration> {
         let entry = self.entries.get_mut(&item)?;
-        let Slot::Leased { again } = entry.slot else {
+        if entry.slot != Slot::Leased {
             return None;
-        };
+        }
         self.leased -= 1;
         let (at, backoff) = match outcome {
             Outcome::Done => {
                 entry.failures = 0;
-                match again {
-                    Some(at) => (at, None),
-                    None => {
-                        self.entries.remove(&item);
-                        return None;
-                    }
-                }
+                entry.leased_for.clear();
+                (now, None)
             }
             Outcome::Failed => {
+                entry.take_back();
                 let delay = self.config.backoff.delay(entry.failures, &mut self.rng);
                 entry.failures = entry.failures.saturating_add(1);
                 (now + delay, Some(delay))
             }
-            Outcome::After(delay) => (now + delay, None),
+            Outcome::After(delay) => {
+                entry.take_back();
+                (now + delay, None)
+            }
         };
+        if entry.owners.is_empty() {
+            self.entries.remove(&item);
+            return None;
+        }
+        entry.settle();
         self.schedule(item, at, now);
         backoff
     }
@@ -557,36 +630,60 @@ where
         None
     }
 
-    fn cancel(&mut self, request: &R) -> usize {
+    fn cancel(&mut self, request: &R, now: Instant) -> usize {
         let before = self.entries.len();
         let mut waiting = 0;
-        // Ready items dropped, by class: their lanes skip them when met.
+        // Ready items taken out of the request's lane, by class: their lanes skip them when
+        // met. Those other owners still want go to their lanes.
         let mut ready = [0, 0];
-        self.entries.retain(|_, entry| {
-            if entry.request != *request {
+        let mut moved = Vec::new();
+        let mut tickets = self.next_ticket;
+        self.entries.retain(|item, entry| {
+            let owned = |owners: &[(R, Class)]| owners.iter().any(|(r, _)| r == request);
+            if !owned(&entry.owners) && !owned(&entry.leased_for) {
                 return true;
             }
+            entry.owners.retain(|(r, _)| r != request);
+            entry.leased_for.retain(|(r, _)| r != request);
             match entry.slot {
-                Slot::Leased { .. } => {
-                    entry.slot = Slot::Leased { again: None };
-                    true
-                }
-                Slot::Waiting => {
+                // Its end decides, from the owners left.
+                Slot::Leased => true,
+                Slot::Waiting if entry.owners.is_empty() => {
                     waiting += 1;
                     false
                 }
-                Slot::Ready => {
+                Slot::Ready if entry.owners.is_empty() => {
                     ready[entry.class as usize] += 1;
                     false
                 }
+                Slot::Waiting => {
+                    entry.settle();
+                    true
+                }
+                Slot::Ready => {
+                    let (lane, class) = (entry.request.clone(), entry.class);
+                    if entry.settle() {
+                        if lane == *request {
+                            ready[class as usize] += 1;
+                        }
+                        tickets += 1;
+                        entry.ticket = tickets;
+                        moved.push((item.clone(), entry.request.clone(), entry.class, tickets));
+                    }
+                    true
+                }
             }
         });
+        self.next_ticket = tickets;
         self.waiting -= waiting;
         let lane = request.lane();
         self.interactive
             .unready(&lane, ready[Class::Interactive as usize]);
         self.background
             .unready(&lane, ready[Class::Background as usize]);
+        for (item, owner, class, ticket) in moved {
+            self.push_ready(&owner, class, item, ticket, now);
+        }
         before - self.entries.len()
     }
 

@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -393,32 +393,55 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// What the queue should hold for one item.
-#[derive(Debug, Clone, Copy)]
+/// What the queue should hold for one item: whom its next lease answers (each request with
+/// the best class it asked in), whom its current lease answers, and its state.
+#[derive(Debug, Clone, Default)]
 struct Model {
-    request: usize,
-    class: Class,
+    owners: BTreeMap<usize, Class>,
+    leased_for: BTreeMap<usize, Class>,
     state: Held,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+impl Model {
+    /// The class its lane must be in: the best its owners asked in.
+    fn class(&self) -> Class {
+        self.owners
+            .values()
+            .copied()
+            .min()
+            .expect("a queued item has an owner")
+    }
+
+    fn join(owners: &mut BTreeMap<usize, Class>, request: usize, class: Class) {
+        let known = owners.entry(request).or_insert(class);
+        *known = (*known).min(class);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 enum Held {
-    Queued { at: Instant },
-    Leased { again: bool },
+    Queued {
+        at: Instant,
+    },
+    #[default]
+    Leased,
 }
 
 fn check(q: &Queue, model: &HashMap<u32, Model>) {
     let stats = q.stats();
-    let leased = model
-        .values()
-        .filter(|m| matches!(m.state, Held::Leased { .. }))
-        .count();
+    let leased = model.values().filter(|m| m.state == Held::Leased).count();
     assert_eq!(stats.leased, leased, "leased count");
     assert_eq!(
         stats.interactive + stats.background + stats.waiting,
         model.len() - leased,
         "queued count"
     );
+    for (i, request) in REQUESTS.iter().enumerate() {
+        let owed = model
+            .values()
+            .any(|m| m.owners.contains_key(&i) || m.leased_for.contains_key(&i));
+        assert_eq!(q.answers_to(request), owed, "answers owed to {request}");
+    }
 }
 
 async fn run(ops: Vec<Op>) {
@@ -443,32 +466,17 @@ async fn run(ops: Vec<Op>) {
                     Class::Interactive
                 };
                 q.add(REQUESTS[request], class, item);
-                match model.get_mut(&item) {
-                    None => {
-                        model.insert(
-                            item,
-                            Model {
-                                request,
-                                class,
-                                state: Held::Queued { at: now },
-                            },
-                        );
-                    }
-                    Some(m) => {
-                        if class < m.class {
-                            (m.request, m.class) = (request, class);
-                        }
-                        if let Held::Leased { again } = &mut m.state {
-                            *again = true;
-                        }
-                    }
-                }
+                let m = model.entry(item).or_insert_with(|| Model {
+                    state: Held::Queued { at: now },
+                    ..Model::default()
+                });
+                Model::join(&mut m.owners, request, class);
             }
             Op::Next => {
                 let due: Vec<(u32, Class)> = model
                     .iter()
                     .filter(|(_, m)| matches!(m.state, Held::Queued { at } if at <= now))
-                    .map(|(item, m)| (*item, m.class))
+                    .map(|(item, m)| (*item, m.class()))
                     .collect();
                 match ready(&q) {
                     None => assert!(due.is_empty(), "nothing leased though {due:?} are due"),
@@ -480,11 +488,26 @@ async fn run(ops: Vec<Op>) {
                             lease.item,
                             m.state
                         );
-                        assert_eq!((lease.request, lease.class), (REQUESTS[m.request], m.class));
+                        // The lease answers exactly the requests that asked before it began, its
+                        // lane's first, and takes the best class they asked in.
+                        let mut owners: Vec<&str> = m.owners.keys().map(|&r| REQUESTS[r]).collect();
+                        let mut answered = lease.owners.clone();
+                        assert_eq!(answered.first(), Some(&lease.request), "{lease:?}");
+                        answered.sort();
+                        owners.sort();
+                        assert_eq!(answered, owners, "whom lease {lease:?} answers");
+                        assert_eq!(lease.class, m.class());
+                        assert_eq!(
+                            m.owners
+                                .get(&REQUESTS.iter().position(|r| *r == lease.request).unwrap()),
+                            Some(&lease.class),
+                            "the lane's request asked in the lease's class"
+                        );
                         if due.iter().any(|(_, c)| *c == Class::Interactive) {
                             assert_eq!(lease.class, Class::Interactive);
                         }
-                        m.state = Held::Leased { again: false };
+                        m.leased_for = std::mem::take(&mut m.owners);
+                        m.state = Held::Leased;
                         held.push(lease);
                     }
                 }
@@ -493,43 +516,41 @@ async fn run(ops: Vec<Op>) {
                 let lease = held.swap_remove(i % held.len());
                 let item = lease.item;
                 let m = model.get_mut(&item).expect("held an unknown item");
-                let Held::Leased { again } = m.state else {
-                    panic!("held {item} in state {:?}", m.state);
-                };
-                match op {
+                assert_eq!(m.state, Held::Leased, "held {item}");
+                let at = match op {
                     Op::Done(_) => {
                         q.done(lease);
-                        if again {
-                            m.state = Held::Queued { at: now };
-                        } else {
-                            model.remove(&item);
-                        }
+                        m.leased_for.clear();
+                        now
                     }
                     Op::Fail(_) => {
                         let delay = q.requeue(lease);
                         assert!(delay <= Backoff::default().cap);
-                        m.state = Held::Queued { at: now + delay };
+                        now + delay
                     }
                     _ => {
                         let Op::After(_, ms) = op else { unreachable!() };
                         q.requeue_after(lease, Duration::from_millis(ms));
-                        m.state = Held::Queued {
-                            at: now + Duration::from_millis(ms),
-                        };
+                        now + Duration::from_millis(ms)
                     }
+                };
+                for (r, c) in std::mem::take(&mut m.leased_for) {
+                    Model::join(&mut m.owners, r, c);
+                }
+                if m.owners.is_empty() {
+                    model.remove(&item);
+                } else {
+                    m.state = Held::Queued { at };
                 }
             }
             Op::Done(_) | Op::Fail(_) | Op::After(..) => {}
             Op::Forget(item) => q.forget(&item),
             Op::Cancel(request) => {
                 q.cancel(&REQUESTS[request]);
-                model.retain(|_, m| match &mut m.state {
-                    _ if m.request != request => true,
-                    Held::Queued { .. } => false,
-                    Held::Leased { again } => {
-                        *again = false;
-                        true
-                    }
+                model.retain(|_, m| {
+                    m.owners.remove(&request);
+                    m.leased_for.remove(&request);
+                    m.state == Held::Leased || !m.owners.is_empty()
                 });
             }
             Op::Advance(ms) => advance(Duration::from_millis(ms)).await,
@@ -539,10 +560,11 @@ async fn run(ops: Vec<Op>) {
     // Drain: every item still wanted is leased exactly once more, then the queue is empty.
     for lease in held.drain(..) {
         let m = model.get_mut(&lease.item).expect("held an unknown item");
-        if m.state == (Held::Leased { again: true }) {
-            m.state = Held::Queued { at: Instant::now() };
-        } else {
+        m.leased_for.clear();
+        if m.owners.is_empty() {
             model.remove(&lease.item);
+        } else {
+            m.state = Held::Queued { at: Instant::now() };
         }
         q.done(lease);
     }
@@ -560,6 +582,7 @@ async fn run(ops: Vec<Op>) {
     }
     assert!(model.is_empty(), "lost items: {model:?}");
     assert_eq!(q.stats(), QueueStats::default());
+    assert!(REQUESTS.iter().all(|r| !q.answers_to(r)));
 }
 
 proptest! {
@@ -602,4 +625,97 @@ async fn depths_count_each_item_once_by_class_and_state() {
     );
     q.done(first);
     assert_eq!(q.depths().interactive.leased, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_item_two_requests_queued_is_sent_once_and_answers_both() {
+    let q = WorkQueue::new(config());
+    assert_eq!(q.add("first", Class::Interactive, 7), Added::Queued);
+    assert_eq!(q.add("second", Class::Interactive, 7), Added::Merged);
+    assert_eq!(q.add("second", Class::Interactive, 7), Added::Merged);
+    assert_eq!(q.stats().interactive, 1, "queued once");
+    let lease = take(&q);
+    assert_eq!(
+        (lease.request, lease.owners.as_slice()),
+        ("first", ["first", "second"].as_slice()),
+        "the lease answers both requests, each once"
+    );
+    assert!(q.answers_to(&"second"), "an answer is owed while leased");
+    q.done(lease);
+    assert!(ready(&q).is_none(), "sent twice");
+    assert!(!q.answers_to(&"first") && !q.answers_to(&"second"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_asks_during_a_lease_is_answered_by_the_next_one() {
+    let q = WorkQueue::new(config());
+    q.add("first", Class::Interactive, 7);
+    let lease = take(&q);
+    assert_eq!(q.add("second", Class::Interactive, 7), Added::AfterLease);
+    assert_eq!(lease.owners, ["first"], "asked before the lease began");
+    q.done(lease);
+    let again = take(&q);
+    assert_eq!(
+        (again.request, again.owners.as_slice()),
+        ("second", ["second"].as_slice())
+    );
+    q.done(again);
+    assert_eq!(q.stats(), QueueStats::default());
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_one_request_leaves_a_shared_item_to_the_others_in_their_lane() {
+    let q = WorkQueue::new(config());
+    q.add("gone", Class::Interactive, 1);
+    q.add("stays", Class::Interactive, 1);
+    q.add("stays", Class::Interactive, 2);
+    q.add("gone", Class::Interactive, 3);
+    assert_eq!(
+        q.cancel(&"gone"),
+        1,
+        "only item 3 was the cancelled request's alone"
+    );
+    assert_eq!(q.request_depths(), HashMap::from([("stays", 2)]));
+    let mut served = serve(&q, 2);
+    served.sort();
+    assert_eq!(served, [("stays", 1), ("stays", 2)]);
+    assert!(ready(&q).is_none());
+
+    // A retry took over a garbage-collection item; cancelled, it goes back to background.
+    q.add("gc", Class::Background, 5);
+    q.add("retry", Class::Interactive, 5);
+    q.add("retry", Class::Interactive, 6);
+    assert_eq!(q.cancel(&"retry"), 1);
+    let stats = q.stats();
+    assert_eq!((stats.interactive, stats.background), (0, 1));
+    let lease = take(&q);
+    assert_eq!(
+        (lease.request, lease.class, lease.owners.as_slice()),
+        ("gc", Class::Background, ["gc"].as_slice())
+    );
+    q.done(lease);
+    assert_eq!(q.stats(), QueueStats::default());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_lease_comes_back_for_its_requests_not_for_cancelled_ones() {
+    let q = WorkQueue::new(config());
+    q.add("a", Class::Interactive, 1);
+    q.add("b", Class::Interactive, 1);
+    let lease = take(&q);
+    assert_eq!(q.cancel(&"a"), 0, "a leased item is not dropped");
+    q.requeue_after(lease, Duration::ZERO);
+    let again = take(&q);
+    assert_eq!(
+        (again.request, again.owners.as_slice()),
+        ("b", ["b"].as_slice())
+    );
+    q.cancel(&"b");
+    assert!(!q.answers_to(&"b"));
+    q.requeue(again);
+    assert_eq!(
+        q.stats(),
+        QueueStats::default(),
+        "an item nobody wants any more came back"
+    );
 }
