@@ -21,11 +21,11 @@ use tracing::{Instrument, error, info_span, warn};
 use crate::argo::workflow::Workflow;
 use crate::engine::budget::asking;
 use crate::engine::workers::RequestKey;
-use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, workflowretry_token};
 use crate::retry::Context;
 use crate::retry::live::{self, Target};
-use crate::retry::workflowretry;
+use crate::retry::workflowretry::{self, Served};
 
 /// Wait before trying a request again after a transient error, doubling up to
 /// [`RETRY_BACKOFF_MAX`].
@@ -181,11 +181,13 @@ impl Dispatcher {
     }
 
     /// Serves a WorkflowRetry to its end, then deletes it after its TTL. A
-    /// request that is not finished after being served (a transient error,
-    /// or its end could not be recorded) is served again after a backoff.
+    /// request that is not finished after being served (a transient error)
+    /// is served again after a backoff; one whose end could not be recorded
+    /// is not served again: its end is written, after a backoff, until it is.
     async fn serve_object(&self, mut object: WorkflowRetry, uid: &str) {
         let mut delay = RETRY_BACKOFF_START;
         let mut served = false;
+        let mut unrecorded: Option<Box<WorkflowRetryStatus>> = None;
         loop {
             // A new object's event is as fresh as a read (no status of ours yet to be
             // older than); after serving, the API server's copy is read again.
@@ -201,6 +203,14 @@ impl Dispatcher {
             if served && !self.pause(&mut delay).await {
                 return;
             }
+            if let Some(end) = &unrecorded {
+                if let Err(error) =
+                    workflowretry::record_end(&self.ctx, &object, (**end).clone()).await
+                {
+                    warn!(workflowretry = object.name_any(), %error, "writing how the WorkflowRetry ended failed; trying again");
+                }
+                continue;
+            }
             // Its end is reported (status, Event) by `serve`. Its requests take turns with
             // other askers' in the namespace, as a retry it asks for does.
             let asker = RequestKey::retry(
@@ -209,16 +219,21 @@ impl Dispatcher {
                 &workflowretry_token(uid),
             );
             let serving = workflowretry::serve(&self.ctx, &object, &self.shutdown);
-            let served_now = guarded(asking(asker.asker().into(), serving)).await;
-            if let Err(panic) = served_now {
-                error!(
-                    workflowretry = object.name_any(),
-                    namespace = object.namespace(),
-                    panic,
-                    "serving the WorkflowRetry panicked; it ends Failed"
-                );
-                self.ctx.metrics.request_panicked("workflowretry");
-                workflowretry::answer_panic(&self.ctx, &object, &panic).await;
+            let outcome = match guarded(asking(asker.asker().into(), serving)).await {
+                Ok(outcome) => outcome,
+                Err(panic) => {
+                    error!(
+                        workflowretry = object.name_any(),
+                        namespace = object.namespace(),
+                        panic,
+                        "serving the WorkflowRetry panicked; it ends Failed"
+                    );
+                    self.ctx.metrics.request_panicked("workflowretry");
+                    workflowretry::answer_panic(&self.ctx, &object, &panic).await
+                }
+            };
+            if let Served::Unrecorded(end) = outcome {
+                unrecorded = Some(end);
             }
             served = true;
         }

@@ -119,6 +119,22 @@ pub struct WorkflowRetryStatus {
     /// Seconds each step of an archived retry took, as each step ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timings: Option<StepTimings>,
+    /// The request a live target was asked for, recorded before it is asked:
+    /// a WorkflowRetry asks once, and is answered by its own token, never by
+    /// whichever request the workflow carries last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asked: Option<AskedRequest>,
+}
+
+/// A request asked on a live workflow's annotations, on one version of it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AskedRequest {
+    /// The `rewind.dev/retry` token asked.
+    pub token: String,
+    /// The workflow's resourceVersion the ask was written on: it lands only
+    /// on that version, so a workflow still at it has not received the ask.
+    pub resource_version: String,
 }
 
 /// Seconds spent in each step of an archived retry (read the archived row,

@@ -8,9 +8,13 @@
 //!   leftovers: a pod of another workflow of the same name is never touched.
 //! - The workflow is created only once every plan pod is gone (rule 2:
 //!   Argo's controller would adopt a stale pod of the same name).
-//! - Exactly once (rule 4): the created workflow carries
-//!   [`CREATED_BY`] naming the WorkflowRetry's UID; a restarted controller
-//!   that finds it is done.
+//! - At most one create (rule 4): the status says Committing, naming the
+//!   workflow, before the create is sent, and names the created workflow's
+//!   UID as soon as it answers; the created workflow carries [`CREATED_BY`]
+//!   naming the WorkflowRetry's UID. A request whose status says either is
+//!   never created again, even once its workflow is gone (deleted by its
+//!   TTL, say): it ends from what the cluster and its status say (see
+//!   [`resume`]).
 
 use std::time::Duration;
 
@@ -18,18 +22,19 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::argo::db::{ArgoDatabase, DbError};
 use crate::argo::offload::{self, OffloadError};
 use crate::argo::plan::PlanError;
 use crate::argo::workflow::Workflow;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
-use crate::engine::fault;
+use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
 use crate::protocol::request::{RetryPhase, workflowretry_token};
 use crate::retry::object::ObjectStatus;
+use crate::retry::report;
 use crate::telemetry::metrics::{RetryKind, Step as Metered};
 
 /// Why an archived retry did not (yet) create its workflow.
@@ -66,6 +71,10 @@ pub enum ArchivedError {
     /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
     #[error("Workflow already exists on cluster, use argo retry {name} instead")]
     ExistsLive { name: String },
+    #[error(
+        "rewind stopped while it created workflow {name}, and {now}: it cannot tell whether it created workflow {name} (which may have run and been deleted since, by its TTL say) or not, and it never creates a workflow twice; if the workflow did not run, create a new WorkflowRetry"
+    )]
+    CreateUnknown { name: String, now: &'static str },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
@@ -141,6 +150,10 @@ pub async fn run(
         .ok_or(ArchivedError::NoArchive)?;
     let namespace = status.namespace();
     let started = Instant::now();
+    let workflows: Api<Workflow> = Api::namespaced(ctx.client(), &namespace);
+    if let Some(name) = creating(status) {
+        return resume(status, database, &workflows, uid, &name).await;
+    }
 
     let step = ctx.metrics.step(RetryKind::Archived, Metered::Read);
     let archived = read(database, uid).await?;
@@ -156,19 +169,8 @@ pub async fn run(
     let name = archived.name().to_owned();
     status.status.workflow_name = Some(name.clone());
 
-    let workflows: Api<Workflow> = Api::namespaced(ctx.client(), &namespace);
     if let Some(done) = created_by_us(&workflows, &name, &status.uid()).await? {
-        // The create happened; the copy of offloaded nodes after it may not have.
-        let created = workflows
-            .get(&name)
-            .await
-            .map_err(api(format!("reading workflow {namespace}/{name}")))?;
-        if let Some(version) = offload::offloaded_version(&created) {
-            copy_offloaded(database, uid, &done, &namespace, version).await?;
-        }
-        status.status.workflow_uid = Some(done);
-        status.status.message = format!("created workflow {name}");
-        return Ok(());
+        return found(status, database, &workflows, uid, &name, done).await;
     }
 
     let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
@@ -220,14 +222,11 @@ pub async fn run(
     Step::Delete.took(status, step.done_confirmed(deletion.confirm_took()));
 
     let step = ctx.metrics.step(RetryKind::Archived, Metered::Create);
-    status.status.phase = Some(RetryPhase::Committing);
-    status.write().await.map_err(api(format!(
-        "writing the status of WorkflowRetry {namespace}/{}",
-        status.name()
-    )))?;
     let mut workflow = planned.workflow;
     // Argo dehydrates before it clears the UID: nodes offloaded now are
     // written under the archived workflow's UID, then copied to the new one.
+    // Done before Committing, so that little but the create itself comes
+    // between that status and the create's answer.
     if database.offloads() {
         ctx.dehydrate(database, &mut workflow).await?;
     }
@@ -238,16 +237,50 @@ pub async fn run(
         .annotations
         .get_or_insert_with(Default::default)
         .insert(CREATED_BY.into(), status.uid());
+    // From this status on, the request never sends a create again.
+    let before = status.status.phase;
+    status.status.phase = Some(RetryPhase::Committing);
+    if let Err(e) = status.write().await {
+        status.status.phase = before;
+        return Err(api(format!(
+            "writing the status of WorkflowRetry {namespace}/{}",
+            status.name()
+        ))(e));
+    }
     let created = match workflows.create(&PostParams::default(), &workflow).await {
         Ok(created) => created.metadata.uid.unwrap_or_default(),
-        // Created by an earlier attempt whose answer was lost, or by someone else.
+        // The name is taken: nothing was created. By an earlier attempt of
+        // ours the status would have said so; by someone else: Argo's refusal.
         Err(kube::Error::Api(s)) if s.code == 409 => {
+            status.status.phase = before;
             created_by_us(&workflows, &name, &status.uid())
                 .await?
                 .ok_or(ArchivedError::ExistsLive { name: name.clone() })?
         }
-        Err(e) => return Err(api(format!("creating workflow {namespace}/{name}"))(e)),
+        Err(e) => {
+            // Refused by the API server (4xx, throttling included), the create
+            // was not stored: the request may create it when tried again.
+            // Anything else (a timeout, a lost connection) may have created
+            // it, and the request stays Committing.
+            if api_code(&e).is_some_and(|code| (400..500).contains(&code)) {
+                status.status.phase = before;
+            }
+            return Err(api(format!("creating workflow {namespace}/{name}"))(e));
+        }
     };
+    // Said at once: from here the request never creates again, even if the
+    // workflow goes before the request ends. The end says it too, and is
+    // kept until written, so a write refused here is only logged.
+    status.status.workflow_uid = Some(created.clone());
+    if let Err(e) = report::record(
+        status,
+        RetryPhase::Committing,
+        &format!("created workflow {name} (UID {created})"),
+    )
+    .await
+    {
+        warn!(workflowretry = status.name(), workflow = name, error = %e, "could not record the created workflow's UID; the request's end names it");
+    }
     if let Some(version) = offload::offloaded_version(&workflow) {
         copy_offloaded(database, uid, &created, &namespace, version).await?;
     }
@@ -343,6 +376,90 @@ async fn copy_offloaded(
         uid: from_uid.to_owned(),
         source,
     })?;
+    Ok(())
+}
+
+/// The workflow a request may have created already: its status says
+/// Committing (the create may have been sent) or names the created UID.
+fn creating(status: &ObjectStatus<'_>) -> Option<String> {
+    let recorded = &status.status;
+    let may_have =
+        recorded.phase == Some(RetryPhase::Committing) || recorded.workflow_uid.is_some();
+    recorded.workflow_name.clone().filter(|_| may_have)
+}
+
+/// Ends a request that may have created workflow `name` without creating
+/// it again: done if the workflow it created is there (after the copy of
+/// its offloaded nodes, which may not have happened); Succeeded saying so if
+/// its status names the created workflow, now gone; otherwise it cannot
+/// tell, and fails saying so.
+async fn resume(
+    status: &mut ObjectStatus<'_>,
+    database: &dyn ArgoDatabase,
+    workflows: &Api<Workflow>,
+    uid: &str,
+    name: &str,
+) -> Result<(), ArchivedError> {
+    let live = workflows
+        .get_metadata_opt(name)
+        .await
+        .map_err(api(format!("reading workflow {name}")))?;
+    let request = status.uid();
+    let other = match live {
+        Some(w) if w.annotations().get(CREATED_BY) == Some(&request) => {
+            let done = w.uid().unwrap_or_default();
+            return found(status, database, workflows, uid, name, done).await;
+        }
+        Some(w) => Some(w.uid().unwrap_or_default()),
+        None => None,
+    };
+    let Some(created) = status.status.workflow_uid.clone() else {
+        return Err(ArchivedError::CreateUnknown {
+            name: name.to_owned(),
+            now: match other {
+                Some(_) => "the workflow of that name in the cluster is not one it created",
+                None => "the workflow is not in the cluster",
+            },
+        });
+    };
+    info!(
+        workflowretry = status.name(),
+        workflow = name,
+        created_uid = created,
+        "the workflow this request created is gone; not creating it again"
+    );
+    status.status.message = format!(
+        "created workflow {name} (UID {created}), which is no longer in the cluster (deleted since, by its TTL say){}",
+        match other {
+            Some(now) => format!("; the workflow {name} there now (UID {now}) is another one"),
+            None => String::new(),
+        }
+    );
+    Ok(())
+}
+
+/// Ends a request whose workflow `name` (UID `done`) is found created:
+/// copies its offloaded nodes (the copy after the create may not have
+/// happened) and names it.
+async fn found(
+    status: &mut ObjectStatus<'_>,
+    database: &dyn ArgoDatabase,
+    workflows: &Api<Workflow>,
+    uid: &str,
+    name: &str,
+    done: String,
+) -> Result<(), ArchivedError> {
+    let namespace = status.namespace();
+    let created = workflows
+        .get_opt(name)
+        .await
+        .map_err(api(format!("reading workflow {namespace}/{name}")))?
+        .filter(|w| w.metadata.uid.as_deref() == Some(done.as_str()));
+    if let Some(version) = created.as_ref().and_then(offload::offloaded_version) {
+        copy_offloaded(database, uid, &done, &namespace, version).await?;
+    }
+    status.status.workflow_uid = Some(done);
+    status.status.message = format!("created workflow {name}");
     Ok(())
 }
 

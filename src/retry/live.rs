@@ -29,7 +29,7 @@ use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
 use crate::retry::admission::Admitted;
-use crate::retry::progress::Seen;
+use crate::retry::progress::{End, Seen};
 use crate::retry::report::{self, Ending, Events, Report};
 use crate::telemetry::metrics::{RetryKind, Step};
 
@@ -145,6 +145,9 @@ pub async fn run(
     shutdown: &CancellationToken,
 ) -> Result<Finished, RetryError> {
     let started = Instant::now();
+    // Marked before the workflow is read: a WorkflowRetry that finds its
+    // request replaced on the workflow waits for this end (see `progress`).
+    let _serving = ctx.progress.serving(&target.token);
     // Its API requests take turns with other askers' in its namespace.
     let asker = target.key().asker().into();
     asking(asker, async {
@@ -173,7 +176,11 @@ pub async fn answer_panic(ctx: &Context, target: &Target, panic: &str) {
     ));
     ctx.metrics
         .observe_retry(ending.metric_label(), Duration::ZERO);
-    report::end(&mut Annotation::new(ctx, target), &ending).await;
+    let mut status = Annotation::new(ctx, target);
+    // Not written: the token stays pending and is answered again at the next start.
+    let _ = report::end(&mut status, &ending).await;
+    ctx.progress
+        .end(&target.token, End::Answered(status.status.clone()));
 }
 
 struct Job<'a> {
@@ -234,7 +241,20 @@ impl<'a> Job<'a> {
         self.ctx
             .metrics
             .observe_retry(ending.metric_label(), started.elapsed());
-        report::end(&mut self.status, &ending).await;
+        // Not written: the token stays pending, and the next attempt answers it.
+        let _ = report::end(&mut self.status, &ending).await;
+        // Handed to the WorkflowRetry that asked for it, if one did: a later
+        // request may overwrite this report on the workflow before it looks.
+        let end = match (&ending, result) {
+            (Ending::Succeeded(_) | Ending::Failed(_), _) => {
+                Some(End::Answered(self.status.status.clone()))
+            }
+            (_, Err(RetryError::Superseded)) => Some(End::Replaced),
+            _ => None,
+        };
+        if let Some(end) = end {
+            self.ctx.progress.end(&target.token, end);
+        }
     }
 
     /// What a failed request tells its user: Argo's words, then what rewind

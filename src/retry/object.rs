@@ -54,7 +54,12 @@ impl<'a> ObjectStatus<'a> {
         if self.written.as_ref() == Some(&self.status) {
             return Ok(());
         }
-        let patch = serde_json::json!({ "status": self.status });
+        let mut patch = serde_json::json!({ "status": self.status });
+        // A merge patch keeps what it leaves out: an ask known not to have
+        // landed is removed with a null.
+        if self.status.asked.is_none() && self.written.as_ref().is_some_and(|w| w.asked.is_some()) {
+            patch["status"]["asked"] = serde_json::Value::Null;
+        }
         self.api
             .patch_status(&self.name(), &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -79,6 +84,7 @@ impl<'a> ObjectStatus<'a> {
     /// Sets `phase` and `message`, and for a finished phase, the finish time
     /// and a Job-like condition.
     fn set(&mut self, phase: RetryPhase, message: &str) {
+        let phase = kept(self.status.phase, phase);
         self.status.phase = Some(phase);
         self.status.message = request::bounded(message);
         let (type_, reason) = match phase {
@@ -105,5 +111,31 @@ impl Report for ObjectStatus<'_> {
 
     fn events(&self) -> &Events {
         &self.events
+    }
+}
+
+/// The phase written when `now` is asked of a status at `current`: a request
+/// whose create may have been sent stays Committing through a passing fault
+/// (Pending), as that phase is what keeps an archived retry from creating its
+/// workflow again (see `archived`).
+fn kept(current: Option<RetryPhase>, now: RetryPhase) -> RetryPhase {
+    match (current, now) {
+        (Some(RetryPhase::Committing), RetryPhase::Pending) => RetryPhase::Committing,
+        _ => now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passing_fault_never_takes_a_request_out_of_committing() {
+        use RetryPhase::*;
+        assert_eq!(kept(Some(Committing), Pending), Committing);
+        assert_eq!(kept(Some(Committing), Failed), Failed);
+        assert_eq!(kept(Some(Committing), Succeeded), Succeeded);
+        assert_eq!(kept(Some(DeletingPods), Pending), Pending);
+        assert_eq!(kept(None, Pending), Pending);
     }
 }

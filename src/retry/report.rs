@@ -4,11 +4,13 @@
 //! and words whichever way the request was asked.
 
 use std::future::Future;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::warn;
 
+use crate::engine::fault;
 use crate::protocol::request::RetryPhase;
 
 /// Event reasons, as `kubectl describe` lists them.
@@ -96,14 +98,46 @@ pub trait Report: Send {
     fn events(&self) -> &Events;
 }
 
-/// Tells the user how a request ended: its status, then an Event. A failed
-/// status write is logged (the request is told again at its next attempt or
-/// the Event says it); nothing here fails the request.
-pub async fn end(report: &mut impl Report, ending: &Ending) {
-    if let Some((phase, message)) = ending.status()
-        && let Err(e) = report.write_status(phase, message).await
-    {
-        warn!(object = report.events().name(), error = %e, "could not record how the retry ended");
+/// Writes of a status tried on a passing fault, and the first wait between
+/// two (doubling): about two seconds in all.
+const STATUS_ATTEMPTS: u32 = 4;
+const STATUS_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Writes the request's status as `phase` with `message`, again on a passing
+/// fault (a few times, see [`STATUS_ATTEMPTS`]); the last error if it never
+/// went through.
+pub async fn record(
+    report: &mut impl Report,
+    phase: RetryPhase,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let mut wait = STATUS_BACKOFF;
+    let mut attempt = 1;
+    loop {
+        match report.write_status(phase, message).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < STATUS_ATTEMPTS && fault::is_transient(&e) => {
+                warn!(object = report.events().name(), attempt, error = %e, "could not record the retry's status; trying again");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        attempt += 1;
+    }
+}
+
+/// Tells the user how a request ended: its status (see [`record`]), then an
+/// Event. A status that could not be written is logged and its error
+/// returned: the caller keeps the end until it is written, rather than serve
+/// the request again (an archived retry would create its workflow twice).
+pub async fn end(report: &mut impl Report, ending: &Ending) -> Result<(), kube::Error> {
+    let mut recorded = Ok(());
+    if let Some((phase, message)) = ending.status() {
+        recorded = record(report, phase, message).await;
+        if let Err(e) = &recorded {
+            warn!(object = report.events().name(), error = %e, "could not record how the retry ended");
+        }
     }
     if let Some((type_, reason, note)) = ending.event() {
         report
@@ -111,6 +145,7 @@ pub async fn end(report: &mut impl Report, ending: &Ending) {
             .publish(type_, reason, note.to_owned())
             .await;
     }
+    recorded
 }
 
 /// Events about one object (the workflow, or the WorkflowRetry).

@@ -46,6 +46,7 @@ mod workflow_roundtrip;
 mod workflowretry;
 mod workflowretry_db;
 mod workflowretry_kill;
+mod workflowretry_once;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -115,6 +116,10 @@ fn main() -> ExitCode {
         workflowretry_db::an_offloaded_live_retry_on_postgresql,
         workflowretry_db::an_offloaded_live_retry_on_mariadb,
         workflowretry_kill::an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once,
+        workflowretry_once::an_archived_retry_whose_end_is_not_recorded_never_creates_again,
+        workflowretry_once::an_archived_retry_resumed_after_its_create_never_creates_again,
+        workflowretry_once::a_resumed_live_workflowretry_never_asks_twice,
+        workflowretry_once::a_workflowretry_never_overwrites_a_users_request_asked_meanwhile,
         cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,
         cli::a_bulk_delete_shows_its_count_rising_each_second,
         cli::a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end,

@@ -76,7 +76,7 @@ pub async fn an_archived_retry_killed_before_and_after_the_create_creates_the_wo
         .create(&PostParams::default(), &archived(REQUEST, &old_uid))
         .await?;
     let request_uid = request.uid().unwrap_or_default();
-    let policy = StatusRefusal::install(&cluster, &namespace, &retries).await?;
+    let policy = StatusRefusal::install(&cluster, &namespace, &retries, REQUEST).await?;
     let logs = tempfile::tempdir()?;
 
     // (a) Killed while it deletes the leftovers: five writes a second, one pod at a time.
@@ -122,7 +122,7 @@ pub async fn an_archived_retry_killed_before_and_after_the_create_creates_the_wo
             .get_metadata_opt(&dag.name)
             .await?
             .is_some_and(|w| w.annotations().get(CREATED_BY) == Some(&request_uid));
-        if created_by_us && refused_status_writes(&cluster, &namespace)? > 0 {
+        if created_by_us && refused_status_writes(&cluster, &namespace, REQUEST)? > 0 {
             break;
         }
         ensure!(
@@ -196,16 +196,21 @@ pub async fn an_archived_retry_killed_before_and_after_the_create_creates_the_wo
 /// A ValidatingAdmissionPolicy (and its binding) refusing, in one namespace, any
 /// WorkflowRetry status that names a workflow UID: what an archived retry writes right after
 /// its create.
-struct StatusRefusal {
+pub struct StatusRefusal {
     name: String,
     admin: kube::Client,
+    /// The WorkflowRetry whose dry-run status writes probe the policy.
+    request: String,
 }
 
 impl StatusRefusal {
-    async fn install(
+    /// Installs the policy and waits until the API server enforces it on WorkflowRetry
+    /// `request`, which must exist.
+    pub async fn install(
         cluster: &LocalCluster,
         namespace: &str,
         retries: &Api<WorkflowRetry>,
+        request: &str,
     ) -> anyhow::Result<StatusRefusal> {
         let admin = cluster.admin_client();
         let name = format!("{namespace}-refuse-created-status");
@@ -236,12 +241,16 @@ impl StatusRefusal {
         Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
             .create(&PostParams::default(), &binding)
             .await?;
-        let this = StatusRefusal { name, admin };
+        let this = StatusRefusal {
+            name,
+            admin,
+            request: request.to_owned(),
+        };
         this.wait_until(retries, true).await?;
         Ok(this)
     }
 
-    async fn remove(self, retries: &Api<WorkflowRetry>) -> anyhow::Result<()> {
+    pub async fn remove(self, retries: &Api<WorkflowRetry>) -> anyhow::Result<()> {
         Api::<ValidatingAdmissionPolicyBinding>::all(self.admin.clone())
             .delete(&self.name, &DeleteParams::default())
             .await?;
@@ -262,7 +271,7 @@ impl StatusRefusal {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let result = retries
-                .patch_status(REQUEST, &params, &Patch::Merge(&probe))
+                .patch_status(&self.request, &params, &Patch::Merge(&probe))
                 .await;
             match (&result, refused) {
                 (Err(kube::Error::Api(s)), true) if s.message.contains("the test refuses") => {
@@ -281,15 +290,19 @@ impl StatusRefusal {
     }
 }
 
-/// Status writes of the controller on the request that the API server refused.
-fn refused_status_writes(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<usize> {
+/// Status writes of the controller on WorkflowRetry `request` that the API server refused.
+pub fn refused_status_writes(
+    cluster: &LocalCluster,
+    namespace: &str,
+    request: &str,
+) -> anyhow::Result<usize> {
     Ok(ctl::audit_log(cluster, namespace)?
         .iter()
         .filter(|a| {
             a.user == CONTROLLER_NAME
                 && a.verb == "patch"
                 && a.resource == "workflowretries"
-                && a.name == REQUEST
+                && a.name == request
                 && a.code >= 400
         })
         .count())
