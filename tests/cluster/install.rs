@@ -390,7 +390,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     };
     configmaps.create(&PostParams::default(), &cm).await?;
     forbidden(
-        Api::<ConfigMap>::namespaced(controller, &namespace)
+        Api::<ConfigMap>::namespaced(controller.clone(), &namespace)
             .delete("precious", &DeleteParams::default())
             .await
             .map(drop),

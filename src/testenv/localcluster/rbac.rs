@@ -1,9 +1,10 @@
-//! The controller's RBAC (deploy/rbac/controller.yaml's ClusterRole), bound to the local
-//! cluster's controller user, so tests and the demo run the controller with the rights a
-//! real install grants cluster-wide.
+//! The controller's RBAC (deploy/rbac/controller.yaml's ClusterRole, and argo-api.yaml's and
+//! argo-archive.yaml's), bound to the local cluster's controller user, so tests and the demo
+//! run the controller with the rights a real install grants cluster-wide.
 //!
 //! A real install grants Argo's ConfigMap and Secrets, and the Lease, by name in one
-//! namespace each (deploy/rbac/argo-archive.yaml, deploy/rbac/leader-election.yaml). Tests
+//! namespace each (deploy/rbac/argo-archive.yaml, deploy/rbac/leader-election.yaml), and,
+//! with the archive, create on workflows everywhere (argo-archive.yaml's ClusterRole). Tests
 //! put Argo's ConfigMap and Secrets, and their Leases, in a namespace of their own, so the
 //! test cluster's controller user also gets [`TESTENV_ROLE`]: test setup only, never shipped.
 
@@ -19,6 +20,8 @@ const FILE: &str = "deploy/rbac/controller.yaml";
 const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
 const ARGO_API_FILE: &str = "deploy/rbac/argo-api.yaml";
 const ARGO_API_RBAC: &str = include_str!("../../../deploy/rbac/argo-api.yaml");
+const ARCHIVE_FILE: &str = "deploy/rbac/argo-archive.yaml";
+const ARCHIVE_RBAC: &str = include_str!("../../../deploy/rbac/argo-archive.yaml");
 
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
@@ -67,9 +70,12 @@ fn testenv_role() -> ClusterRole {
 }
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it.
+    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it. And
+    // archived retries, which create workflows (deploy/rbac/argo-archive.yaml's
+    // ClusterRole).
     let argo_api = cluster_role(ARGO_API_FILE, ARGO_API_RBAC)?;
-    for role in [controller_cluster_role()?, argo_api, testenv_role()] {
+    let archived = cluster_role(ARCHIVE_FILE, ARCHIVE_RBAC)?;
+    for role in [controller_cluster_role()?, argo_api, archived, testenv_role()] {
         bind_to_controller(client, role).await?;
     }
     Ok(())
