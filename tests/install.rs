@@ -767,7 +767,9 @@ fn the_pod_policy_holds_the_service_account_to_releasing_argos_finalizer() {
         assert_eq!(validation["reason"], "Forbidden");
         let message = validation["message"].as_str().unwrap();
         assert!(
-            message.contains("may change a pod only by removing Argo's finalizer workflows.argoproj.io/status"),
+            message.contains(
+                "may change a pod only by removing Argo's finalizer workflows.argoproj.io/status"
+            ),
             "{message}"
         );
     }
@@ -776,7 +778,10 @@ fn the_pod_policy_holds_the_service_account_to_releasing_argos_finalizer() {
     assert_eq!(binding["validationActions"], serde_json::json!(["Deny"]));
     let mut expected = file_binding["spec"].clone();
     expected["policyName"] = name.into();
-    assert_eq!(*binding, expected, "deploy/rbac/controller-pod-policy.yaml's binding");
+    assert_eq!(
+        *binding, expected,
+        "deploy/rbac/controller-pod-policy.yaml's binding"
+    );
     // Every namespace: admission.namespaceSelector scopes the WorkflowRetry policy only.
     let scoped = documents(&template(&[
         "--set",

@@ -21,11 +21,11 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt as _;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
 };
-use kube::ResourceExt as _;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::request::{RetryPhase, annotations};
@@ -217,20 +217,30 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     let image = Patch::Strategic(serde_json::json!({
         "spec": {"containers": [{"name": "main", "image": "example.com/attacker"}]}
     }));
-    pod_policy::ensure_refused(&sa_pods, &probe.name_any(), &image, "spec")
+    pod_policy::ensure_refused(&sa_pods, &probe.name_any(), &image, "changes its spec")
         .await
         .context("the ServiceAccount replacing a pod's image")?;
-    pod_policy::ensure_refused(&sa_pods, &probe.name_any(), &pod_policy::add_label(), "labels")
-        .await
-        .context("the ServiceAccount labelling a pod")?;
+    pod_policy::ensure_refused(
+        &sa_pods,
+        &probe.name_any(),
+        &pod_policy::add_label(),
+        "changes its labels",
+    )
+    .await
+    .context("the ServiceAccount labelling a pod")?;
     let uid = probe.uid().context("the pod has no UID")?;
     let foreign = Patch::Json(serde_json::from_value(serde_json::json!([
         {"op": "test", "path": "/metadata/finalizers/0", "value": FOREIGN},
         {"op": "remove", "path": "/metadata/finalizers/0"},
     ]))?);
-    pod_policy::ensure_refused(&sa_pods, &probe.name_any(), &foreign, "finalizers")
-        .await
-        .context("the ServiceAccount removing another finalizer")?;
+    pod_policy::ensure_refused(
+        &sa_pods,
+        &probe.name_any(),
+        &foreign,
+        "changes its finalizers",
+    )
+    .await
+    .context("the ServiceAccount removing another finalizer")?;
     let released = sa_pods
         .patch(
             &probe.name_any(),
@@ -244,7 +254,10 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         "after removing Argo's finalizer: {:?}",
         released.finalizers()
     );
-    let unchanged = released.spec.as_ref().map(|s| s.containers[0].image.clone());
+    let unchanged = released
+        .spec
+        .as_ref()
+        .map(|s| s.containers[0].image.clone());
     ensure!(
         unchanged == Some(Some("busybox".into())),
         "the image became {unchanged:?}"
@@ -420,7 +433,15 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     )
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !can_i(&controller, &namespace, "create", "argoproj.io", "workflows").await? {
+    while !can_i(
+        &controller,
+        &namespace,
+        "create",
+        "argoproj.io",
+        "workflows",
+    )
+    .await?
+    {
         ensure!(
             tokio::time::Instant::now() < deadline,
             "with archive.enabled=true the ServiceAccount may still not create workflows"

@@ -649,9 +649,14 @@ pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_resp
     // deploy/rbac/controller-pod-policy.yaml for it), in force before the controller starts.
     let as_controller = kube::Client::try_from(cluster.config(Role::Controller).await?)?;
     let as_controller: Api<Pod> = Api::namespaced(as_controller, &namespace);
-    pod_policy::ensure_refused(&as_controller, held, &pod_policy::add_label(), "labels")
-        .await
-        .context("the controller's user labelling a pod")?;
+    pod_policy::ensure_refused(
+        &as_controller,
+        held,
+        &pod_policy::add_label(),
+        "changes its labels",
+    )
+    .await
+    .context("the controller's user labelling a pod")?;
 
     let controller = ctl::start(&cluster, &namespace, ctl::options(20, 30, true)).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
