@@ -608,8 +608,15 @@ fn ensure_agrees(file: &str, kind: &str, chart: &Value, chart_binding: &Value) {
     let docs = deploy_rbac(file);
     let role = only(&docs, kind);
     assert_eq!(rules(role), rules(chart), "{file}: the rules of {kind}");
+    ensure_binds(file, kind, chart_binding);
+}
+
+/// deploy/rbac/`file`'s `kind` lives and binds where and whom `chart_binding` does.
+fn ensure_binds(file: &str, kind: &str, chart_binding: &Value) {
+    let docs = deploy_rbac(file);
+    let role = only(&docs, kind);
     assert_eq!(
-        role["metadata"]["namespace"], chart["metadata"]["namespace"],
+        role["metadata"]["namespace"], chart_binding["metadata"]["namespace"],
         "{file}: where the {kind} lives"
     );
     let binding = only(&docs, &format!("{kind}Binding"));
@@ -639,7 +646,6 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
     ];
     let cluster = documents(&template(&archive));
     for (file, kind, name) in [
-        ("controller.yaml", "ClusterRole", "rewind"),
         ("leader-election.yaml", "Role", "rewind-leader-election"),
         ("argo-archive.yaml", "Role", "rewind-archive"),
         ("argo-api.yaml", "ClusterRole", "rewind-argo-api"),
@@ -647,12 +653,39 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
         let binding = find(&cluster, &format!("{kind}Binding"), name);
         ensure_agrees(file, kind, find(&cluster, kind, name), binding);
     }
-    // Nothing cluster-wide on what is granted by name in one namespace.
+    // The work rules: controller.yaml's with the archive off (the default); with it on,
+    // argo-archive.yaml's ClusterRole too, as archived retries create workflows.
+    let off = documents(&template(&[]));
+    let binding = find(&off, "ClusterRoleBinding", "rewind");
+    ensure_agrees(
+        "controller.yaml",
+        "ClusterRole",
+        find(&off, "ClusterRole", "rewind"),
+        binding,
+    );
+    ensure_binds("argo-archive.yaml", "ClusterRole", binding);
     let cluster_wide = rules(only(&deploy_rbac("controller.yaml"), "ClusterRole"));
+    let archived = rules(only(&deploy_rbac("argo-archive.yaml"), "ClusterRole"));
+    assert_eq!(
+        archived,
+        BTreeSet::from(["argoproj.io/workflows/*:create".to_owned()]),
+        "deploy/rbac/argo-archive.yaml's ClusterRole"
+    );
+    assert!(
+        cluster_wide.is_disjoint(&archived),
+        "deploy/rbac/controller.yaml grants what only archived retries need: {cluster_wide:?}"
+    );
+    let with_archive: BTreeSet<String> = cluster_wide.union(&archived).cloned().collect();
+    assert_eq!(
+        rules(find(&cluster, "ClusterRole", "rewind")),
+        with_archive,
+        "the chart's ClusterRole with archive.enabled=true"
+    );
+    // Nothing cluster-wide on what is granted by name in one namespace.
     for scoped in ["/configmaps/", "/secrets/", "/leases/"] {
         assert!(
-            cluster_wide.iter().all(|r| !r.contains(scoped)),
-            "deploy/rbac/controller.yaml grants {scoped} cluster-wide: {cluster_wide:?}"
+            with_archive.iter().all(|r| !r.contains(scoped)),
+            "deploy/rbac grants {scoped} cluster-wide: {with_archive:?}"
         );
     }
     let lease = rules(only(&deploy_rbac("leader-election.yaml"), "Role"));
@@ -663,26 +696,105 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
         "the Lease beyond its name: {lease:?}"
     );
 
-    let mut scoped_values = vec!["--set", "controller.namespaces={team-a,team-b}"];
-    scoped_values.extend_from_slice(&archive);
-    let scoped = documents(&template(&scoped_values));
-    assert!(
-        !scoped
-            .iter()
-            .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "rewind"),
-        "a namespace list must not grant cluster-wide rights"
-    );
-    for ns in ["team-a", "team-b"] {
-        let role = scoped
-            .iter()
-            .find(|d| {
-                d["kind"] == "Role"
-                    && d["metadata"]["name"] == "rewind"
-                    && d["metadata"]["namespace"] == ns
-            })
-            .unwrap_or_else(|| panic!("no Role rewind in {ns}"));
-        assert_eq!(rules(role), cluster_wide, "Role in {ns}");
+    let namespaces = ["--set", "controller.namespaces={team-a,team-b}"];
+    for (values, expected) in [
+        (namespaces.to_vec(), &cluster_wide),
+        ([&namespaces[..], &archive[..]].concat(), &with_archive),
+    ] {
+        let scoped = documents(&template(&values));
+        assert!(
+            !scoped
+                .iter()
+                .any(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "rewind"),
+            "a namespace list must not grant cluster-wide rights"
+        );
+        for ns in ["team-a", "team-b"] {
+            let role = scoped
+                .iter()
+                .find(|d| {
+                    d["kind"] == "Role"
+                        && d["metadata"]["name"] == "rewind"
+                        && d["metadata"]["namespace"] == ns
+                })
+                .unwrap_or_else(|| panic!("no Role rewind in {ns}"));
+            assert_eq!(rules(role), *expected, "Role in {ns} with {values:?}");
+        }
     }
+}
+
+#[test]
+fn the_pod_policy_holds_the_service_account_to_releasing_argos_finalizer() {
+    let name = "rewind-pod-finalizer-only";
+    // deploy/rbac/controller-pod-policy.yaml is the chart's, for rewind/rewind.
+    let docs = documents(&template(&[]));
+    let shipped = deploy_rbac("controller-pod-policy.yaml");
+    let policy = find(&docs, "ValidatingAdmissionPolicy", name);
+    assert_eq!(
+        only(&shipped, "ValidatingAdmissionPolicy")["spec"],
+        policy["spec"],
+        "deploy/rbac/controller-pod-policy.yaml's policy"
+    );
+    let file_binding = only(&shipped, "ValidatingAdmissionPolicyBinding");
+    assert_eq!(
+        file_binding["spec"]["policyName"],
+        only(&shipped, "ValidatingAdmissionPolicy")["metadata"]["name"]
+    );
+    let policy = &policy["spec"];
+    assert_eq!(policy["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["matchConstraints"]["resourceRules"],
+        serde_json::json!([{
+            "apiGroups": [""],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["pods", "pods/*"],
+        }])
+    );
+    let user = |docs: &[Value]| {
+        let policy = find(docs, "ValidatingAdmissionPolicy", name);
+        policy["spec"]["matchConditions"][0]["expression"].clone()
+    };
+    assert_eq!(
+        user(&docs),
+        "request.userInfo.username == 'system:serviceaccount:rewind:rewind'"
+    );
+    let renamed = documents(&template(&["--set", "serviceAccount.name=retrier"]));
+    assert_eq!(
+        user(&renamed),
+        "request.userInfo.username == 'system:serviceaccount:rewind:retrier'"
+    );
+    for validation in policy["validations"].as_array().unwrap() {
+        assert_eq!(validation["reason"], "Forbidden");
+        let message = validation["message"].as_str().unwrap();
+        assert!(
+            message.contains(
+                "may change a pod only by removing Argo's finalizer workflows.argoproj.io/status"
+            ),
+            "{message}"
+        );
+    }
+    let binding = &find(&docs, "ValidatingAdmissionPolicyBinding", name)["spec"];
+    assert_eq!(binding["policyName"], name);
+    assert_eq!(binding["validationActions"], serde_json::json!(["Deny"]));
+    let mut expected = file_binding["spec"].clone();
+    expected["policyName"] = name.into();
+    assert_eq!(
+        *binding, expected,
+        "deploy/rbac/controller-pod-policy.yaml's binding"
+    );
+    // Every namespace: admission.namespaceSelector scopes the WorkflowRetry policy only.
+    let scoped = documents(&template(&[
+        "--set",
+        "admission.namespaceSelector.matchLabels.team=a",
+    ]));
+    assert!(
+        find(&scoped, "ValidatingAdmissionPolicyBinding", name)["spec"]
+            .get("matchResources")
+            .is_none(),
+        "the pod policy must hold in every namespace"
+    );
+    let off = documents(&template(&["--set", "admission.enabled=false"]));
+    assert_eq!(kinds(&off, "ValidatingAdmissionPolicy"), 0);
 }
 
 /// The container's args of the chart rendered with `values`.

@@ -3,7 +3,8 @@
 //! the chart's ServiceAccount (a TokenRequest token), serves a retry that a user bound only to
 //! `rewind-retry` asked for. That user may create and delete a WorkflowRetry (the chart's
 //! admission policy admits it) but not list or delete pods; the ServiceAccount may not
-//! delete a ConfigMap.
+//! delete a ConfigMap, create workflows (unless the archive is on) or change a pod but by
+//! releasing it from Argo's finalizer (the chart's pod policy), as it does in the retry.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,9 +15,13 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt as _;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
@@ -29,6 +34,7 @@ use rewind::testenv::workload::FailedDag;
 use tokio::process::Command;
 
 use crate::support::controller as ctl;
+use crate::support::pod_policy;
 
 const RELEASE: &str = "rewind";
 pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/rewind");
@@ -187,6 +193,83 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     let alice = client(&user_kubeconfig).await?;
     let controller = client(&sa_kubeconfig).await?;
 
+    // What the ServiceAccount holds, asked as `kubectl auth can-i` asks (a
+    // SelfSubjectAccessReview, with its own token): patch on pods, to release them from
+    // Argo's finalizer, and none of their subresources; with the archive off (the
+    // default), no create on workflows, which only archived retries need.
+    for (verb, group, resource, expected) in [
+        ("patch", "", "pods", true),
+        ("patch", "", "pods/status", false),
+        ("update", "", "pods/ephemeralcontainers", false),
+        ("create", "", "pods/eviction", false),
+        ("create", "argoproj.io", "workflows", false),
+    ] {
+        let allowed = can_i(&controller, &namespace, verb, group, resource).await?;
+        ensure!(
+            allowed == expected,
+            "can the ServiceAccount {verb} {resource}? {allowed}, expected {expected}"
+        );
+    }
+    // `patch pods` is for Argo's finalizer only: the chart's admission policy refuses a
+    // stolen token every other change to a pod (here one also held by another finalizer).
+    let probe = held_pod(&admin, &namespace).await?;
+    let sa_pods: Api<Pod> = Api::namespaced(controller.clone(), &namespace);
+    let image = Patch::Strategic(serde_json::json!({
+        "spec": {"containers": [{"name": "main", "image": "example.com/attacker"}]}
+    }));
+    pod_policy::ensure_refused(&sa_pods, &probe.name_any(), &image, "changes its spec")
+        .await
+        .context("the ServiceAccount replacing a pod's image")?;
+    pod_policy::ensure_refused(
+        &sa_pods,
+        &probe.name_any(),
+        &pod_policy::add_label(),
+        "changes its labels",
+    )
+    .await
+    .context("the ServiceAccount labelling a pod")?;
+    let uid = probe.uid().context("the pod has no UID")?;
+    let foreign = Patch::Json(serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": "/metadata/finalizers/0", "value": FOREIGN},
+        {"op": "remove", "path": "/metadata/finalizers/0"},
+    ]))?);
+    pod_policy::ensure_refused(
+        &sa_pods,
+        &probe.name_any(),
+        &foreign,
+        "changes its finalizers",
+    )
+    .await
+    .context("the ServiceAccount removing another finalizer")?;
+    let released = sa_pods
+        .patch(
+            &probe.name_any(),
+            &PatchParams::default(),
+            &pod_policy::release(&uid, 1),
+        )
+        .await
+        .context("the ServiceAccount removing Argo's finalizer, as the controller does")?;
+    ensure!(
+        released.finalizers() == [FOREIGN],
+        "after removing Argo's finalizer: {:?}",
+        released.finalizers()
+    );
+    let unchanged = released
+        .spec
+        .as_ref()
+        .map(|s| s.containers[0].image.clone());
+    ensure!(
+        unchanged == Some(Some("busybox".into())),
+        "the image became {unchanged:?}"
+    );
+    Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .patch(
+            &probe.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+
     let dag = FailedDag {
         name: "wf".into(),
         failed: 12,
@@ -194,6 +277,13 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     };
     let created = dag.create(&admin, &namespace, 8, || ()).await?;
     let plan = ctl::expected_plan(&created)?;
+    // The controller releases a plan pod held by Argo's finalizer with the policy in force.
+    let held = &plan.pods_to_delete[0];
+    let finalizer = serde_json::json!({"metadata": {"finalizers": [labels::POD_STATUS_FINALIZER]}});
+    Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .patch(held, &PatchParams::default(), &Patch::Merge(&finalizer))
+        .await
+        .with_context(|| format!("adding Argo's finalizer to {held}"))?;
     let selector = format!("{}={}", labels::WORKFLOW, dag.name);
     let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
         .await?
@@ -313,7 +403,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     };
     configmaps.create(&PostParams::default(), &cm).await?;
     forbidden(
-        Api::<ConfigMap>::namespaced(controller, &namespace)
+        Api::<ConfigMap>::namespaced(controller.clone(), &namespace)
             .delete("precious", &DeleteParams::default())
             .await
             .map(drop),
@@ -324,6 +414,41 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         .await
         .context("the ConfigMap is gone")?;
 
+    // With the archive on, archived retries create workflows: the chart grants it.
+    helm(
+        &cluster,
+        work.path(),
+        &[
+            "upgrade",
+            RELEASE,
+            CHART,
+            "--namespace",
+            &namespace,
+            "--reuse-values",
+            "--set",
+            "archive.enabled=true",
+            "--set",
+            &format!("archive.argoNamespace={namespace}"),
+        ],
+    )
+    .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !can_i(
+        &controller,
+        &namespace,
+        "create",
+        "argoproj.io",
+        "workflows",
+    )
+    .await?
+    {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "with archive.enabled=true the ServiceAccount may still not create workflows"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     helm(
         &cluster,
         work.path(),
@@ -331,6 +456,61 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     )
     .await?;
     Ok(())
+}
+
+/// A finalizer of someone else's, which the controller must leave.
+const FOREIGN: &str = "example.com/keep";
+
+/// A pod (never scheduled) held by [`FOREIGN`] and Argo's finalizer, in that order.
+async fn held_pod(admin: &kube::Client, namespace: &str) -> anyhow::Result<Pod> {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "held",
+            "finalizers": [FOREIGN, labels::POD_STATUS_FINALIZER],
+        },
+        "spec": {
+            "schedulerName": "rewind-test-unscheduled",
+            "containers": [{"name": "main", "image": "busybox"}],
+        },
+    }))?;
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .context("creating pod held")
+}
+
+/// Whether `client` may `verb` `resource` (`RESOURCE/SUBRESOURCE` for a subresource) of API
+/// `group` in `namespace`, as `kubectl auth can-i` asks it.
+async fn can_i(
+    client: &kube::Client,
+    namespace: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+) -> anyhow::Result<bool> {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((resource, subresource)) => (resource, Some(subresource.to_owned())),
+        None => (resource, None),
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some(verb.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                subresource,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .with_context(|| format!("asking whether the ServiceAccount may {verb} {resource}"))?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 fn forbidden(result: Result<(), kube::Error>, what: &str) -> anyhow::Result<()> {

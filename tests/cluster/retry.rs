@@ -19,10 +19,11 @@ use rewind::argo::plan::ArgoVersion;
 use rewind::argo::plan::pod_name::{PodNameFormat, node_id, pod_name};
 use rewind::argo::workflow::{NodeFlag, NodeStatus, Workflow, labels};
 use rewind::protocol::request::{RetryPhase, annotations};
-use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
 
 use crate::support::controller::{self as ctl, Audited};
+use crate::support::pod_policy;
 
 /// Requests sent at once while creating fixtures.
 const CONCURRENCY: usize = 16;
@@ -618,7 +619,8 @@ where
 
 /// Pods held by Argo's `workflows.argoproj.io/status` finalizer: rewind releases that
 /// finalizer (and only it) after deleting the pod, and does not reset the workflow while a
-/// plan pod is still held by anything else.
+/// plan pod is still held by anything else; the shipped pod policy, which lets it change a
+/// pod only that way, in force.
 pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_respected(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -643,6 +645,18 @@ pub async fn pods_held_by_argos_finalizer_are_released_and_other_finalizers_resp
             .await
             .with_context(|| format!("adding finalizers to {name}"))?;
     }
+    // The controller's user is held to the shipped pod policy (the local cluster installs
+    // deploy/rbac/controller-pod-policy.yaml for it), in force before the controller starts.
+    let as_controller = kube::Client::try_from(cluster.config(Role::Controller).await?)?;
+    let as_controller: Api<Pod> = Api::namespaced(as_controller, &namespace);
+    pod_policy::ensure_refused(
+        &as_controller,
+        held,
+        &pod_policy::add_label(),
+        "changes its labels",
+    )
+    .await
+    .context("the controller's user labelling a pod")?;
 
     let controller = ctl::start(&cluster, &namespace, ctl::options(20, 30, true)).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);

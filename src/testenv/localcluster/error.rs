@@ -90,9 +90,10 @@ pub enum Error {
         source: serde_yaml_ng::Error,
     },
 
-    #[error("{file} holds no valid ClusterRole: {source}")]
+    #[error("{file} holds no valid {kind}: {source}")]
     Rbac {
         file: &'static str,
+        kind: &'static str,
         #[source]
         source: serde_yaml_ng::Error,
     },

@@ -1,16 +1,23 @@
-//! The controller's RBAC (deploy/rbac/controller.yaml's ClusterRole), bound to the local
-//! cluster's controller user, so tests and the demo run the controller with the rights a
-//! real install grants cluster-wide.
+//! The controller's RBAC (deploy/rbac/controller.yaml's ClusterRole, and argo-api.yaml's and
+//! argo-archive.yaml's), bound to the local cluster's controller user, so tests and the demo
+//! run the controller with the rights a real install grants cluster-wide, held, as there, to
+//! changing a pod only by removing Argo's finalizer (deploy/rbac/controller-pod-policy.yaml).
 //!
 //! A real install grants Argo's ConfigMap and Secrets, and the Lease, by name in one
-//! namespace each (deploy/rbac/argo-archive.yaml, deploy/rbac/leader-election.yaml). Tests
+//! namespace each (deploy/rbac/argo-archive.yaml, deploy/rbac/leader-election.yaml), and,
+//! with the archive, create on workflows everywhere (argo-archive.yaml's ClusterRole). Tests
 //! put Argo's ConfigMap and Secrets, and their Leases, in a namespace of their own, so the
 //! test cluster's controller user also gets [`TESTENV_ROLE`]: test setup only, never shipped.
 
+use k8s_openapi::Resource;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use serde::Deserialize as _;
+use serde::de::DeserializeOwned;
 
 use super::Error;
 use super::kubeconfig::CONTROLLER_NAME;
@@ -19,6 +26,10 @@ const FILE: &str = "deploy/rbac/controller.yaml";
 const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
 const ARGO_API_FILE: &str = "deploy/rbac/argo-api.yaml";
 const ARGO_API_RBAC: &str = include_str!("../../../deploy/rbac/argo-api.yaml");
+const ARCHIVE_FILE: &str = "deploy/rbac/argo-archive.yaml";
+const ARCHIVE_RBAC: &str = include_str!("../../../deploy/rbac/argo-archive.yaml");
+const POD_POLICY_FILE: &str = "deploy/rbac/controller-pod-policy.yaml";
+const POD_POLICY: &str = include_str!("../../../deploy/rbac/controller-pod-policy.yaml");
 
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
@@ -31,14 +42,71 @@ pub fn controller_cluster_role() -> Result<ClusterRole, Error> {
 
 /// The ClusterRole of `text` (deploy/rbac/`file`).
 fn cluster_role(file: &'static str, text: &str) -> Result<ClusterRole, Error> {
-    let invalid = |source| Error::Rbac { file, source };
+    object(file, text)
+}
+
+/// The first object of kind `K` in `text` (deploy/rbac/`file`).
+fn object<K>(file: &'static str, text: &str) -> Result<K, Error>
+where
+    K: Resource + DeserializeOwned,
+{
+    let kind = K::KIND;
+    let invalid = |source| Error::Rbac { file, kind, source };
     for document in serde_yaml_ng::Deserializer::from_str(text) {
         let value = serde_yaml_ng::Value::deserialize(document).map_err(invalid)?;
-        if value.get("kind").and_then(|k| k.as_str()) == Some("ClusterRole") {
+        if value.get("kind").and_then(|k| k.as_str()) == Some(kind) {
             return serde_yaml_ng::from_value(value).map_err(invalid);
         }
     }
-    Err(invalid(serde::de::Error::custom("it holds no ClusterRole")))
+    Err(invalid(serde::de::Error::custom(format!(
+        "it holds no {kind}"
+    ))))
+}
+
+/// deploy/rbac/controller-pod-policy.yaml's policy and binding, holding the test
+/// cluster's controller user (instead of the ServiceAccount rewind/rewind) to changing a
+/// pod only by removing Argo's finalizer, as a real install holds the controller.
+async fn install_pod_policy(client: &kube::Client) -> Result<(), Error> {
+    let mut policy: ValidatingAdmissionPolicy = object(POD_POLICY_FILE, POD_POLICY)?;
+    let binding: ValidatingAdmissionPolicyBinding = object(POD_POLICY_FILE, POD_POLICY)?;
+    let shipped = "'system:serviceaccount:rewind:rewind'";
+    let conditions = policy
+        .spec
+        .as_mut()
+        .and_then(|s| s.match_conditions.as_mut())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.expression.contains(shipped));
+    let mut replaced = 0;
+    for condition in conditions {
+        condition.expression = condition
+            .expression
+            .replace(shipped, &format!("'{CONTROLLER_NAME}'"));
+        replaced += 1;
+    }
+    if replaced == 0 {
+        return Err(Error::Rbac {
+            file: POD_POLICY_FILE,
+            kind: ValidatingAdmissionPolicy::KIND,
+            source: serde::de::Error::custom(format!("no matchCondition names {shipped}")),
+        });
+    }
+    let apply = PatchParams::apply("rewind-localcluster");
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .patch(&name, &apply, &Patch::Apply(&policy))
+        .await
+        .map_err(Error::kube(format!(
+            "installing ValidatingAdmissionPolicy {name}"
+        )))?;
+    let name = binding.metadata.name.clone().unwrap_or_default();
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .patch(&name, &apply, &Patch::Apply(&binding))
+        .await
+        .map_err(Error::kube(format!(
+            "installing ValidatingAdmissionPolicyBinding {name}"
+        )))?;
+    Ok(())
 }
 
 /// [`TESTENV_ROLE`]: Argo's ConfigMap and database Secrets, and Leases, anywhere.
@@ -67,12 +135,20 @@ fn testenv_role() -> ClusterRole {
 }
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it.
+    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it. And
+    // archived retries, which create workflows (deploy/rbac/argo-archive.yaml's
+    // ClusterRole).
     let argo_api = cluster_role(ARGO_API_FILE, ARGO_API_RBAC)?;
-    for role in [controller_cluster_role()?, argo_api, testenv_role()] {
+    let archived = cluster_role(ARCHIVE_FILE, ARCHIVE_RBAC)?;
+    for role in [
+        controller_cluster_role()?,
+        argo_api,
+        archived,
+        testenv_role(),
+    ] {
         bind_to_controller(client, role).await?;
     }
-    Ok(())
+    install_pod_policy(client).await
 }
 
 /// Applies `role` and a ClusterRoleBinding of the same name to [`CONTROLLER_NAME`].

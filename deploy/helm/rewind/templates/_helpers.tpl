@@ -22,11 +22,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* What the controller does in the namespaces it serves (deploy/rbac/controller.yaml). */}}
+{{/*
+What the controller does in the namespaces it serves (deploy/rbac/controller.yaml;
+with the archive on, deploy/rbac/argo-archive.yaml's ClusterRole too). `patch` on
+pods only releases them from Argo's finalizer: templates/pod-policy.yaml refuses
+the ServiceAccount any other change to a pod.
+*/}}
 {{- define "rewind.workRules" -}}
 - apiGroups: ["argoproj.io"]
   resources: ["workflows"]
-  verbs: ["get", "list", "watch", "create", "update", "patch"]
+  verbs: ["get", "list", "watch", "update", "patch"]
+{{- if .Values.archive.enabled }}
+# Only archived retries create workflows (anew, from Argo's archive).
+- apiGroups: ["argoproj.io"]
+  resources: ["workflows"]
+  verbs: ["create"]
+{{- end }}
 - apiGroups: ["rewind.dev"]
   resources: ["workflowretries"]
   verbs: ["get", "list", "watch", "create", "delete"]
