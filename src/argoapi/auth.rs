@@ -161,7 +161,7 @@ impl Authenticator {
     /// Argo would accept. A token is reviewed within the reviews' budget.
     pub async fn authenticate(
         &self,
-        reviews: &Reviews,
+        reviews: &Reviews<Identity>,
         source: IpAddr,
         headers: &HeaderMap,
     ) -> Result<Identity, Status> {
@@ -375,7 +375,7 @@ impl Resource {
 /// Whether `who` holds every permission of `needed`; 403 naming the first
 /// one missing. Each review is asked within the reviews' budget.
 pub async fn authorize(
-    reviews: &Reviews,
+    reviews: &Reviews<Identity>,
     source: IpAddr,
     who: &Identity,
     needed: &[Permission],

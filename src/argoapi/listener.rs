@@ -292,7 +292,8 @@ pub async fn serve(
         let mut http = http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
-            .max_buf_size(MAX_HEAD);
+            .max_buf_size(MAX_HEAD)
+            .max_header_size(MAX_HEAD);
         let (acceptor, watcher) = (acceptor.clone(), graceful.watcher());
         tokio::spawn(async move {
             let _share = share;

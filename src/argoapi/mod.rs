@@ -29,7 +29,7 @@ use axum::routing::put;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::argoapi::auth::{Account, AuthMode, Authenticator};
+use crate::argoapi::auth::{Account, AuthMode, Authenticator, Identity};
 use crate::argoapi::listener::{Limits, Shares};
 use crate::argoapi::review::Reviews;
 use crate::argoapi::wire::{Code, Status};
@@ -99,7 +99,7 @@ pub struct ArgoApi {
     /// rewind's own client: it writes requests and reads results.
     client: kube::Client,
     auth: Arc<Authenticator>,
-    reviews: Arc<Reviews>,
+    reviews: Arc<Reviews<Identity>>,
     limits: Limits,
     ttl: Duration,
 }

@@ -19,7 +19,6 @@ use hashlink::LruCache;
 use leaky_bucket::RateLimiter;
 use sha2::{Digest, Sha256};
 
-use crate::argoapi::auth::Identity;
 use crate::argoapi::listener::Shares;
 use crate::argoapi::wire::{Code, Status};
 
@@ -61,25 +60,33 @@ impl Default for Budget {
     }
 }
 
-type Answer = Result<Identity, Status>;
+/// Who a token is (`auth::Identity`), or its refusal.
+type Answer<T> = Result<T, Status>;
 
-/// The reviews of callers, within their budget.
-pub struct Reviews {
+/// The reviews of callers, within their budget; `T` is who a token is.
+pub struct Reviews<T> {
     /// A client of its own, outside rewind's write budget.
     client: kube::Client,
     bucket: RateLimiter,
     in_flight: Arc<Shares>,
-    known: Mutex<LruCache<[u8; 32], (Instant, Answer)>>,
+    known: Mutex<LruCache<[u8; 32], (Instant, Answer<T>)>>,
 }
 
-impl Reviews {
+impl<T: Clone> Reviews<T> {
     pub fn new(client: kube::Client, budget: Budget) -> Self {
         let burst = budget.burst.max(1) as usize;
+        let qps = budget.qps.max(1);
+        // leaky-bucket refuses an interval under a millisecond: a high rate
+        // refills a tenth of a second's tokens at once.
+        let (refill, interval) = match qps {
+            10.. => ((qps / 10) as usize, Duration::from_millis(100)),
+            _ => (1, Duration::from_secs(1) / qps),
+        };
         let bucket = RateLimiter::builder()
             .initial(burst)
             .max(burst)
-            .refill(1)
-            .interval(Duration::from_secs(1) / budget.qps.max(1))
+            .refill(refill)
+            .interval(interval)
             .build();
         Reviews {
             client,
@@ -96,11 +103,11 @@ impl Reviews {
 
     /// Runs `ask` (one review) once `source` has a share of the reviews in
     /// flight and the bucket a token; 503 when either would take too long.
-    pub async fn spend<T>(
+    pub async fn spend<R>(
         &self,
         source: IpAddr,
-        ask: impl Future<Output = T>,
-    ) -> Result<T, Status> {
+        ask: impl Future<Output = R>,
+    ) -> Result<R, Status> {
         let Some(_share) = self.in_flight.try_take(source) else {
             return Err(Status::new(
                 Code::Unavailable,
@@ -122,9 +129,9 @@ impl Reviews {
     /// Who `token` is: remembered, or asked with `ask` within the budget.
     /// A definite answer (who, or a refusal) is remembered; trouble asking
     /// is not.
-    pub async fn identity<F>(&self, source: IpAddr, token: &str, ask: F) -> Answer
+    pub async fn identity<F>(&self, source: IpAddr, token: &str, ask: F) -> Answer<T>
     where
-        F: Future<Output = Answer>,
+        F: Future<Output = Answer<T>>,
     {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
@@ -146,7 +153,7 @@ impl Reviews {
         answer
     }
 
-    fn remembered(&self, key: &[u8; 32], now: Instant) -> Option<Answer> {
+    fn remembered(&self, key: &[u8; 32], now: Instant) -> Option<Answer<T>> {
         let mut known = self
             .known
             .lock()
@@ -165,23 +172,16 @@ impl Reviews {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn reviews(budget: Budget) -> Reviews {
+    fn reviews(budget: Budget) -> Reviews<String> {
         // A client that is never called: these tests ask with closures.
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         Reviews::new(kube::Client::try_from(config).unwrap(), budget)
     }
 
-    fn alice() -> Identity {
-        Identity {
-            user: "alice".into(),
-            groups: vec![],
-            uid: None,
-            extra: BTreeMap::new(),
-            how: "test",
-        }
+    fn alice() -> String {
+        "alice".into()
     }
 
     #[tokio::test]
@@ -189,9 +189,11 @@ mod tests {
         let reviews = reviews(Budget::default());
         let asked = AtomicUsize::new(0);
         let source: IpAddr = "10.0.0.1".parse().unwrap();
-        let ask = |answer: Answer| {
+        let asked = &asked;
+        // Counted when asked (polled), as a review costs only then.
+        let ask = |answer: Answer<String>| async move {
             asked.fetch_add(1, Ordering::SeqCst);
-            async move { answer }
+            answer
         };
         for _ in 0..3 {
             assert_eq!(
@@ -245,7 +247,9 @@ mod tests {
         for i in 0..REMEMBERED + 50 {
             let refused = Status::new(Code::Unauthenticated, "no");
             let _ = reviews
-                .identity(source, &format!("junk-{i}"), async { Err(refused) })
+                .identity(source, &format!("junk-{i}"), async {
+                    Err::<String, _>(refused)
+                })
                 .await;
         }
         assert_eq!(reviews.known.lock().unwrap().len(), REMEMBERED);

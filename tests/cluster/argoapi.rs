@@ -38,7 +38,7 @@ pub fn free_addr() -> anyhow::Result<SocketAddr> {
 }
 
 /// `verbs` on workflows.
-pub fn workflows(verbs: &[&str]) -> PolicyRule {
+pub fn workflow_verbs(verbs: &[&str]) -> PolicyRule {
     rule("argoproj.io", "workflows", verbs)
 }
 
@@ -210,14 +210,14 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
         &admin,
         &namespace,
         "alice",
-        &[workflows(&["get", "update"]), delete_pods()],
+        &[workflow_verbs(&["get", "update"]), delete_pods()],
     )
     .await?;
     let reader = account(
         &admin,
         &namespace,
         "bob",
-        &[workflows(&["get", "list", "patch"])],
+        &[workflow_verbs(&["get", "list", "patch"])],
     )
     .await?;
     // Everything on workflows but no pods: Argo's server fails deleting the pods as them.
@@ -225,7 +225,7 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
         &admin,
         &namespace,
         "erin",
-        &[workflows(&["get", "list", "update", "patch"])],
+        &[workflow_verbs(&["get", "list", "update", "patch"])],
     )
     .await?;
 
@@ -376,14 +376,14 @@ pub async fn argos_archived_retry_call_creates_the_workflow(
         &admin,
         &namespace,
         "carol",
-        &[workflows(&["get", "create"]), delete_pods()],
+        &[workflow_verbs(&["get", "create"]), delete_pods()],
     )
     .await?;
     let updater = account(
         &admin,
         &namespace,
         "dave",
-        &[workflows(&["get", "update"]), delete_pods()],
+        &[workflow_verbs(&["get", "update"]), delete_pods()],
     )
     .await?;
 
@@ -456,7 +456,13 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
     let before = dag.create(&admin, &namespace, 8, || ()).await?;
     let plan = ctl::expected_plan(&before)?;
     // The Argo Server's account may read workflows but not update them, at first.
-    account(&admin, &namespace, "argo-server", &[workflows(&["get"])]).await?;
+    account(
+        &admin,
+        &namespace,
+        "argo-server",
+        &[workflow_verbs(&["get"])],
+    )
+    .await?;
     let addr = free_addr()?;
     let mut options = ctl::options(50, 50, true);
     let mut api = api_options(addr, None);
@@ -487,7 +493,7 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
         .patch(
             "argo-server",
             &PatchParams::default(),
-            &Patch::Merge(json!({"rules": [workflows(&["get", "update"]), delete_pods()]})),
+            &Patch::Merge(json!({"rules": [workflow_verbs(&["get", "update"]), delete_pods()]})),
         )
         .await?;
     let from = Timestamp::now() - SignedDuration::from_secs(1);
@@ -588,7 +594,7 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
         &admin,
         &namespace,
         "sso-retrier",
-        &[workflows(&["get", "update"]), delete_pods()],
+        &[workflow_verbs(&["get", "update"]), delete_pods()],
         alice,
     )
     .await?;
@@ -596,7 +602,7 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
         &admin,
         &namespace,
         "sso-reader",
-        &[workflows(&["get"])],
+        &[workflow_verbs(&["get"])],
         bob,
     )
     .await?;

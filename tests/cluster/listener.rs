@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
-use crate::argoapi::{account, delete_pods, free_addr, put, workflows};
+use crate::argoapi::{account, delete_pods, free_addr, put, workflow_verbs};
 use crate::hostile::{peak_rss_kib, spawn_controller_with, wait_ready};
 
 /// The process's peak resident memory may not pass this (KiB): the chart's limit is 320 Mi,
@@ -176,7 +176,7 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
         &admin,
         &namespace,
         "alice",
-        &[workflows(&["get", "update"]), delete_pods()],
+        &[workflow_verbs(&["get", "update"]), delete_pods()],
     )
     .await?;
     let addr = free_addr()?;
@@ -208,7 +208,8 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
     let mut figures = vec![format!("idle: answered in {idle:?}, peak {idle_peak} KiB")];
 
     // 1. 150 unauthenticated calls with 2 MB bodies at once: half declare their length,
-    // half send it chunked behind a junk token.
+    // half send it chunked behind a junk token. Each is refused (401, or 503 past a share)
+    // before its body is read.
     let big = vec![b'x'; 2_000_000];
     let chunked_big = chunked(&big);
     let from: IpAddr = "127.0.0.2".parse()?;
@@ -235,10 +236,6 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
             .iter()
             .all(|a| matches!(a, Some(401 | 413 | 503) | None)),
         "every big call is refused: {answers:?}"
-    );
-    ensure!(
-        answers.iter().step_by(2).all(|a| *a == Some(413)),
-        "a declared 2 MB body is 413 before authentication: {answers:?}"
     );
     let peak = peak_rss_kib(pid)?;
     figures.push(format!(
@@ -313,13 +310,15 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
     let answers: Vec<Option<u16>> = answers.into_iter().collect::<anyhow::Result<_>>()?;
     let refused = answers.iter().filter(|a| **a == Some(401)).count();
     let busy = answers.iter().filter(|a| **a == Some(503)).count();
+    // Past the source's connection share a connection is closed with no answer.
+    let closed = answers.iter().filter(|a| a.is_none()).count();
     ensure!(
-        refused + busy == answers.len() && refused > 0,
-        "every junk call is answered 401 or 503: {answers:?}"
+        refused + busy + closed == answers.len() && refused > 0,
+        "every junk call is answered 401 or 503, or closed: {answers:?}"
     );
     let peak = peak_rss_kib(pid)?;
     figures.push(format!(
-        "400 junk tokens: {refused} x 401, {busy} x 503, caller's slowest {slowest:?}, peak {peak} KiB"
+        "400 junk tokens: {refused} x 401, {busy} x 503, {closed} closed, caller's slowest {slowest:?}, peak {peak} KiB"
     ));
     ensure!(
         peak < PEAK,
@@ -356,6 +355,10 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
         ),
         (head("/api/v1/info", "Content-Length: 0\r\n"), Some(404)),
         (head(&format!("/{}", "a".repeat(70 * 1024)), ""), Some(431)),
+        (
+            head("/x", &format!("X-Big: {}\r\n", "a".repeat(70 * 1024))),
+            Some(431),
+        ),
     ];
     for (request, expected) in odd {
         let got = call(from, addr, &request, b"").await?;

@@ -17,7 +17,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::Workflow;
-use rewind::argoapi::tls::{CertFiles, Listener, server_config};
+use rewind::argoapi::tls::{CertFiles, server_config};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
@@ -434,7 +434,7 @@ impl Hold {
         std::fs::write(&files.key, cert.signing_key.serialize_pem())?;
         let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = tcp.local_addr()?.port();
-        let listener = Listener::new(tcp, server_config(&files)?)?;
+        let config = server_config(&files)?;
         let state = HoldState {
             first: Arc::default(),
             probed: Arc::default(),
@@ -447,8 +447,7 @@ impl Hold {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopped.cancelled().await })
+            rewind::argoapi::listener::serve(tcp, Some(config), app, Default::default(), stopped)
                 .await
         });
 
