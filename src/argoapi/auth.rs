@@ -19,8 +19,8 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
-use serde::Deserialize;
 
+use crate::argoapi::sso::{Caller, Named, Sso};
 use crate::argoapi::wire::{Code, Status};
 use crate::engine::fault;
 
@@ -103,8 +103,8 @@ pub struct Authenticator {
     /// The Argo Server's own ServiceAccount: whom server mode (and SSO
     /// without SSO RBAC, where Argo acts as itself) is authorized as.
     pub server_account: Option<Account>,
-    /// A client of the Argo Server, for `/api/v1/userinfo` (SSO).
-    pub argo_server: Option<kube::Client>,
+    /// The Argo Server's SSO: whom to ask who an SSO caller is, and its RBAC.
+    pub sso: Option<Sso>,
 }
 
 /// The caller, as the API server would see them.
@@ -155,11 +155,12 @@ fn unauthenticated(argo: &str, hint: &str) -> Status {
 }
 
 impl Authenticator {
-    /// Who makes the call with `headers`; 401 when nobody Argo would accept.
+    /// Who makes the call with `headers` on `namespace`; 401 when nobody Argo would accept.
     pub async fn authenticate(
         &self,
         client: &kube::Client,
         headers: &HeaderMap,
+        namespace: &str,
     ) -> Result<Identity, Status> {
         let mut tokens = tokens(headers);
         if tokens.is_empty() {
@@ -179,7 +180,7 @@ impl Authenticator {
         match mode {
             AuthMode::Client => review(client, token).await,
             AuthMode::Server => Ok(self.server_identity("server mode")?),
-            AuthMode::Sso => self.sso(token).await,
+            AuthMode::Sso => self.sso(client, token, namespace).await,
         }
     }
 
@@ -193,72 +194,31 @@ impl Authenticator {
         }
     }
 
-    /// An SSO caller, as the Argo Server that issued the token names them.
-    async fn sso(&self, token: &str) -> Result<Identity, Status> {
-        let Some(argo) = &self.argo_server else {
+    /// An SSO caller of a call on `namespace`: whom Argo's server acts as for the user
+    /// the Argo Server that issued the token names ([`sso`](crate::argoapi::sso)).
+    async fn sso(
+        &self,
+        client: &kube::Client,
+        token: &str,
+        namespace: &str,
+    ) -> Result<Identity, Status> {
+        let Some(sso) = &self.sso else {
             return Err(unauthenticated(
                 TOKEN_NOT_VALID,
                 "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
             ));
         };
-        let request = axum::http::Request::get("/api/v1/userinfo")
-            .header(AUTHORIZATION, token)
-            .body(Vec::new())
-            .expect("a request of a fixed path and a header from a request builds");
-        let text = match argo.request_text(request).await {
-            Ok(text) => text,
-            Err(e) => {
-                return Err(match refusal(&e) {
-                    Some(message) => unauthenticated(
-                        message,
-                        "the Argo Server refused this SSO token; log in to Argo's UI again",
-                    ),
-                    None => Status::new(
-                        Code::Unavailable,
-                        format!(
-                            "asking the Argo Server who the SSO caller is (GET /api/v1/userinfo) failed: {}; check --argo-server-url and that the Argo Server runs",
-                            fault::explain(&e)
-                        ),
-                    ),
-                });
-            }
-        };
-        let info: UserInfo = serde_json::from_str(&text).map_err(|e| {
-            Status::new(
-                Code::Internal,
-                format!("the Argo Server's /api/v1/userinfo answer is not Argo's GetUserInfoResponse ({e}); is --argo-server-url an Argo Server?"),
-            )
-        })?;
-        match (info.service_account_namespace, info.service_account_name) {
-            (Some(namespace), Some(name)) if !namespace.is_empty() && !name.is_empty() => {
-                Ok(Account { namespace, name }
-                    .identity("SSO (the ServiceAccount Argo's SSO RBAC maps the user to)"))
+        let info = sso.user_info(token).await?;
+        match sso.caller(client, &info, namespace).await? {
+            Caller::Account(Named { namespace, name }, how) => {
+                Ok(Account { namespace, name }.identity(how))
             }
             // Without SSO RBAC, Argo's server acts as itself for SSO users.
-            _ => {
+            Caller::ArgoServer => {
                 self.server_identity("SSO without SSO RBAC (the Argo Server's own ServiceAccount)")
             }
         }
     }
-}
-
-/// The message of the Argo Server's refusal of a token, if `e` is one. kube reads an
-/// error answer's body as a Kubernetes Status, and Argo's body is a rendered gRPC status:
-/// its `code` (16 Unauthenticated, 7 PermissionDenied) stands where the HTTP status would.
-/// A body that is no JSON (from a proxy in between) keeps the HTTP status.
-fn refusal(e: &kube::Error) -> Option<&str> {
-    match e {
-        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 16 | 7) => Some(&s.message),
-        _ => None,
-    }
-}
-
-/// What `GET /api/v1/userinfo` answers (info.proto GetUserInfoResponse).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct UserInfo {
-    service_account_name: Option<String>,
-    service_account_namespace: Option<String>,
 }
 
 /// The user a Kubernetes token stands for (TokenReview).
@@ -467,25 +427,6 @@ mod tests {
             who.groups
                 .contains(&"system:serviceaccounts:argo".to_owned())
         );
-    }
-
-    #[test]
-    fn an_argo_servers_refusal_is_told_by_its_grpc_or_http_code() {
-        let answer = |code: u16, message: &str| {
-            kube::Error::Api(
-                kube::core::Status::failure(message, "")
-                    .with_code(code)
-                    .boxed(),
-            )
-        };
-        // Argo's body, as kube reads it: the gRPC code.
-        assert_eq!(
-            refusal(&answer(16, "failed to decrypt token")),
-            Some("failed to decrypt token")
-        );
-        // A proxy's plain-text 401.
-        assert_eq!(refusal(&answer(401, "Unauthorized")), Some("Unauthorized"));
-        assert_eq!(refusal(&answer(503, "no upstream")), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod retry;
+pub mod sso;
 pub mod tls;
 pub mod wire;
 
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::argoapi::auth::{Account, AuthMode, Authenticator};
+use crate::argoapi::sso::Sso;
 use crate::argoapi::wire::{Code, Status};
 
 /// How long a WorkflowRetry created for a call is kept after it finished:
@@ -43,6 +45,13 @@ pub struct Settings {
     pub server_account: Option<Account>,
     /// The Argo Server, asked who an SSO caller is.
     pub argo_server: Option<ArgoServer>,
+    /// Whether the Argo Server's SSO RBAC is on (its `sso.rbac.enabled`): SSO
+    /// callers then act as the ServiceAccount it maps them to, else as the
+    /// Argo Server's own. Required in SSO mode.
+    pub sso_rbac: Option<bool>,
+    /// Whether the Argo Server delegates SSO RBAC to a call's namespace (its
+    /// `SSO_DELEGATE_RBAC_TO_NAMESPACE=true`).
+    pub sso_delegate: bool,
     /// Serve TLS with this certificate; `None` serves plain HTTP.
     pub tls: Option<tls::CertFiles>,
 }
@@ -73,6 +82,10 @@ pub enum SettingsError {
         "auth mode sso needs the Argo Server to ask who an SSO caller is; set --argo-server-url (e.g. https://argo-server.argo:2746)"
     )]
     NoArgoServer,
+    #[error(
+        "auth mode sso: say whether the Argo Server's SSO RBAC is on (sso.rbac.enabled in its ConfigMap) with --argo-api-sso-rbac=true or false (the chart's argoApi.sso.rbac): SSO callers act as the ServiceAccount it maps them to, or as the Argo Server's own"
+    )]
+    NoSsoRbac,
     #[error("building a client of the Argo Server at {url}: {source}")]
     ArgoServerClient {
         url: Uri,
@@ -101,6 +114,8 @@ impl ArgoApi {
             modes,
             server_account,
             argo_server,
+            sso_rbac,
+            sso_delegate,
             ..
         } = settings;
         if modes.is_empty() {
@@ -109,17 +124,27 @@ impl ArgoApi {
         if modes.contains(&AuthMode::Server) && server_account.is_none() {
             return Err(SettingsError::NoServerAccount { mode: "server" });
         }
-        let argo_server = match (argo_server, modes.contains(&AuthMode::Sso)) {
-            (None, true) => return Err(SettingsError::NoArgoServer),
-            (Some(server), true) => Some(argo_server_client(server)?),
-            (_, false) => None,
+        let sso = match (argo_server, modes.contains(&AuthMode::Sso), sso_rbac) {
+            (None, true, _) => return Err(SettingsError::NoArgoServer),
+            (Some(_), true, None) => return Err(SettingsError::NoSsoRbac),
+            (Some(_), true, Some(false)) if server_account.is_none() => {
+                return Err(SettingsError::NoServerAccount {
+                    mode: "sso without SSO RBAC",
+                });
+            }
+            (Some(server), true, Some(rbac)) => Some(Sso {
+                argo_server: argo_server_client(server)?,
+                rbac: *rbac,
+                delegate: *sso_delegate,
+            }),
+            (_, false, _) => None,
         };
         Ok(ArgoApi {
             client,
             auth: Arc::new(Authenticator {
                 modes: modes.clone(),
                 server_account: server_account.clone(),
-                argo_server,
+                sso,
             }),
             ttl: TTL,
         })

@@ -69,7 +69,10 @@ async fn retry_live(
     body: &[u8],
 ) -> Result<Workflow, Status> {
     let options = RetryBody::parse(body)?.options();
-    let caller = api.auth.authenticate(&api.client, headers).await?;
+    let caller = api
+        .auth
+        .authenticate(&api.client, headers, &namespace)
+        .await?;
     // Argo's server reads the workflow and updates it as the caller.
     let needed = ["get", "update"].map(|verb| Permission {
         verb,
@@ -137,7 +140,10 @@ async fn retry_archived(
             "the request names no namespace: an archived retry creates the workflow in the namespace the request names (`argo archive retry UID -n NAMESPACE`)",
         ));
     }
-    let caller = api.auth.authenticate(&api.client, headers).await?;
+    let caller = api
+        .auth
+        .authenticate(&api.client, headers, &namespace)
+        .await?;
     // Argo's server reads the archived workflow as the caller (get) and
     // creates it again as the caller (create).
     let needed = ["get", "create"].map(|verb| Permission {

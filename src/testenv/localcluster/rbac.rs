@@ -19,6 +19,8 @@ const FILE: &str = "deploy/rbac/controller.yaml";
 const CONTROLLER_RBAC: &str = include_str!("../../../deploy/rbac/controller.yaml");
 const ARGO_API_FILE: &str = "deploy/rbac/argo-api.yaml";
 const ARGO_API_RBAC: &str = include_str!("../../../deploy/rbac/argo-api.yaml");
+const ARGO_API_SSO_FILE: &str = "deploy/rbac/argo-api-sso.yaml";
+const ARGO_API_SSO_RBAC: &str = include_str!("../../../deploy/rbac/argo-api-sso.yaml");
 
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
@@ -67,9 +69,16 @@ fn testenv_role() -> ClusterRole {
 }
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it.
+    // Argo's retry API too (deploy/rbac/argo-api.yaml, and argo-api-sso.yaml for SSO
+    // RBAC delegated to namespaces): the tests serve it.
     let argo_api = cluster_role(ARGO_API_FILE, ARGO_API_RBAC)?;
-    for role in [controller_cluster_role()?, argo_api, testenv_role()] {
+    let argo_api_sso = cluster_role(ARGO_API_SSO_FILE, ARGO_API_SSO_RBAC)?;
+    for role in [
+        controller_cluster_role()?,
+        argo_api,
+        argo_api_sso,
+        testenv_role(),
+    ] {
         bind_to_controller(client, role).await?;
     }
     Ok(())
