@@ -134,6 +134,10 @@ const EVERYTHING: &[&str] = &[
     "--set",
     "argoApi.argoServer.insecureSkipVerify=true",
     "--set",
+    "argoApi.sso.rbac=true",
+    "--set",
+    "argoApi.sso.delegateRBACToNamespace=true",
+    "--set",
     "argoApi.ingress.enabled=true",
     "--set",
     "argoApi.httpRoute.enabled=true",
@@ -167,6 +171,7 @@ fn the_values_schema_refuses_bad_values() {
         "argoApi.authModes={hybrid}",
         "argoApi.argoServer.serviceAccount=argo-server",
         "argoApi.port=0",
+        "argoApi.sso.rbac=maybe",
     ] {
         let (ok, _, err) = helm(&["template", "rewind", CHART, "--set", bad]);
         assert!(!ok, "helm template accepted --set {bad}");
@@ -644,11 +649,22 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
         "--set",
         "archive.secretNames={argo-postgres-config}",
     ];
-    let cluster = documents(&template(&archive));
+    // deploy/rbac/argo-api-sso.yaml is the chart's grant for SSO RBAC delegated to a call's
+    // namespace.
+    let sso = [
+        "--set",
+        "argoApi.authModes={sso}",
+        "--set",
+        "argoApi.sso.rbac=true",
+        "--set",
+        "argoApi.sso.delegateRBACToNamespace=true",
+    ];
+    let cluster = documents(&template(&[&archive[..], &sso[..]].concat()));
     for (file, kind, name) in [
         ("leader-election.yaml", "Role", "rewind-leader-election"),
         ("argo-archive.yaml", "Role", "rewind-archive"),
         ("argo-api.yaml", "ClusterRole", "rewind-argo-api"),
+        ("argo-api-sso.yaml", "ClusterRole", "rewind-argo-api-sso"),
     ] {
         let binding = find(&cluster, &format!("{kind}Binding"), name);
         ensure_agrees(file, kind, find(&cluster, kind, name), binding);
@@ -664,6 +680,17 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
         binding,
     );
     ensure_binds("argo-archive.yaml", "ClusterRole", binding);
+    // Only then: without delegation (or SSO RBAC), no ServiceAccount is read.
+    for values in [&archive[..], &[&archive[..], &sso[..4]].concat()] {
+        let docs = documents(&template(values));
+        assert!(
+            !docs
+                .iter()
+                .any(|d| d["metadata"]["name"] == "rewind-argo-api-sso"),
+            "{values:?} grants reading ServiceAccounts"
+        );
+    }
+    // Nothing cluster-wide on what is granted by name in one namespace.
     let cluster_wide = rules(only(&deploy_rbac("controller.yaml"), "ClusterRole"));
     let archived = rules(only(&deploy_rbac("argo-archive.yaml"), "ClusterRole"));
     assert_eq!(
@@ -720,6 +747,21 @@ fn the_chart_grants_the_controller_what_deploy_rbac_grants() {
             assert_eq!(rules(role), *expected, "Role in {ns} with {values:?}");
         }
     }
+    // SSO delegation with a namespace list: ServiceAccounts read there and in argo-server's
+    // namespace (the login account), bound per namespace.
+    let scoped = documents(&template(
+        &[&namespaces[..], &archive[..], &sso[..]].concat(),
+    ));
+    let bound: BTreeSet<&str> = scoped
+        .iter()
+        .filter(|d| d["metadata"]["name"] == "rewind-argo-api-sso")
+        .filter_map(|d| match d["kind"].as_str() {
+            Some("RoleBinding") => d["metadata"]["namespace"].as_str(),
+            Some("ClusterRoleBinding") => Some("(cluster)"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bound, BTreeSet::from(["argo", "team-a", "team-b"]));
 }
 
 #[test]

@@ -20,9 +20,9 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
-use serde::Deserialize;
 
 use crate::argoapi::review::Reviews;
+use crate::argoapi::sso::{Caller, Named, Sso, UserInfo};
 use crate::argoapi::wire::{Code, Status};
 use crate::engine::fault;
 
@@ -105,8 +105,8 @@ pub struct Authenticator {
     /// The Argo Server's own ServiceAccount: whom server mode (and SSO
     /// without SSO RBAC, where Argo acts as itself) is authorized as.
     pub server_account: Option<Account>,
-    /// A client of the Argo Server, for `/api/v1/userinfo` (SSO).
-    pub argo_server: Option<kube::Client>,
+    /// The Argo Server's SSO: whom to ask who an SSO caller is, and its RBAC.
+    pub sso: Option<Sso>,
 }
 
 /// The caller, as the API server would see them.
@@ -156,15 +156,27 @@ fn unauthenticated(argo: &str, hint: &str) -> Status {
     Status::new(Code::Unauthenticated, format!("{argo} — {hint}"))
 }
 
+/// Who a call's token is. An SSO user's account may depend on the call's
+/// namespace (delegation), which an archived call names in its body: that
+/// choice waits for [`Authenticator::acting_as`], so the body is read only
+/// once the token is known good.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Authenticated {
+    /// The caller the API server will see.
+    Known(Identity),
+    /// An SSO user, as the Argo Server that issued the token names them.
+    Sso(Box<UserInfo>),
+}
+
 impl Authenticator {
-    /// Who makes the call with `headers` from `source`; 401 when nobody
-    /// Argo would accept. A token is reviewed within the reviews' budget.
+    /// Who makes the call with `headers` from `source`; 401 when nobody Argo
+    /// would accept. A token is reviewed within the reviews' budget.
     pub async fn authenticate(
         &self,
-        reviews: &Reviews<Identity>,
+        reviews: &Reviews<Authenticated>,
         source: IpAddr,
         headers: &HeaderMap,
-    ) -> Result<Identity, Status> {
+    ) -> Result<Authenticated, Status> {
         let mut tokens = tokens(headers);
         if tokens.is_empty() {
             tokens.push(String::new());
@@ -182,12 +194,66 @@ impl Authenticator {
         };
         match mode {
             AuthMode::Client => {
-                reviews
-                    .identity(source, token, review(reviews.client(), token))
-                    .await
+                let ask = async {
+                    review(reviews.client(), token)
+                        .await
+                        .map(Authenticated::Known)
+                };
+                reviews.identity(source, token, ask).await
             }
-            AuthMode::Server => Ok(self.server_identity("server mode")?),
-            AuthMode::Sso => reviews.identity(source, token, self.sso(token)).await,
+            AuthMode::Server => Ok(Authenticated::Known(self.server_identity("server mode")?)),
+            AuthMode::Sso => {
+                let Some(sso) = &self.sso else {
+                    return Err(unauthenticated(
+                        TOKEN_NOT_VALID,
+                        "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
+                    ));
+                };
+                let ask = async {
+                    let info = sso.user_info(token).await?;
+                    Ok(Authenticated::Sso(Box::new(info)))
+                };
+                reviews.identity(source, token, ask).await
+            }
+        }
+    }
+
+    /// Whom Argo's server acts as for `who` in a call on `namespace`: an SSO
+    /// user's account is picked as its SSO RBAC picks it
+    /// ([`sso`](crate::argoapi::sso)); reading the namespace's accounts for
+    /// delegation is a review, within the budget.
+    pub async fn acting_as(
+        &self,
+        reviews: &Reviews<Authenticated>,
+        source: IpAddr,
+        who: Authenticated,
+        namespace: &str,
+    ) -> Result<Identity, Status> {
+        let info = match who {
+            Authenticated::Known(identity) => return Ok(identity),
+            Authenticated::Sso(info) => info,
+        };
+        let Some(sso) = &self.sso else {
+            return Err(unauthenticated(
+                TOKEN_NOT_VALID,
+                "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
+            ));
+        };
+        let caller = if sso.delegates(&info, namespace) {
+            reviews
+                .spend(source, sso.caller(reviews.client(), &info, namespace))
+                .await??
+        } else {
+            sso.caller(reviews.client(), &info, namespace).await?
+        };
+        match caller {
+            Caller::Account(Named { namespace, name }, how) => {
+                Ok(Account { namespace, name }.identity(how))
+            }
+            // Without SSO RBAC, Argo's server acts as itself for SSO users.
+            Caller::ArgoServer => {
+                self.server_identity("SSO without SSO RBAC (the Argo Server's own ServiceAccount)")
+            }
         }
     }
 
@@ -200,73 +266,6 @@ impl Authenticator {
             )),
         }
     }
-
-    /// An SSO caller, as the Argo Server that issued the token names them.
-    async fn sso(&self, token: &str) -> Result<Identity, Status> {
-        let Some(argo) = &self.argo_server else {
-            return Err(unauthenticated(
-                TOKEN_NOT_VALID,
-                "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
-            ));
-        };
-        let request = axum::http::Request::get("/api/v1/userinfo")
-            .header(AUTHORIZATION, token)
-            .body(Vec::new())
-            .expect("a request of a fixed path and a header from a request builds");
-        let text = match argo.request_text(request).await {
-            Ok(text) => text,
-            Err(e) => {
-                return Err(match refusal(&e) {
-                    Some(message) => unauthenticated(
-                        message,
-                        "the Argo Server refused this SSO token; log in to Argo's UI again",
-                    ),
-                    None => Status::new(
-                        Code::Unavailable,
-                        format!(
-                            "asking the Argo Server who the SSO caller is (GET /api/v1/userinfo) failed: {}; check --argo-server-url and that the Argo Server runs",
-                            fault::explain(&e)
-                        ),
-                    ),
-                });
-            }
-        };
-        let info: UserInfo = serde_json::from_str(&text).map_err(|e| {
-            Status::new(
-                Code::Internal,
-                format!("the Argo Server's /api/v1/userinfo answer is not Argo's GetUserInfoResponse ({e}); is --argo-server-url an Argo Server?"),
-            )
-        })?;
-        match (info.service_account_namespace, info.service_account_name) {
-            (Some(namespace), Some(name)) if !namespace.is_empty() && !name.is_empty() => {
-                Ok(Account { namespace, name }
-                    .identity("SSO (the ServiceAccount Argo's SSO RBAC maps the user to)"))
-            }
-            // Without SSO RBAC, Argo's server acts as itself for SSO users.
-            _ => {
-                self.server_identity("SSO without SSO RBAC (the Argo Server's own ServiceAccount)")
-            }
-        }
-    }
-}
-
-/// The message of the Argo Server's refusal of a token, if `e` is one. kube reads an
-/// error answer's body as a Kubernetes Status, and Argo's body is a rendered gRPC status:
-/// its `code` (16 Unauthenticated, 7 PermissionDenied) stands where the HTTP status would.
-/// A body that is no JSON (from a proxy in between) keeps the HTTP status.
-fn refusal(e: &kube::Error) -> Option<&str> {
-    match e {
-        kube::Error::Api(s) if matches!(s.code, 401 | 403 | 16 | 7) => Some(&s.message),
-        _ => None,
-    }
-}
-
-/// What `GET /api/v1/userinfo` answers (info.proto GetUserInfoResponse).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct UserInfo {
-    service_account_name: Option<String>,
-    service_account_namespace: Option<String>,
 }
 
 /// The user a Kubernetes token stands for (TokenReview).
@@ -375,7 +374,7 @@ impl Resource {
 /// Whether `who` holds every permission of `needed`; 403 naming the first
 /// one missing. Each review is asked within the reviews' budget.
 pub async fn authorize(
-    reviews: &Reviews<Identity>,
+    reviews: &Reviews<Authenticated>,
     source: IpAddr,
     who: &Identity,
     needed: &[Permission],
@@ -515,25 +514,6 @@ mod tests {
             who.groups
                 .contains(&"system:serviceaccounts:argo".to_owned())
         );
-    }
-
-    #[test]
-    fn an_argo_servers_refusal_is_told_by_its_grpc_or_http_code() {
-        let answer = |code: u16, message: &str| {
-            kube::Error::Api(
-                kube::core::Status::failure(message, "")
-                    .with_code(code)
-                    .boxed(),
-            )
-        };
-        // Argo's body, as kube reads it: the gRPC code.
-        assert_eq!(
-            refusal(&answer(16, "failed to decrypt token")),
-            Some("failed to decrypt token")
-        );
-        // A proxy's plain-text 401.
-        assert_eq!(refusal(&answer(401, "Unauthorized")), Some("Unauthorized"));
-        assert_eq!(refusal(&answer(503, "no upstream")), None);
     }
 
     #[test]

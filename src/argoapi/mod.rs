@@ -16,6 +16,7 @@ pub mod auth;
 pub mod listener;
 pub mod retry;
 pub mod review;
+pub mod sso;
 pub mod tls;
 pub mod wire;
 
@@ -29,9 +30,10 @@ use axum::routing::put;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::argoapi::auth::{Account, AuthMode, Authenticator, Identity};
+use crate::argoapi::auth::{Account, AuthMode, Authenticated, Authenticator};
 use crate::argoapi::listener::{Limits, Shares};
 use crate::argoapi::review::Reviews;
+use crate::argoapi::sso::Sso;
 use crate::argoapi::wire::{Code, Status};
 
 /// How long a WorkflowRetry created for a call is kept after it finished:
@@ -48,6 +50,13 @@ pub struct Settings {
     pub server_account: Option<Account>,
     /// The Argo Server, asked who an SSO caller is.
     pub argo_server: Option<ArgoServer>,
+    /// Whether the Argo Server's SSO RBAC is on (its `sso.rbac.enabled`): SSO
+    /// callers then act as the ServiceAccount it maps them to, else as the
+    /// Argo Server's own. Required in SSO mode.
+    pub sso_rbac: Option<bool>,
+    /// Whether the Argo Server delegates SSO RBAC to a call's namespace (its
+    /// `SSO_DELEGATE_RBAC_TO_NAMESPACE=true`).
+    pub sso_delegate: bool,
     /// Serve TLS with this certificate; `None` serves plain HTTP.
     pub tls: Option<tls::CertFiles>,
     /// What any caller may cost the listener.
@@ -82,6 +91,10 @@ pub enum SettingsError {
         "auth mode sso needs the Argo Server to ask who an SSO caller is; set --argo-server-url (e.g. https://argo-server.argo:2746)"
     )]
     NoArgoServer,
+    #[error(
+        "auth mode sso: say whether the Argo Server's SSO RBAC is on (sso.rbac.enabled in its ConfigMap) with --argo-api-sso-rbac=true or false (the chart's argoApi.sso.rbac): SSO callers act as the ServiceAccount it maps them to, or as the Argo Server's own"
+    )]
+    NoSsoRbac,
     #[error("building a client of the Argo Server at {url}: {source}")]
     ArgoServerClient {
         url: Uri,
@@ -99,7 +112,7 @@ pub struct ArgoApi {
     /// rewind's own client: it writes requests and reads results.
     client: kube::Client,
     auth: Arc<Authenticator>,
-    reviews: Arc<Reviews<Identity>>,
+    reviews: Arc<Reviews<Authenticated>>,
     limits: Limits,
     ttl: Duration,
 }
@@ -119,6 +132,8 @@ impl ArgoApi {
             argo_server,
             limits,
             reviews,
+            sso_rbac,
+            sso_delegate,
             ..
         } = settings;
         if modes.is_empty() {
@@ -127,17 +142,27 @@ impl ArgoApi {
         if modes.contains(&AuthMode::Server) && server_account.is_none() {
             return Err(SettingsError::NoServerAccount { mode: "server" });
         }
-        let argo_server = match (argo_server, modes.contains(&AuthMode::Sso)) {
-            (None, true) => return Err(SettingsError::NoArgoServer),
-            (Some(server), true) => Some(argo_server_client(server)?),
-            (_, false) => None,
+        let sso = match (argo_server, modes.contains(&AuthMode::Sso), sso_rbac) {
+            (None, true, _) => return Err(SettingsError::NoArgoServer),
+            (Some(_), true, None) => return Err(SettingsError::NoSsoRbac),
+            (Some(_), true, Some(false)) if server_account.is_none() => {
+                return Err(SettingsError::NoServerAccount {
+                    mode: "sso without SSO RBAC",
+                });
+            }
+            (Some(server), true, Some(rbac)) => Some(Sso {
+                argo_server: argo_server_client(server)?,
+                rbac: *rbac,
+                delegate: *sso_delegate,
+            }),
+            (_, false, _) => None,
         };
         Ok(ArgoApi {
             client,
             auth: Arc::new(Authenticator {
                 modes: modes.clone(),
                 server_account: server_account.clone(),
-                argo_server,
+                sso,
             }),
             reviews: Arc::new(Reviews::new(review_client, *reviews)),
             limits: *limits,
@@ -152,6 +177,9 @@ fn argo_server_client(server: &ArgoServer) -> Result<kube::Client, SettingsError
     let mut config = kube::Config::new(server.url.clone());
     config.root_cert_file = server.ca_file.clone();
     config.accept_invalid_certs = server.insecure_skip_verify;
+    config.connect_timeout = Some(review::TIMEOUT);
+    config.read_timeout = Some(review::TIMEOUT);
+    config.write_timeout = Some(review::TIMEOUT);
     kube::Client::try_from(config).map_err(|source| SettingsError::ArgoServerClient {
         url: server.url.clone(),
         source: Box::new(source),

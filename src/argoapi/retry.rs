@@ -22,7 +22,7 @@ use kube::api::{Api, GetParams};
 use tracing::info;
 
 use crate::argo::workflow::Workflow;
-use crate::argoapi::auth::{self, Identity, Permission, Resource};
+use crate::argoapi::auth::{self, Authenticated, Identity, Permission, Resource};
 use crate::argoapi::wire::{Code, RetryBody, Status};
 use crate::argoapi::{ArgoApi, listener};
 use crate::client::follow::{self, Follower, Observed, POLL_INTERVAL};
@@ -82,7 +82,7 @@ struct Call<'a> {
 impl Call<'_> {
     /// Who calls; only then is the body read, within the listener's limits,
     /// so an unauthenticated caller never costs its body's memory.
-    async fn authenticate(self) -> Result<(Identity, RetryBody), Response> {
+    async fn authenticate(self) -> Result<(Authenticated, RetryBody), Response> {
         let caller = self
             .api
             .auth
@@ -138,7 +138,11 @@ async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<W
         return Err(not_a_name("workflow name", &name, "a DNS-1123 subdomain"));
     }
     let (api, source) = (call.api, call.source);
-    let (caller, body) = call.authenticate().await?;
+    let (who, body) = call.authenticate().await?;
+    let caller = api
+        .auth
+        .acting_as(&api.reviews, source, who, &namespace)
+        .await?;
     let options = body.options();
     // Argo's server reads the workflow, updates it and deletes its pods as
     // the caller.
@@ -199,7 +203,7 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
         ));
     }
     let (api, source) = (call.api, call.source);
-    let (caller, body) = call.authenticate().await?;
+    let (who, body) = call.authenticate().await?;
     let namespace = body.namespace.trim().to_owned();
     if namespace.is_empty() {
         // Argo's server creates the workflow in the request's namespace too,
@@ -213,6 +217,10 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
     if !names::is_namespace(&namespace) {
         return Err(not_a_name("namespace", &namespace, "a DNS-1123 label"));
     }
+    let caller = api
+        .auth
+        .acting_as(&api.reviews, source, who, &namespace)
+        .await?;
     // Argo's server reads the archived workflow as the caller (get),
     // deletes its leftover pods and creates it again as the caller.
     auth::authorize(

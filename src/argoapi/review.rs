@@ -30,6 +30,9 @@ pub const KNOWN_FOR: Duration = Duration::from_secs(60);
 pub const REFUSED_FOR: Duration = Duration::from_secs(10);
 /// How many tokens are remembered (Argo's server: 1,000).
 pub const REMEMBERED: usize = 1000;
+/// How long one review (or the Argo Server's `/userinfo`) may take: a call
+/// answers Unavailable rather than hang on a server that does not answer.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a call waits for a review's turn before it is answered 503.
 const WAIT: Duration = Duration::from_secs(2);
 
@@ -60,8 +63,11 @@ impl Default for Budget {
     }
 }
 
-/// Who a token is (`auth::Identity`), or its refusal.
+/// Who a token is (`auth::Authenticated`), or its refusal.
 type Answer<T> = Result<T, Status>;
+
+/// A remembered answer and until when it holds, by the SHA-256 of its token.
+type Known<T> = LruCache<[u8; 32], (Instant, Answer<T>)>;
 
 /// The reviews of callers, within their budget; `T` is who a token is.
 pub struct Reviews<T> {
@@ -69,7 +75,7 @@ pub struct Reviews<T> {
     client: kube::Client,
     bucket: RateLimiter,
     in_flight: Arc<Shares>,
-    known: Mutex<LruCache<[u8; 32], (Instant, Answer<T>)>>,
+    known: Mutex<Known<T>>,
 }
 
 impl<T: Clone> Reviews<T> {

@@ -64,10 +64,6 @@ pub struct Options {
     pub limits: ContainerLimits,
 }
 
-/// How long one review of an Argo API caller may take: a call answers
-/// Unavailable rather than hang on an API server that does not answer.
-const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Where and how to serve the Argo Server's retry calls (see [`argoapi`]).
 #[derive(Clone, Debug)]
 pub struct ArgoApiOptions {
@@ -157,9 +153,9 @@ impl Controller {
         let review_client = match &options.argo_api {
             Some(_) => {
                 let mut config = config.clone();
-                config.connect_timeout = Some(REVIEW_TIMEOUT);
-                config.read_timeout = Some(REVIEW_TIMEOUT);
-                config.write_timeout = Some(REVIEW_TIMEOUT);
+                config.connect_timeout = Some(argoapi::review::TIMEOUT);
+                config.read_timeout = Some(argoapi::review::TIMEOUT);
+                config.write_timeout = Some(argoapi::review::TIMEOUT);
                 Some(kube::Client::try_from(config)?)
             }
             None => None,

@@ -221,6 +221,20 @@ impl ArgoServer {
         auth_mode: &str,
         port: u16,
     ) -> Result<Self, Error> {
+        Self::start_with_env(cluster, argo, namespace, configmap, auth_mode, port, &[]).await
+    }
+
+    /// [`start_in`](Self::start_in) with environment variables `env` (Argo reads some
+    /// settings only there, e.g. `SSO_DELEGATE_RBAC_TO_NAMESPACE`).
+    pub async fn start_with_env(
+        cluster: &LocalCluster,
+        argo: &Path,
+        namespace: &str,
+        configmap: &str,
+        auth_mode: &str,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Result<Self, Error> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut command = Command::new(argo);
         command
@@ -234,7 +248,8 @@ impl ArgoServer {
             .args(["--x-frame-options", "SAMEORIGIN", "--loglevel", "info"])
             // In client mode it builds each caller's client from the default loading rules.
             .env("KUBECONFIG", cluster.kubeconfig_path(Role::Admin))
-            .env("ARGO_SERVER_METRICS_PORT", free_port()?.to_string());
+            .env("ARGO_SERVER_METRICS_PORT", free_port()?.to_string())
+            .envs(env.iter().copied());
         let mut process = Process::start("argo server", command)?;
         process.wait_listening(addr).await?;
         process

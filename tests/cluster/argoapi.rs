@@ -23,7 +23,7 @@ use rewind::controller::ArgoApiOptions;
 use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::RetryPhase;
 use rewind::testenv::clients::{self, ArgoServer, Dex};
-use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role as ClusterRole};
 use rewind::testenv::workload::FailedDag;
 use serde_json::{Value, json};
 
@@ -122,9 +122,24 @@ pub async fn put(
     body: &Value,
     ca: Option<&Path>,
 ) -> anyhow::Result<(u16, Value)> {
+    call("PUT", url, authorization, Some(body), ca).await
+}
+
+/// `method url` with `authorization` and `body` (if any), as curl sends it; the HTTP status
+/// and the JSON answer.
+async fn call(
+    method: &str,
+    url: &str,
+    authorization: Option<&str>,
+    body: Option<&Value>,
+    ca: Option<&Path>,
+) -> anyhow::Result<(u16, Value)> {
     let mut command = tokio::process::Command::new("curl");
-    command.args(["-sS", "-X", "PUT", "-H", "Content-Type: application/json"]);
-    command.args(["--data-binary", &body.to_string(), "-w", "\n%{http_code}"]);
+    command.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
+    if let Some(body) = body {
+        command.args(["-H", "Content-Type: application/json"]);
+        command.args(["--data-binary", &body.to_string()]);
+    }
     if let Some(value) = authorization {
         command.args(["-H", &format!("Authorization: {value}")]);
     }
@@ -169,6 +184,8 @@ fn api_options(addr: SocketAddr, tls: Option<CertFiles>) -> ArgoApiOptions {
             modes: vec![AuthMode::Client],
             server_account: None,
             argo_server: None,
+            sso_rbac: None,
+            sso_delegate: false,
             tls,
             limits: Default::default(),
             reviews: Default::default(),
@@ -517,14 +534,15 @@ pub async fn in_server_mode_a_call_acts_as_the_argo_servers_account(
 }
 
 /// A ServiceAccount `name` holding `rules`, which Argo's SSO RBAC maps the
-/// user `email` to: its rule annotation, and its token in the Secret Argo reads it from
-/// (`NAME.service-account-token`).
+/// users `rule` matches to at `precedence`: its annotations, and its token in the Secret
+/// Argo reads it from (`NAME.service-account-token`).
 async fn sso_account(
     admin: &kube::Client,
     namespace: &str,
     name: &str,
     rules: &[PolicyRule],
-    email: &str,
+    rule: &str,
+    precedence: &str,
 ) -> anyhow::Result<()> {
     let token = account(admin, namespace, name, rules).await?;
     Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
@@ -532,8 +550,8 @@ async fn sso_account(
             name,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"annotations": {
-                "workflows.argoproj.io/rbac-rule": format!("email == '{email}'"),
-                "workflows.argoproj.io/rbac-rule-precedence": "1",
+                "workflows.argoproj.io/rbac-rule": rule,
+                "workflows.argoproj.io/rbac-rule-precedence": precedence,
             }}})),
         )
         .await?;
@@ -544,6 +562,46 @@ async fn sso_account(
         &[("token", &token)],
     )
     .await
+}
+
+/// `rules` in `namespace` for the ServiceAccount `name` of `account_namespace`.
+async fn grant(
+    admin: &kube::Client,
+    namespace: &str,
+    account_namespace: &str,
+    name: &str,
+    rules: Vec<PolicyRule>,
+) -> anyhow::Result<()> {
+    let role = format!("{account_namespace}-{name}");
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &Role {
+                metadata: named(&role),
+                rules: Some(rules),
+            },
+        )
+        .await?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: named(&role),
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "Role".into(),
+                    name: role.clone(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    namespace: Some(account_namespace.into()),
+                    ..Default::default()
+                }]),
+            },
+        )
+        .await?;
+    Ok(())
 }
 
 async fn secret(
@@ -570,6 +628,49 @@ async fn secret(
     Ok(())
 }
 
+/// Argo's SSO in `namespace` (the Argo Server's, where it reads them): its client in dex
+/// with `users`, the secrets it reads, its ConfigMap `argo-sso` with SSO RBAC on. Dex, and
+/// the port the Argo Server must listen on (dex's redirect names it).
+async fn sso_provider(
+    admin: &kube::Client,
+    namespace: &str,
+    users: &[&str],
+) -> anyhow::Result<(Dex, u16)> {
+    let client_secret = format!("secret-{}", fastrand::u64(..));
+    secret(
+        admin,
+        namespace,
+        "argo-server-sso",
+        &[
+            ("client-id", "argo-server"),
+            ("client-secret", &client_secret),
+        ],
+    )
+    .await?;
+    let argo_port = clients::free_port()?;
+    let redirect = format!("http://127.0.0.1:{argo_port}/oauth2/callback");
+    let dex = Dex::start("argo-server", &client_secret, &redirect, users).await?;
+    let sso = json!({
+        "issuer": dex.issuer,
+        "clientId": {"name": "argo-server-sso", "key": "client-id"},
+        "clientSecret": {"name": "argo-server-sso", "key": "client-secret"},
+        "redirectUrl": redirect,
+        "scopes": ["email"],
+        "rbac": {"enabled": true},
+    });
+    Api::<ConfigMap>::namespaced(admin.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: named("argo-sso"),
+                data: Some(BTreeMap::from([("sso".to_owned(), sso.to_string())])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok((dex, argo_port))
+}
+
 /// SSO auth mode: a real `argo server --auth-mode sso` logs users in through dex (SSO RBAC
 /// on), and rewind asks it who a `v2:` token is (`/api/v1/userinfo`) and authorizes the
 /// ServiceAccount it names. The user mapped to an account without `update` is refused (403
@@ -590,12 +691,14 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
     let selector = format!("{}=wf", labels::WORKFLOW);
     let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
     let (alice, bob) = ("alice@example.com", "bob@example.com");
+    let rule = |email: &str| format!("email == '{email}'");
     sso_account(
         &admin,
         &namespace,
         "sso-retrier",
         &[workflow_verbs(&["get", "update"]), delete_pods()],
-        alice,
+        &rule(alice),
+        "1",
     )
     .await?;
     sso_account(
@@ -603,43 +706,12 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
         &namespace,
         "sso-reader",
         &[workflow_verbs(&["get"])],
-        bob,
+        &rule(bob),
+        "1",
     )
     .await?;
 
-    // Argo's SSO: its client in dex, the secrets it reads, its ConfigMap's `sso` section.
-    let client_secret = format!("secret-{}", fastrand::u64(..));
-    secret(
-        &admin,
-        &namespace,
-        "argo-server-sso",
-        &[
-            ("client-id", "argo-server"),
-            ("client-secret", &client_secret),
-        ],
-    )
-    .await?;
-    let argo_port = clients::free_port()?;
-    let redirect = format!("http://127.0.0.1:{argo_port}/oauth2/callback");
-    let dex = Dex::start("argo-server", &client_secret, &redirect, &[alice, bob]).await?;
-    let sso = json!({
-        "issuer": dex.issuer,
-        "clientId": {"name": "argo-server-sso", "key": "client-id"},
-        "clientSecret": {"name": "argo-server-sso", "key": "client-secret"},
-        "redirectUrl": redirect,
-        "scopes": ["email"],
-        "rbac": {"enabled": true},
-    });
-    Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
-        .create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: named("argo-sso"),
-                data: Some(BTreeMap::from([("sso".to_owned(), sso.to_string())])),
-                ..Default::default()
-            },
-        )
-        .await?;
+    let (dex, argo_port) = sso_provider(&admin, &namespace, &[alice, bob]).await?;
     let argo = rewind::testenv::argo::binary("cli")?;
     let server =
         ArgoServer::start_in(&cluster, &argo, &namespace, "argo-sso", "sso", argo_port).await?;
@@ -648,11 +720,8 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
     let mut options = ctl::options(50, 50, true);
     let mut api = api_options(addr, None);
     api.settings.modes = vec![AuthMode::Sso];
-    api.settings.argo_server = Some(rewind::argoapi::ArgoServer {
-        url: format!("http://{}", server.addr).parse()?,
-        ca_file: None,
-        insecure_skip_verify: false,
-    });
+    api.settings.argo_server = Some(argo_server(server.addr)?);
+    api.settings.sso_rbac = Some(true);
     options.argo_api = Some(api);
     let controller = ctl::start(&cluster, &namespace, options).await?;
     let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
@@ -692,6 +761,215 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
 
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     let (status, answer) = put(&url, Some(&retrier), &body, None).await?;
+    let to = Timestamp::now() + SignedDuration::from_secs(1);
+    ensure!(status == 200, "the SSO retry answered {status}: {answer}");
+    ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;
+    let deleters: Vec<String> = ctl::audit_log(&cluster, &namespace)?
+        .into_iter()
+        .filter(|a| {
+            a.resource == "pods" && matches!(a.verb.as_str(), "delete" | "deletecollection")
+        })
+        .map(|a| a.user)
+        .collect();
+    ensure!(
+        !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
+        "pods must be deleted by the controller alone: {deleters:?}"
+    );
+    controller.stop().await?;
+    server.stop().await?;
+    dex.stop().await?;
+    Ok(())
+}
+
+/// The Argo Server at `addr` (plain HTTP), as rewind's settings name it.
+fn argo_server(addr: SocketAddr) -> anyhow::Result<rewind::argoapi::ArgoServer> {
+    Ok(rewind::argoapi::ArgoServer {
+        url: format!("http://{addr}").parse()?,
+        ca_file: None,
+        insecure_skip_verify: false,
+    })
+}
+
+/// rewind's Argo API on its own, over plain HTTP with the controller's credentials, until the
+/// guard is dropped: where a call is refused nothing is written, so no controller is needed.
+async fn api_alone(
+    cluster: &LocalCluster,
+    settings: &rewind::argoapi::Settings,
+) -> anyhow::Result<(SocketAddr, tokio_util::sync::DropGuard)> {
+    let client = kube::Client::try_from(cluster.config(ClusterRole::Controller).await?)?;
+    let api = rewind::argoapi::ArgoApi::new(client.clone(), client, settings)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(rewind::argoapi::serve(listener, None, api, stop.clone()));
+    Ok((addr, stop.drop_guard()))
+}
+
+/// SSO RBAC as Argo's gatekeeper applies it, with the real `argo server` and dex: its login
+/// account (in the Argo Server's namespace) may retry the workflow, and the workflow's
+/// namespace has an account of higher precedence whose rule matches the user and that may
+/// not even read it. With `SSO_DELEGATE_RBAC_TO_NAMESPACE=true` Argo's own server acts as
+/// the latter and refuses the retry (403 naming it), and so does rewind, told of the
+/// delegation; without it Argo's server reads the workflow as the login account and rewind
+/// resets it. rewind told SSO RBAC is off ignores the account userinfo names and acts as
+/// the Argo Server's own (which may only read). No refused call deletes a pod.
+pub async fn with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_argo(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 4,
+        succeeded: 2,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    let selector = format!("{}=wf", labels::WORKFLOW);
+    let pods_before = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    let alice = "alice@example.com";
+    let rule = format!("email == '{alice}'");
+
+    // The Argo Server lives in a namespace of its own: Argo's SSO namespace.
+    let argo_ns = format!("{}-argo", &namespace[..namespace.len().min(50)]);
+    cluster.create_namespace(&argo_ns).await?;
+    sso_account(&admin, &argo_ns, "sso-login", &[], &rule, "1").await?;
+    grant(
+        &admin,
+        &namespace,
+        &argo_ns,
+        "sso-login",
+        vec![workflow_verbs(&["get", "update"]), delete_pods()],
+    )
+    .await?;
+    sso_account(&admin, &namespace, "sso-team", &[], &rule, "2").await?;
+    account(&admin, &argo_ns, "argo-server", &[]).await?;
+    grant(
+        &admin,
+        &namespace,
+        &argo_ns,
+        "argo-server",
+        vec![workflow_verbs(&["get"])],
+    )
+    .await?;
+    let (dex, argo_port) = sso_provider(&admin, &argo_ns, &[alice]).await?;
+    let argo = rewind::testenv::argo::binary("cli")?;
+
+    // rewind's API as the controller serves it: SSO RBAC on, no delegation.
+    let addr = free_addr()?;
+    let mut options = ctl::options(50, 50, true);
+    let mut api = api_options(addr, None);
+    api.settings.modes = vec![AuthMode::Sso];
+    let base = api.settings.clone();
+    let settings = |server: SocketAddr, rbac: bool, delegate: bool| {
+        let mut settings = base.clone();
+        settings.argo_server = Some(argo_server(server)?);
+        settings.sso_rbac = Some(rbac);
+        settings.sso_delegate = delegate;
+        settings.server_account = Some(
+            format!("{argo_ns}/argo-server")
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+        );
+        anyhow::Ok(settings)
+    };
+    api.settings = settings(SocketAddr::from(([127, 0, 0, 1], argo_port)), true, false)?;
+    options.argo_api = Some(api);
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let path = format!("/api/v1/workflows/{namespace}/wf/retry");
+    let body = json!({"name": "wf", "namespace": namespace});
+    let untouched = || async {
+        ensure!(
+            ctl::pod_names(&cluster, &namespace, &selector).await? == pods_before,
+            "a refused call deleted pods"
+        );
+        anyhow::Ok(())
+    };
+
+    let delegating = ArgoServer::start_with_env(
+        &cluster,
+        &argo,
+        &argo_ns,
+        "argo-sso",
+        "sso",
+        argo_port,
+        &[("SSO_DELEGATE_RBAC_TO_NAMESPACE", "true")],
+    )
+    .await?;
+    let logs = |server: &ArgoServer| {
+        format!(
+            "argo server's log:\n{}\ndex's log:\n{}",
+            rewind::testenv::argo::log_tail(server.log_path()),
+            rewind::testenv::argo::log_tail(dex.log_path())
+        )
+    };
+    let token = clients::sso_login(delegating.addr, alice)
+        .await
+        .with_context(|| logs(&delegating))?;
+    // Argo's own server acts as sso-team in the workflow's namespace and refuses.
+    let argos = put(
+        &format!("http://{}{path}", delegating.addr),
+        Some(&token),
+        &body,
+        None,
+    )
+    .await?;
+    ensure!(
+        argos.0 == 403
+            && argos.1["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&format!("system:serviceaccount:{namespace}:sso-team"))),
+        "Argo's server should refuse as {namespace}/sso-team: {argos:?}\n{}",
+        logs(&delegating)
+    );
+    untouched().await?;
+    let (alone, _stop) = api_alone(&cluster, &settings(delegating.addr, true, true)?).await?;
+    ensure_status(
+        &put(&format!("http://{alone}{path}"), Some(&token), &body, None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{namespace}:sso-team (SSO (the ServiceAccount of the call's namespace Argo's SSO RBAC delegates the user to"
+        ),
+    )?;
+    untouched().await?;
+    delegating.stop().await?;
+
+    // The same Argo Server without delegation, on the same port (dex's redirect names it).
+    let server =
+        ArgoServer::start_in(&cluster, &argo, &argo_ns, "argo-sso", "sso", argo_port).await?;
+    let token = clients::sso_login(server.addr, alice)
+        .await
+        .with_context(|| logs(&server))?;
+    // Argo's server acts as sso-login: it reads the workflow (its retry would delete pods
+    // itself, so the cheaper call shows it).
+    let (status, read) = call(
+        "GET",
+        &format!("http://{}/api/v1/workflows/{namespace}/wf", server.addr),
+        Some(&token),
+        None,
+        None,
+    )
+    .await?;
+    ensure!(
+        status == 200 && read["metadata"]["name"] == "wf",
+        "Argo's server should read the workflow as {argo_ns}/sso-login: {status} {read}"
+    );
+    // Told SSO RBAC is off, rewind acts as the Argo Server's own account whatever userinfo
+    // names (here sso-login, which may retry).
+    let (alone, _stop) = api_alone(&cluster, &settings(server.addr, false, false)?).await?;
+    ensure_status(
+        &put(&format!("http://{alone}{path}"), Some(&token), &body, None).await?,
+        403,
+        7,
+        &format!(
+            "system:serviceaccount:{argo_ns}:argo-server (SSO without SSO RBAC (the Argo Server's own ServiceAccount)) may not update"
+        ),
+    )?;
+    untouched().await?;
+
+    let from = Timestamp::now() - SignedDuration::from_secs(1);
+    let (status, answer) = put(&format!("http://{addr}{path}"), Some(&token), &body, None).await?;
     let to = Timestamp::now() + SignedDuration::from_secs(1);
     ensure!(status == 200, "the SSO retry answered {status}: {answer}");
     ctl::ensure_reset_as_planned(&serde_json::from_value(answer)?, &plan.workflow, from, to)?;

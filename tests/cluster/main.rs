@@ -140,6 +140,7 @@ fn main() -> ExitCode {
         argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
         argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
         listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack,
+        argoapi::with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_argo,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

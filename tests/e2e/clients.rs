@@ -68,6 +68,8 @@ impl ApiClient for Client {
                 modes: vec![AuthMode::Client],
                 server_account: None,
                 argo_server: None,
+                sso_rbac: None,
+                sso_delegate: false,
                 tls: Some(files),
                 limits: Default::default(),
                 reviews: Default::default(),

@@ -151,6 +151,16 @@ struct ArgoApiArgs {
     /// Trust any certificate of the Argo Server (as the argo CLI does when told to skip verifying).
     #[arg(long, env = "REWIND_ARGO_SERVER_INSECURE_SKIP_VERIFY")]
     argo_server_insecure_skip_verify: bool,
+    /// Whether the Argo Server's SSO RBAC is on (sso.rbac.enabled in its ConfigMap): SSO callers
+    /// act as the ServiceAccount it maps them to (true) or as the Argo Server's own (false).
+    /// Required with auth mode sso.
+    #[arg(long, value_name = "BOOL", env = "REWIND_ARGO_API_SSO_RBAC", action = clap::ArgAction::Set)]
+    argo_api_sso_rbac: Option<bool>,
+    /// The Argo Server runs with SSO_DELEGATE_RBAC_TO_NAMESPACE=true: an SSO call on another
+    /// namespace than the Argo Server's acts as that namespace's ServiceAccount whose rbac-rule
+    /// matches the user, when its precedence is above the login account's.
+    #[arg(long, env = "REWIND_ARGO_API_SSO_DELEGATE_RBAC_TO_NAMESPACE")]
+    argo_api_sso_delegate_rbac_to_namespace: bool,
     #[command(flatten)]
     limits: ArgoApiLimits,
 }
@@ -251,6 +261,8 @@ impl ArgoApiArgs {
                 modes: self.argo_api_auth_mode,
                 server_account: self.argo_server_service_account,
                 argo_server,
+                sso_rbac: self.argo_api_sso_rbac,
+                sso_delegate: self.argo_api_sso_delegate_rbac_to_namespace,
                 tls,
                 limits,
                 reviews,

@@ -30,6 +30,8 @@ const ARCHIVE_FILE: &str = "deploy/rbac/argo-archive.yaml";
 const ARCHIVE_RBAC: &str = include_str!("../../../deploy/rbac/argo-archive.yaml");
 const POD_POLICY_FILE: &str = "deploy/rbac/controller-pod-policy.yaml";
 const POD_POLICY: &str = include_str!("../../../deploy/rbac/controller-pod-policy.yaml");
+const ARGO_API_SSO_FILE: &str = "deploy/rbac/argo-api-sso.yaml";
+const ARGO_API_SSO_RBAC: &str = include_str!("../../../deploy/rbac/argo-api-sso.yaml");
 
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
@@ -135,14 +137,16 @@ fn testenv_role() -> ClusterRole {
 }
 
 pub(super) async fn install_controller(client: &kube::Client) -> Result<(), Error> {
-    // Argo's retry API too (deploy/rbac/argo-api.yaml): the tests serve it. And
-    // archived retries, which create workflows (deploy/rbac/argo-archive.yaml's
-    // ClusterRole).
+    // Argo's retry API too (deploy/rbac/argo-api.yaml, and argo-api-sso.yaml for SSO
+    // RBAC delegated to namespaces): the tests serve it. And archived retries, which
+    // create workflows (deploy/rbac/argo-archive.yaml's ClusterRole).
     let argo_api = cluster_role(ARGO_API_FILE, ARGO_API_RBAC)?;
+    let argo_api_sso = cluster_role(ARGO_API_SSO_FILE, ARGO_API_SSO_RBAC)?;
     let archived = cluster_role(ARCHIVE_FILE, ARCHIVE_RBAC)?;
     for role in [
         controller_cluster_role()?,
         argo_api,
+        argo_api_sso,
         archived,
         testenv_role(),
     ] {
