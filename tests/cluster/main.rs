@@ -18,6 +18,7 @@ mod concurrency;
 mod dashboard_png;
 mod db_restart;
 mod endings;
+mod faultproxy;
 mod faults;
 mod hostile;
 mod idempotency;
@@ -140,6 +141,7 @@ fn main() -> ExitCode {
         argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
         argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
         listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack,
+        faultproxy::the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_lists,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
