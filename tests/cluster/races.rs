@@ -1,6 +1,7 @@
 //! Rule 3 under races (issue 34), with the fault proxy between the controller and the API
 //! server: a pod that is not the one the plan was made from (by UID) is never deleted.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -8,8 +9,9 @@ use anyhow::{Context as _, ensure};
 use http::Method;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams};
-use rewind::argo::workflow::Workflow;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use rewind::argo::workflow::{Workflow, labels};
+use rewind::protocol::request::RetryStatus;
 use rewind::testenv::faultproxy::{Fault, FaultProxy, Matcher, Rule};
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
@@ -17,32 +19,122 @@ use rewind::testenv::workload::FailedDag;
 use crate::support::controller as ctl;
 use crate::support::invariants::PodLedger;
 
-/// The UIDs of `plan`'s pods as they are now.
-async fn plan_uids(
-    pods: &Api<Pod>,
-    plan: &[String],
-) -> anyhow::Result<std::collections::BTreeSet<String>> {
-    let mut uids = std::collections::BTreeSet::new();
-    for name in plan {
-        uids.insert(pods.get(name).await?.uid().context("a pod without a UID")?);
-    }
-    Ok(uids)
+const WORKFLOW: &str = "wf";
+const TOKEN: &str = "retry-1";
+
+/// A failed workflow, its first plan pod, a ledger of the pods removed and the
+/// controller behind a fault proxy that already holds `rule`.
+struct Race {
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+    pods: Api<Pod>,
+    planned: Pod,
+    planned_uids: BTreeSet<String>,
+    ledger: PodLedger,
+    proxy: FaultProxy,
+    controller: ctl::Running,
 }
 
-/// Deletes `name` at once and creates a pod of the same name labelled as Argo labels a
-/// re-run pod that failed fast (completed=true, Failed): what `argo retry` and Argo's
-/// controller leave when they win a race with rewind.
-async fn rerun_failed_fast(
-    cluster: &LocalCluster,
-    namespace: &str,
-    name: &str,
-    workflow: &str,
-) -> anyhow::Result<Pod> {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
-    pods.delete(name, &DeleteParams::default().grace_period(0))
-        .await
-        .with_context(|| format!("deleting plan pod {name}"))?;
-    ctl::create_pod(cluster, namespace, name, workflow, Some("Failed")).await
+impl Race {
+    async fn start(
+        cluster: Arc<LocalCluster>,
+        namespace: String,
+        failed: usize,
+        rule: Rule,
+    ) -> anyhow::Result<Self> {
+        let admin = cluster.admin_client();
+        let dag = FailedDag {
+            name: WORKFLOW.into(),
+            failed,
+            succeeded: 2,
+        };
+        let created = dag.create(&admin, &namespace, 16, || ()).await?;
+        let plan = ctl::expected_plan(&created)?;
+        let pods: Api<Pod> = Api::namespaced(admin, &namespace);
+        let mut planned_uids = BTreeSet::new();
+        for name in &plan.pods_to_delete {
+            planned_uids.insert(pods.get(name).await?.uid().context("a pod without a UID")?);
+        }
+        let planned = pods.get(&plan.pods_to_delete[0]).await?;
+        let mut ledger = PodLedger::start(pods.clone()).await?;
+        // The test itself plays whoever removes it.
+        ledger.excuse(&planned.uid().unwrap_or_default());
+        let proxy = FaultProxy::start(&cluster).await?;
+        proxy.add(rule);
+        let config = proxy.config(&cluster, Role::Controller).await?;
+        let (controller, _) =
+            ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
+        Ok(Self {
+            cluster,
+            namespace,
+            pods,
+            planned,
+            planned_uids,
+            ledger,
+            proxy,
+            controller,
+        })
+    }
+
+    fn planned_name(&self) -> String {
+        self.planned.name_any()
+    }
+
+    /// Asks for the retry and waits until `matcher`'s request reaches the proxy.
+    async fn request_until(&self, matcher: &Matcher) -> anyhow::Result<Instant> {
+        let since = Instant::now();
+        ctl::request_retry(&self.cluster, &self.namespace, WORKFLOW, TOKEN).await?;
+        self.proxy
+            .wait_for(matcher, since, Duration::from_secs(30))
+            .await
+            .with_context(|| format!("the controller never sent {matcher:?}"))?;
+        Ok(since)
+    }
+
+    /// Argo's re-run of the planned pod: the old one gone, a new one under its name,
+    /// owned by the same workflow, as Argo labels it with `completed` and in `phase`.
+    async fn rerun(&self, completed: bool, phase: &str) -> anyhow::Result<Pod> {
+        let name = self.planned_name();
+        self.pods
+            .delete(&name, &DeleteParams::default().grace_period(0))
+            .await
+            .with_context(|| format!("deleting plan pod {name}"))?;
+        let mut rerun = ctl::pod(&name, WORKFLOW);
+        rerun
+            .metadata
+            .owner_references
+            .clone_from(&self.planned.metadata.owner_references);
+        rerun
+            .labels_mut()
+            .insert(labels::COMPLETED.into(), completed.to_string());
+        self.pods.create(&Default::default(), &rerun).await?;
+        let status = serde_json::json!({"status": {"phase": phase}});
+        Ok(self
+            .pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?)
+    }
+
+    /// Waits for the request's end, stops the controller and checks that `rerun` is
+    /// still there and that no pod outside the plan was removed.
+    async fn finish(self, rerun: &Pod, what: &str) -> anyhow::Result<RetryStatus> {
+        let workflows: Api<Workflow> =
+            Api::namespaced(self.cluster.admin_client(), &self.namespace);
+        let (_, status) =
+            ctl::wait_finished(&workflows, WORKFLOW, TOKEN, Duration::from_secs(60)).await?;
+        let name = self.planned_name();
+        self.controller.stop().await?;
+        let now = self.pods.get_opt(&name).await?;
+        ensure!(
+            now.as_ref().map(|p| p.uid()) == Some(rerun.uid()),
+            "the re-run pod {name} (uid {:?}), {what}, was deleted; the request ended {status:?}",
+            rerun.uid()
+        );
+        self.ledger
+            .ensure_only_planned_removed(&self.planned_uids)
+            .await?;
+        Ok(status)
+    }
 }
 
 /// The first DeleteCollection is throttled (429, Retry-After 2 s); meanwhile someone resets
@@ -52,61 +144,30 @@ pub async fn a_throttled_bulk_delete_never_takes_a_pod_created_after_its_proof(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    let admin = cluster.admin_client();
-    let dag = FailedDag {
-        name: "wf".into(),
-        failed: 20,
-        succeeded: 2,
-    };
-    let created = dag.create(&admin, &namespace, 16, || ()).await?;
-    let plan = ctl::expected_plan(&created)?;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
-    let planned_uids = plan_uids(&pods, &plan.pods_to_delete).await?;
-    let mut ledger = PodLedger::start(pods.clone()).await?;
-    let proxy = FaultProxy::start(&cluster).await?;
     let bulk = Matcher::new(Method::DELETE, format!("/namespaces/{namespace}/pods"));
-    proxy.add(
-        Rule::new(
-            bulk.clone(),
-            Fault::TooManyRequests {
-                retry_after_seconds: 2,
-            },
-        )
-        .times(1),
-    );
-    let config = proxy.config(&cluster, Role::Controller).await?;
-    let (controller, _) =
-        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
-
-    let since = Instant::now();
-    let token = "retry-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
-    proxy
-        .wait_for(&bulk, since, Duration::from_secs(30))
-        .await
-        .context("the controller never sent its DeleteCollection")?;
-    let planned = &plan.pods_to_delete[0];
-    ledger.excuse(&pods.get(planned).await?.uid().unwrap_or_default());
-    let rerun = rerun_failed_fast(&cluster, &namespace, planned, &dag.name).await?;
-    let replaced_within = since.elapsed();
-
-    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let (_, status) =
-        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
-    controller.stop().await?;
-    let now = pods.get_opt(planned).await?;
-    ensure!(
-        now.as_ref().map(|p| p.uid()) == Some(rerun.uid()),
-        "the re-run pod {planned} (uid {:?}, created {replaced_within:?} after the request, \
-         after the proof) was deleted; the request ended {status:?}; the proxy saw {:?}",
-        rerun.uid(),
-        proxy
+    let throttled = Fault::TooManyRequests {
+        retry_after_seconds: 2,
+    };
+    let race = Race::start(
+        cluster,
+        namespace,
+        20,
+        Rule::new(bulk.clone(), throttled).times(1),
+    )
+    .await?;
+    let since = race.request_until(&bulk).await?;
+    let rerun = race.rerun(true, "Failed").await?;
+    let what = format!(
+        "created {:?} after the request, after the proof (DeleteCollections at {:?})",
+        since.elapsed(),
+        race.proxy
             .seen_matching(&bulk)
             .iter()
             .map(|s| s.at.duration_since(since))
             .collect::<Vec<_>>()
     );
-    ledger.ensure_only_planned_removed(&planned_uids).await
+    race.finish(&rerun, &what).await?;
+    Ok(())
 }
 
 /// The first list of the workflow's pods is held; meanwhile a re-run pod of the same
@@ -117,70 +178,26 @@ pub async fn a_pod_created_under_a_planned_name_after_the_read_is_never_deleted(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    let admin = cluster.admin_client();
-    let dag = FailedDag {
-        name: "wf".into(),
-        failed: 6,
-        succeeded: 2,
-    };
-    let created = dag.create(&admin, &namespace, 8, || ()).await?;
-    let plan = ctl::expected_plan(&created)?;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
-    let planned = plan.pods_to_delete[0].clone();
-    let original = pods.get(&planned).await?;
-    let planned_uids = plan_uids(&pods, &plan.pods_to_delete).await?;
-    let mut ledger = PodLedger::start(pods.clone()).await?;
-    ledger.excuse(&original.uid().unwrap_or_default());
-
-    let proxy = FaultProxy::start(&cluster).await?;
     let list = Matcher::new(Method::GET, format!("/namespaces/{namespace}/pods")).watch(false);
     let release = tokio_util::sync::CancellationToken::new();
-    proxy.add(Rule::new(list.clone(), Fault::HoldUntil(release.clone())).times(1));
-    let config = proxy.config(&cluster, Role::Controller).await?;
-    let (controller, _) =
-        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
-
-    let since = Instant::now();
-    let token = "retry-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
-    proxy
-        .wait_for(&list, since, Duration::from_secs(30))
-        .await
-        .context("the controller never listed the workflow's pods")?;
-    // Argo's re-run: the old pod gone, a new one under its name, owned by the same
-    // workflow, started and not finished (completed=false, Running).
-    pods.delete(&planned, &DeleteParams::default().grace_period(0))
-        .await?;
-    let mut rerun = ctl::pod(&planned, &dag.name);
-    rerun.metadata.owner_references = original.metadata.owner_references.clone();
-    rerun.labels_mut().insert(
-        rewind::argo::workflow::labels::COMPLETED.into(),
-        "false".into(),
-    );
-    let rerun = pods.create(&Default::default(), &rerun).await?;
-    let status = serde_json::json!({"status": {"phase": "Running"}});
-    pods.patch_status(
-        &planned,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&status),
+    let held = Fault::HoldUntil(release.clone());
+    let race = Race::start(
+        cluster,
+        namespace,
+        6,
+        Rule::new(list.clone(), held).times(1),
     )
     .await?;
+    race.request_until(&list).await?;
+    let rerun = race.rerun(false, "Running").await?;
     release.cancel();
-
-    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let (_, status) =
-        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
-    controller.stop().await?;
-    let now = pods.get_opt(&planned).await?;
-    ensure!(
-        now.as_ref().map(|p| p.uid()) == Some(rerun.uid()),
-        "the re-run pod {planned} (uid {:?}), created after the workflow was read, was \
-         deleted; the request ended {status:?}",
-        rerun.uid()
-    );
+    let planned = race.planned_name();
+    let status = race
+        .finish(&rerun, "created after the workflow was read")
+        .await?;
     ensure!(
         status.message.contains(planned.as_str()),
         "the request's end does not name the pod it left: {status:?}"
     );
-    ledger.ensure_only_planned_removed(&planned_uids).await
+    Ok(())
 }
