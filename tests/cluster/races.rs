@@ -56,9 +56,7 @@ impl Race {
             planned_uids.insert(pods.get(name).await?.uid().context("a pod without a UID")?);
         }
         let planned = pods.get(&plan.pods_to_delete[0]).await?;
-        let mut ledger = PodLedger::start(pods.clone()).await?;
-        // The test itself plays whoever removes it.
-        ledger.excuse(&planned.uid().unwrap_or_default());
+        let ledger = PodLedger::start(pods.clone()).await?;
         let proxy = FaultProxy::start(&cluster).await?;
         proxy.add(rule);
         let config = proxy.config(&cluster, Role::Controller).await?;
@@ -124,15 +122,15 @@ impl Race {
             ctl::wait_finished(&workflows, WORKFLOW, TOKEN, Duration::from_secs(60)).await?;
         let name = self.planned_name();
         self.controller.stop().await?;
+        self.ledger
+            .ensure_only_planned_removed(&self.planned_uids)
+            .await?;
         let now = self.pods.get_opt(&name).await?;
         ensure!(
             now.as_ref().map(|p| p.uid()) == Some(rerun.uid()),
             "the re-run pod {name} (uid {:?}), {what}, was deleted; the request ended {status:?}",
             rerun.uid()
         );
-        self.ledger
-            .ensure_only_planned_removed(&self.planned_uids)
-            .await?;
         Ok(status)
     }
 }

@@ -646,8 +646,6 @@ pub mod invariants {
     /// Every pod removed from a namespace since [`PodLedger::start`], as (name, UID).
     pub struct PodLedger {
         removed: Arc<Mutex<Vec<(String, String)>>>,
-        /// Removals the test made itself (its own "someone else").
-        excused: BTreeSet<String>,
         watch: JoinHandle<anyhow::Result<()>>,
     }
 
@@ -675,20 +673,12 @@ pub mod invariants {
                 }
                 bail!("the pod ledger's watch ended early")
             });
-            Ok(Self {
-                removed,
-                excused: BTreeSet::new(),
-                watch,
-            })
-        }
-
-        /// The test itself removes the pod with this UID.
-        pub fn excuse(&mut self, uid: &str) {
-            self.excused.insert(uid.to_owned());
+            Ok(Self { removed, watch })
         }
 
         /// No pod was removed but those with the plan's UIDs (as the pods were when the
-        /// plan was made) and the excused; the watch has seen up to now (give it a moment).
+        /// plan was made), by whoever removed them; the watch has seen up to now (give it
+        /// a moment).
         pub async fn ensure_only_planned_removed(
             &self,
             planned: &BTreeSet<String>,
@@ -701,7 +691,7 @@ pub mod invariants {
             let removed = self.removed.lock().expect("not poisoned").clone();
             let outside: Vec<&(String, String)> = removed
                 .iter()
-                .filter(|(_, uid)| !planned.contains(uid) && !self.excused.contains(uid))
+                .filter(|(_, uid)| !planned.contains(uid))
                 .collect();
             ensure!(
                 outside.is_empty(),
