@@ -265,7 +265,7 @@ struct DeletedPods {
 /// floor send it too, so they measure the very request rewind sends.
 /// The (name, UID) of every pod a DeleteCollection with these selectors
 /// would take now: what a bulk request is re-proved against right before it
-/// is sent.
+/// is sent. In pages, as every list of a workflow's pods.
 pub async fn selected(
     client: &Client,
     namespace: &str,
@@ -276,18 +276,8 @@ pub async fn selected(
     let lp = ListParams::default()
         .labels(label_selector)
         .fields(field_selector);
-    Ok(pods
-        .list_metadata(&lp)
-        .await?
-        .items
-        .into_iter()
-        .map(|p| {
-            (
-                p.metadata.name.unwrap_or_default(),
-                p.metadata.uid.unwrap_or_default(),
-            )
-        })
-        .collect())
+    let (listed, _) = list_pages(&pods, lp, false).await?;
+    Ok(listed.into_iter().map(|p| (p.name, p.uid)).collect())
 }
 
 pub async fn delete_collection(
