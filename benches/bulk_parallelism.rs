@@ -193,6 +193,8 @@ async fn once(args: &Args, k: usize) -> anyhow::Result<Run> {
         label_selector: labels,
         field_selector: fields,
         pods: plan,
+        // Sent here by the benchmark itself, never re-proved by a worker.
+        uids: Default::default(),
     };
     let parts = split_bulk(vec![whole], k, &hint);
     // The neighbour's own client: its requests do not queue behind the deletes'.

@@ -93,6 +93,10 @@ pub enum DeleteWork {
         label_selector: String,
         field_selector: String,
         pods: Vec<String>,
+        /// The UIDs of the plan pods the list that proved the request exact
+        /// showed: right before it is sent, the selectors may pick no other
+        /// (see `engine::workers`, "re-proved").
+        uids: BTreeSet<String>,
     },
     /// Delete one pod, only if it still has this UID.
     Pod { name: String, uid: String },
@@ -358,6 +362,13 @@ pub fn assess(
         .filter(|(_, _, p)| bulk_selects(p))
         .map(|(n, _, _)| n.to_string())
         .collect();
+    // Every listed plan pod, terminating ones too: the selectors still pick
+    // a pod being deleted, and deleting it again is harmless.
+    let uids: BTreeSet<String> = plan_pods
+        .iter()
+        .filter_map(|name| listed.get(name.as_str()))
+        .map(|p| p.uid.clone())
+        .collect();
     // One request for one pod gains nothing over a precise single delete.
     let use_bulk = allow_bulk && !outsiders && in_bulk.len() > 1;
     if use_bulk {
@@ -367,6 +378,7 @@ pub fn assess(
             label_selector,
             field_selector,
             pods: in_bulk,
+            uids,
         });
     }
     for (name, uid, pod) in deletable {
@@ -516,6 +528,7 @@ pub fn split_bulk(
             label_selector,
             field_selector,
             pods,
+            uids,
         } = item
         else {
             out.push(item);
@@ -531,6 +544,9 @@ pub fn split_bulk(
                 label_selector: label_selector.clone(),
                 field_selector,
                 pods: part.pods,
+                // Every part may take any of the proven pods: the node hint
+                // only spreads them.
+                uids: uids.clone(),
             });
         }
     }
@@ -586,7 +602,32 @@ mod tests {
             label_selector: format!("{}={wf},{}=true", labels::WORKFLOW, labels::COMPLETED),
             field_selector: "status.phase!=Succeeded".into(),
             pods: pods.iter().map(|p| p.to_string()).collect(),
+            uids: pods.iter().map(|p| format!("uid-{p}")).collect(),
         }
+    }
+
+    /// `work` (bulk) proven by a list showing the plan pods `shown`.
+    fn proven_by(mut work: DeleteWork, shown: &[&str]) -> DeleteWork {
+        if let DeleteWork::Bulk { uids, .. } = &mut work {
+            *uids = shown.iter().map(|p| format!("uid-{p}")).collect();
+        }
+        work
+    }
+
+    #[test]
+    fn a_bulk_proof_holds_every_listed_plan_pod_terminating_ones_too() {
+        // A pod being deleted is still selected; deleting it again is harmless,
+        // so the re-proof right before the send must accept it.
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            terminating(pod("wf", "going", "Failed"), false),
+        ];
+        let got = assess("wf", &names(&["a", "b", "going"]), &listed, true);
+        assert_eq!(
+            got.work,
+            vec![proven_by(bulk("wf", &["a", "b"]), &["a", "b", "going"])]
+        );
     }
 
     fn terminating(mut p: Listed, finalizer: bool) -> Listed {
@@ -663,7 +704,7 @@ mod tests {
         assert_eq!(
             got.work,
             vec![
-                bulk("wf", &["a", "b"]),
+                proven_by(bulk("wf", &["a", "b"]), &["a", "b", "late"]),
                 DeleteWork::Pod {
                     name: "late".into(),
                     uid: "uid-late".into()
@@ -994,6 +1035,7 @@ mod tests {
         let names: Vec<&str> = pods.iter().map(String::as_str).collect();
         let work = split_bulk(vec![bulk("wf", &names), single.clone()], 2, &hint);
         let (labels, fields) = bulk_selectors("wf");
+        let uids: BTreeSet<String> = names.iter().map(|p| format!("uid-{p}")).collect();
         assert_eq!(
             work,
             vec![
@@ -1002,12 +1044,14 @@ mod tests {
                     label_selector: labels.clone(),
                     field_selector: format!("{fields},spec.nodeName=node-0"),
                     pods: vec!["p000".into(), "p002".into()],
+                    uids: uids.clone(),
                 },
                 DeleteWork::Bulk {
                     workflow: "wf".into(),
                     label_selector: labels,
                     field_selector: format!("{fields},spec.nodeName!=node-0"),
                     pods: vec!["p001".into(), "p003".into()],
+                    uids,
                 },
                 single,
             ]

@@ -315,6 +315,12 @@ pub struct Deletion {
     /// Only pods owned by this UID are the plan's (an archived workflow's
     /// leftovers); `None` takes every pod labelled with the workflow.
     owner: Option<String>,
+    /// A plan pod owned by another object than this UID (the live
+    /// workflow's) is not the plan's.
+    plan_owner: Option<String>,
+    /// The revision the plan was read at, until the plan pods as they were
+    /// then are recorded (see [`Deletion::read_at`]).
+    read_at: Option<String>,
     config: DriveConfig,
     outcomes: UnboundedReceiver<Outcome>,
     tracker: Tracker,
@@ -350,6 +356,8 @@ impl Deletion {
             namespace: namespace.to_owned(),
             workflow: workflow.to_owned(),
             owner: None,
+            plan_owner: None,
+            read_at: None,
             config,
             tracker: Tracker::default(),
             progress: Progress::default(),
@@ -370,6 +378,24 @@ impl Deletion {
     pub fn owned_by(mut self, uid: &str) -> Self {
         self.owner = Some(uid.to_owned());
         self
+    }
+
+    /// Takes as the plan's only pods that are not owned by another object
+    /// than `uid` (a live workflow's pods are owned by it): a plan pod that
+    /// is stops the deletion ([`ForeignPods`]). Other pods with the label
+    /// change nothing (the bulk path already spares what is not finished).
+    pub fn plan_owned_by(mut self, uid: &str) -> Self {
+        self.plan_owner = Some(uid.to_owned());
+        self
+    }
+
+    /// The plan was made from the workflow at `revision`: the plan pods are
+    /// the pods that had their names then. The next run first lists them as
+    /// they were at that revision, so a pod created under a planned name
+    /// since (a re-run of the workflow) is a recreated pod, never deleted
+    /// ([`Recreated`]), however soon after the read it came.
+    pub fn read_at(&mut self, revision: Option<String>) {
+        self.read_at = revision;
     }
 
     /// Adds pods to delete (a first plan, or a re-plan after the workflow
@@ -421,6 +447,12 @@ impl Deletion {
     ) -> Result<(), S::Error> {
         let mut next_tick = Instant::now() + self.config.tick;
         let mut announced = false;
+        if let Some(revision) = self.read_at.take() {
+            tokio::select! {
+                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                recorded = self.record_as_read(&revision) => recorded?,
+            }
+        }
         loop {
             let listing = Instant::now();
             let listed = tokio::select! {
@@ -606,32 +638,59 @@ impl Deletion {
         Ok(())
     }
 
-    /// A fresh list of the workflow's pods: with an owner, only its pods,
-    /// and bulk deletes off while any other carries the label.
-    async fn list(&mut self) -> Result<(Vec<Listed>, bool), DeleteError> {
-        let snapshot = list_workflow_pods(
+    /// Records the plan pods as they were at `revision`, the workflow's as
+    /// the plan was read from it: the UIDs the later lists must show. Past
+    /// etcd's compaction (410) there is no such list; the first fresh one
+    /// records them, as before.
+    async fn record_as_read(&mut self, revision: &str) -> Result<(), DeleteError> {
+        let then = match list_workflow_pods(
             &self.engine.client,
             &self.namespace,
             &self.workflow,
             self.tracker.plan(),
+            Some(revision),
         )
         .await
-        .map_err(|source| DeleteError::List {
-            namespace: self.namespace.clone(),
-            workflow: self.workflow.clone(),
-            source,
-        })?;
-        self.revision = snapshot.revision;
-        let listed = snapshot.pods;
-        let Some(owner) = &self.owner else {
-            return Ok((listed, false));
+        {
+            Ok(then) => then.pods,
+            Err(error) if fault::api_code(&error) == Some(410) => {
+                warn!(
+                    namespace = self.namespace,
+                    workflow = self.workflow,
+                    revision,
+                    "the pods as the workflow was read are compacted away; the first list records them"
+                );
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(DeleteError::List {
+                    namespace: self.namespace.clone(),
+                    workflow: self.workflow.clone(),
+                    source,
+                });
+            }
         };
-        let owned = |p: &Listed| p.owners.contains(owner);
-        let (ours, theirs): (Vec<Listed>, Vec<Listed>) = listed.into_iter().partition(owned);
-        let mut strangers: Vec<&Listed> = theirs
+        self.foreign(&then)?;
+        self.tracker.assess(&self.workflow, &then, false)?;
+        Ok(())
+    }
+
+    /// A plan pod owned by another object than [`Deletion::plan_owned_by`]'s.
+    fn foreign(&self, listed: &[Listed]) -> Result<(), DeleteError> {
+        let Some(owner) = &self.plan_owner else {
+            return Ok(());
+        };
+        let strangers: Vec<&Listed> = listed
             .iter()
             .filter(|p| self.tracker.plan().contains(&p.name))
+            .filter(|p| !p.owners.is_empty() && !p.owners.contains(owner))
             .collect();
+        self.refuse(strangers, owner)
+    }
+
+    /// Stops the deletion if `strangers`, plan pods of other owners than
+    /// `owner`, is not empty.
+    fn refuse(&self, mut strangers: Vec<&Listed>, owner: &str) -> Result<(), DeleteError> {
         if !strangers.is_empty() {
             strangers.sort_by(|a, b| a.name.cmp(&b.name));
             let owners: BTreeSet<String> = strangers
@@ -648,11 +707,43 @@ impl Deletion {
             return Err(ForeignPods {
                 pods,
                 namespace: self.namespace.clone(),
-                uid: owner.clone(),
+                uid: owner.to_owned(),
                 owners: owners.into_iter().collect(),
             }
             .into());
         }
+        Ok(())
+    }
+
+    /// A fresh list of the workflow's pods: with an owner, only its pods,
+    /// and bulk deletes off while any other carries the label.
+    async fn list(&mut self) -> Result<(Vec<Listed>, bool), DeleteError> {
+        let snapshot = list_workflow_pods(
+            &self.engine.client,
+            &self.namespace,
+            &self.workflow,
+            self.tracker.plan(),
+            None,
+        )
+        .await
+        .map_err(|source| DeleteError::List {
+            namespace: self.namespace.clone(),
+            workflow: self.workflow.clone(),
+            source,
+        })?;
+        self.revision = snapshot.revision;
+        let listed = snapshot.pods;
+        self.foreign(&listed)?;
+        let Some(owner) = &self.owner else {
+            return Ok((listed, false));
+        };
+        let owned = |p: &Listed| p.owners.contains(owner);
+        let (ours, theirs): (Vec<Listed>, Vec<Listed>) = listed.into_iter().partition(owned);
+        let strangers: Vec<&Listed> = theirs
+            .iter()
+            .filter(|p| self.tracker.plan().contains(&p.name))
+            .collect();
+        self.refuse(strangers, owner)?;
         Ok((ours, !theirs.is_empty()))
     }
 
@@ -721,6 +812,8 @@ impl Deletion {
         let work = &outcome.item.work;
         match outcome.result? {
             Done::Unfinished => self.progress.cut_short(work),
+            // Not sent: the next list decides anew.
+            Done::Stale => {}
             done => {
                 if let Done::Deleted(n) = done {
                     self.removed += n;

@@ -48,14 +48,22 @@ pub struct Snapshot {
 /// neither list was gone at one of the two revisions, which is all one list
 /// could say. Full pods would carry their spec and status too, several times
 /// the bytes to send and decode.
+///
+/// With `at`, both lists show the pods exactly as they were at that revision
+/// (which etcd keeps until its compaction, about 5 minutes; later the API
+/// server answers 410 Gone).
 pub async fn list_workflow_pods(
     client: &Client,
     namespace: &str,
     workflow: &str,
     plan: &BTreeSet<String>,
+    at: Option<&str>,
 ) -> Result<Snapshot, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    let mut by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
+    if let Some(revision) = at {
+        by_workflow = by_workflow.at(revision).matching(VersionMatch::Exact);
+    }
     let unsucceeded = by_workflow
         .clone()
         .fields(&format!("status.phase!={SUCCEEDED}"));
@@ -68,7 +76,7 @@ pub async fn list_workflow_pods(
         });
     }
     let mut succeeded = by_workflow.fields(&format!("status.phase={SUCCEEDED}"));
-    if let Some(rv) = revision.as_deref() {
+    if let (None, Some(rv)) = (at, revision.as_deref()) {
         succeeded = succeeded.at(rv).matching(VersionMatch::NotOlderThan);
     }
     listed.extend(list_pages(&pods, succeeded, true).await?.0);
@@ -255,6 +263,23 @@ struct DeletedPods {
 /// Sends one DeleteCollection of the pods in `namespace` that the selectors
 /// pick; returns how many the server deleted. The benchmark's and the demo's
 /// floor send it too, so they measure the very request rewind sends.
+/// The (name, UID) of every pod a DeleteCollection with these selectors
+/// would take now: what a bulk request is re-proved against right before it
+/// is sent. In pages, as every list of a workflow's pods.
+pub async fn selected(
+    client: &Client,
+    namespace: &str,
+    label_selector: &str,
+    field_selector: &str,
+) -> Result<Vec<(String, String)>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default()
+        .labels(label_selector)
+        .fields(field_selector);
+    let (listed, _) = list_pages(&pods, lp, false).await?;
+    Ok(listed.into_iter().map(|p| (p.name, p.uid)).collect())
+}
+
 pub async fn delete_collection(
     client: &Client,
     namespace: &str,

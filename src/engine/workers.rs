@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -19,7 +20,7 @@ use crate::engine::Observer;
 use crate::engine::assess::DeleteWork;
 use crate::engine::budget::Budget;
 use crate::engine::fault::{api_code, is_transient};
-use crate::engine::pods::delete_collection;
+use crate::engine::pods::{delete_collection, selected};
 use crate::engine::queue::{Lease, Request, WorkQueue};
 
 /// A queued unit of work: one API request in one namespace.
@@ -103,6 +104,11 @@ pub enum Done {
     /// the connection broke. Some of its pods may be gone. It is not sent
     /// again as it was: the request lists the pods again and decides anew.
     Unfinished,
+    /// A bulk request not sent: right before the send, its selectors took a
+    /// pod its proof did not show (by UID), or the send could not follow the
+    /// re-proof within [`MAX_PROOF_AGE`]. Nothing was deleted; the request
+    /// lists the pods again and decides anew.
+    Stale,
 }
 
 /// An item that failed for good (after retries, or at once for errors that
@@ -170,13 +176,76 @@ const BUFFER: usize = 1024;
 /// (see [`Done::Unfinished`]).
 pub fn bulk_client(mut config: kube::Config, budget: &Budget) -> Result<Client, kube::Error> {
     config.default_retry = false;
+    config.read_timeout = Some(BULK_READ_TIMEOUT);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&tower::buffer::BufferLayer::new(BUFFER))
+        .with_layer(&tower::layer::layer_fn(|inner| SendBy { inner }))
         .with_layer(&budget.layer())
         .with_layer(&tower::retry::RetryLayer::new(NotOnTimeout(
             RetryPolicy::server_retry(),
         )))
         .build())
+}
+
+/// How long a DeleteCollection's answer may keep the connection silent:
+/// past the API server's own request timeout (60 s by default, when it
+/// answers 504), so only a connection nobody answers on any more (a stalled
+/// proxy, a dead server) ends here, as [`Done::Unfinished`].
+const BULK_READ_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a bulk request may wait between the list that re-proved it and
+/// its send (its budget admission: a pause ordered by a 429, a slot). Past
+/// it the proof is too old to trust and the request is not sent
+/// ([`Done::Stale`]). A resend after a 429 or 503 always waits longer than
+/// this (Retry-After is at least a second), so it is never sent either.
+pub const MAX_PROOF_AGE: Duration = Duration::from_millis(500);
+
+tokio::task_local! {
+    /// Until when the bulk request of this task may be sent.
+    static SEND_BY: tokio::time::Instant;
+}
+
+/// Why a bulk request was not sent: see [`MAX_PROOF_AGE`].
+#[derive(Debug, thiserror::Error)]
+#[error("bulk delete not sent: admitted {late:?} after its proof expired; list the pods again")]
+pub struct ProofExpired {
+    late: Duration,
+}
+
+/// Sits between the budget and kube's HTTP stack of [`bulk_client`], so it
+/// runs once the budget has admitted the request: refuses to send it past
+/// the task's `SEND_BY`.
+#[derive(Clone)]
+struct SendBy<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for SendBy<S>
+where
+    S: tower::Service<http::Request<B>, Error = tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, tower::BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let now = tokio::time::Instant::now();
+        if let Ok(deadline) = SEND_BY.try_with(|d| *d)
+            && now > deadline
+        {
+            let late = now - deadline;
+            return Box::pin(async move { Err(ProofExpired { late }.into()) });
+        }
+        Box::pin(self.inner.call(request))
+    }
 }
 
 /// kube's retry policy, except for a 504 (Gateway Timeout).
@@ -326,7 +395,7 @@ pub async fn run(
             debug!(request = %lease.request, slot_ms, token_ms = leased.elapsed().as_millis() as u64 - slot_ms, "delete work sent");
             (lease, bulk_slot, token)
         };
-        let result = match token.spend_on(execute(&clients, &lease.item)).await {
+        let result = match token.spend_on(execute(&clients, &queue, &lease.item)).await {
             Err(e) if cut_short(&lease.item.work, &e) => {
                 warn!(namespace = lease.item.namespace, work = %describe(&lease.item.work), error = %e, "bulk delete cut short; its pods will be listed again");
                 Ok(Done::Unfinished)
@@ -368,22 +437,54 @@ pub async fn run(
     }
 }
 
-async fn execute(clients: &Clients, item: &WorkItem) -> Result<Done, kube::Error> {
+async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Done, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(clients.client.clone(), &item.namespace);
     match &item.work {
         DeleteWork::Bulk {
             label_selector,
             field_selector,
+            uids,
             ..
         } => {
-            let deleted = delete_collection(
-                &clients.bulk,
+            // Re-proved right before the send: the list that proved the
+            // request exact may be seconds old (a bulk slot, a write token,
+            // a pause, requeues), and a pod recreated under a planned name
+            // since then may already be selected (docs/DESIGN.md, rule 3).
+            let now = selected(
+                &clients.client,
                 &item.namespace,
                 label_selector,
                 field_selector,
             )
             .await?;
-            Ok(Done::Deleted(deleted))
+            if let Some((pod, uid)) = now.iter().find(|(_, uid)| !uids.contains(uid)) {
+                warn!(namespace = item.namespace, pod, uid, work = %describe(&item.work), "a bulk delete would take a pod its proof did not show; not sent");
+                return Ok(Done::Stale);
+            }
+            if !queue.wanted(item) {
+                warn!(namespace = item.namespace, work = %describe(&item.work), "bulk delete not sent: its request was cancelled or the Lease lost");
+                return Ok(Done::Stale);
+            }
+            let deadline = tokio::time::Instant::now() + MAX_PROOF_AGE;
+            let sent = SEND_BY
+                .scope(
+                    deadline,
+                    delete_collection(
+                        &clients.bulk,
+                        &item.namespace,
+                        label_selector,
+                        field_selector,
+                    ),
+                )
+                .await;
+            match sent {
+                Ok(deleted) => Ok(Done::Deleted(deleted)),
+                Err(kube::Error::Service(e)) if e.is::<ProofExpired>() => {
+                    warn!(namespace = item.namespace, error = %e, "bulk delete not sent; its pods will be listed again");
+                    Ok(Done::Stale)
+                }
+                Err(e) => Err(e),
+            }
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {
@@ -448,6 +549,7 @@ fn describe(work: &DeleteWork) -> String {
             label_selector,
             field_selector,
             pods,
+            ..
         } => format!(
             "deleting the {} pods of workflow {workflow} with labels {label_selector} and fields {field_selector}",
             pods.len()

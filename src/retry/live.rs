@@ -330,6 +330,7 @@ impl<'a> Job<'a> {
     /// request is already answered.
     async fn prepare(&mut self, shutdown: &CancellationToken) -> Result<Option<Plan>, RetryError> {
         let metrics = &self.ctx.metrics;
+        let mut read_at = None;
         let plan = loop {
             let read = metrics.step(RetryKind::Live, Step::Read);
             let Some(mut wf) = self.status.read().await? else {
@@ -337,6 +338,7 @@ impl<'a> Job<'a> {
             };
             offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
             read.done();
+            read_at.clone_from(&wf.metadata.resource_version);
             // Announced once the workflow confirms the request is pending: a
             // late watch event about a finished request says nothing.
             if self.announcing.is_none() {
@@ -392,8 +394,12 @@ impl<'a> Job<'a> {
                 &self.target.name,
                 self.ctx.config.drive(),
             )
+            .plan_owned_by(&self.target.uid)
         });
         deletion.plan(plan.pods_to_delete.iter().cloned(), &plan.pod_nodes);
+        // The plan pods are those the workflow's pods were as it was read:
+        // one created under a planned name since is a re-run's, not ours.
+        deletion.read_at(read_at);
         self.status.status.pods_total = deletion.count().total as u64;
         if !deletion.confirmed() {
             let delete = metrics.step(RetryKind::Live, Step::Delete);

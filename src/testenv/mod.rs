@@ -1,6 +1,7 @@
 //! Machinery for tests, the demo and benchmarks only: a real local control
 //! plane built from Go modules ([`localcluster`]), real PostgreSQL and MariaDB
-//! servers ([`db`]), Argo's own workflow-controller ([`argo`]), generators
+//! servers ([`db`]), a fault-injecting proxy in front of the API server
+//! ([`faultproxy`]), Argo's own workflow-controller ([`argo`]), generators
 //! of failed Argo workloads ([`workload`]), the retry benchmark's
 //! measuring ([`bench`]), crash trials ([`trials`]) and Prometheus on
 //! loopback for the dashboard and alerts ([`prometheus`]). Behind the
@@ -11,6 +12,7 @@ pub mod argo;
 pub mod bench;
 pub mod clients;
 pub mod db;
+pub mod faultproxy;
 pub mod localcluster;
 pub mod prometheus;
 pub mod trials;

@@ -18,6 +18,7 @@ mod concurrency;
 mod dashboard_png;
 mod db_restart;
 mod endings;
+mod faultproxy;
 mod faults;
 mod hostile;
 mod idempotency;
@@ -37,6 +38,7 @@ mod monitoring_files;
 mod oracle;
 mod permissions;
 mod pods;
+mod races;
 mod rbac;
 mod retry;
 mod scheduling;
@@ -141,6 +143,9 @@ fn main() -> ExitCode {
         argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
         listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack,
         argoapi::with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_argo,
+        faultproxy::the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_lists,
+        races::a_throttled_bulk_delete_never_takes_a_pod_created_after_its_proof,
+        races::a_pod_created_under_a_planned_name_after_the_read_is_never_deleted,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

@@ -373,7 +373,8 @@ async fn dry_run(
         };
         let planned = plan.pods_to_delete.iter().cloned().collect();
         let listed =
-            match rewind::engine::pods::list_workflow_pods(client, namespace, name, &planned).await
+            match rewind::engine::pods::list_workflow_pods(client, namespace, name, &planned, None)
+                .await
             {
                 Ok(listed) => Some(listed.pods),
                 // Users may ask for retries without the right to list pods.

@@ -243,6 +243,19 @@ where
         dropped
     }
 
+    /// Whether leased `item` is still wanted: the queue runs and a request that added it was
+    /// not cancelled. After a lost Lease or a cancel nobody waits for the answer, and another
+    /// leader may be acting on a world the item was not proven in: a send that is only safe
+    /// for its requests (a bulk delete) checks this right before it goes.
+    pub fn wanted(&self, item: &K) -> bool {
+        let state = self.state();
+        !state.shut_down
+            && state
+                .entries
+                .get(item)
+                .is_some_and(|entry| !entry.owners.is_empty() || !entry.leased_for.is_empty())
+    }
+
     /// Stops the queue: `next` returns `None` to every worker, now and later, and `add` queues
     /// nothing. Leased items may still be ended; nothing queued is handed out any more (work
     /// left over is found again by whoever restarts the controller).

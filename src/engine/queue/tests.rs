@@ -719,3 +719,26 @@ async fn a_failed_lease_comes_back_for_its_requests_not_for_cancelled_ones() {
         "an item nobody wants any more came back"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leased_item_is_wanted_until_its_requests_are_cancelled_or_the_queue_stops() {
+    let q = WorkQueue::new(config());
+    q.add("a", Class::Interactive, 1);
+    q.add("b", Class::Interactive, 1);
+    q.add("a", Class::Interactive, 2);
+    let one = take(&q);
+    assert!(q.wanted(&one.item));
+    q.cancel(&"a");
+    assert!(q.wanted(&one.item), "b still wants it");
+    q.cancel(&"b");
+    assert!(!q.wanted(&one.item), "nobody wants it");
+    q.done(one);
+    q.add("c", Class::Interactive, 3);
+    let three = take(&q);
+    assert!(q.wanted(&three.item));
+    q.shutdown();
+    assert!(
+        !q.wanted(&three.item),
+        "a stopped queue (a lost Lease) wants nothing"
+    );
+}

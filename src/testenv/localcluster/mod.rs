@@ -266,6 +266,17 @@ impl LocalCluster {
         &self.server_url
     }
 
+    /// The CA certificate (PEM) every client of the cluster trusts.
+    pub fn ca_cert_path(&self) -> PathBuf {
+        self.layout.ca_cert()
+    }
+
+    /// The API server's serving certificate and key (PEM), valid for 127.0.0.1: what a
+    /// proxy in front of it presents so clients that trust the CA accept it.
+    pub fn serving_cert_paths(&self) -> (PathBuf, PathBuf) {
+        (self.layout.serving_cert(), self.layout.serving_key())
+    }
+
     /// The API server's audit log, if [`Options::audit`] was set: one JSON object per line
     /// (audit.k8s.io/v1 Event at stage ResponseComplete, or ResponseStarted for watches).
     pub fn audit_log_path(&self) -> Option<PathBuf> {
