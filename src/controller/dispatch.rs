@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
+use crate::controller::expiry::Expiry;
 use crate::engine::budget::asking;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
@@ -54,6 +55,8 @@ pub struct Dispatcher {
     workflows: Arc<Active<(String, String)>>,
     /// WorkflowRetry objects (UID) being served.
     objects: Arc<Active<String>>,
+    /// Finished objects waiting out their TTL.
+    expiry: Arc<Expiry>,
     /// Stops the requests in progress.
     shutdown: CancellationToken,
     /// Every request's task, awaited at shutdown.
@@ -61,11 +64,12 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(ctx: Arc<Context>, shutdown: CancellationToken) -> Self {
+    pub fn new(ctx: Arc<Context>, expiry: Arc<Expiry>, shutdown: CancellationToken) -> Self {
         Dispatcher {
             ctx,
             workflows: Active::new(),
             objects: Active::new(),
+            expiry,
             shutdown,
             tasks: TaskTracker::new(),
         }
@@ -156,13 +160,13 @@ impl Dispatcher {
         }
     }
 
-    /// Starts serving a WorkflowRetry object, unless it is finished without
-    /// a TTL to wait out or served already.
+    /// Starts serving a WorkflowRetry object, unless it is finished (its
+    /// TTL is [`Expiry`]'s) or served already.
     pub fn object(&self, object: WorkflowRetry) {
         let Some(uid) = object.uid() else {
             return;
         };
-        if object.is_finished() && workflowretry::expires_at(&object).is_none() {
+        if object.is_finished() {
             return;
         }
         if !self.objects.lock().insert(uid.clone()) {
@@ -180,7 +184,7 @@ impl Dispatcher {
         });
     }
 
-    /// Serves a WorkflowRetry to its end, then deletes it after its TTL. A
+    /// Serves a WorkflowRetry to its end, then hands it to [`Expiry`]. A
     /// request that is not finished after being served (a transient error)
     /// is served again after a backoff; one whose end could not be recorded
     /// is not served again: its end is written, after a backoff, until it is.
@@ -237,10 +241,8 @@ impl Dispatcher {
             }
             served = true;
         }
-        tokio::select! {
-            _ = self.shutdown.cancelled() => {}
-            _ = workflowretry::delete_when_expired(self.ctx.client(), &object) => {}
-        }
+        // Its watch event says the same, unless it comes before our last write.
+        self.expiry.note(&object);
     }
 
     /// The object as the API server has it now; `None` if it is gone or

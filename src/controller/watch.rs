@@ -22,6 +22,7 @@ use tracing::{error, info, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::controller::dispatch::{Dispatcher, panic_message};
+use crate::controller::expiry::Expiry;
 use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::request;
 use crate::retry::{Context, Scope};
@@ -65,19 +66,21 @@ pub async fn run(
         .collect();
     let cache = ctx.workflows.clone();
     let metrics = ctx.metrics.clone();
-    let dispatcher = Dispatcher::new(Arc::new(ctx), shutdown.clone());
+    let expiry = Expiry::new();
+    let dispatcher = Dispatcher::new(Arc::new(ctx), expiry.clone(), shutdown.clone());
 
     let objects = stream::select_all(scoped_apis::<WorkflowRetry>(&client, &scope).into_iter().map(
         |api| {
             watcher(api, watcher::Config::default())
                 .default_backoff()
-                .applied_objects()
                 .boxed()
         },
     ))
     .for_each(|event| {
         match event {
-            Ok(object) => {
+            Ok(watcher::Event::Delete(object)) => expiry.forget(&object.uid().unwrap_or_default()),
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                expiry.note(&object);
                 let (name, namespace) = (object.name_any(), object.namespace());
                 let started = std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.object(object)));
                 if let Err(panic) = started {
@@ -85,6 +88,7 @@ pub async fn run(
                     metrics.request_panicked("workflowretry");
                 }
             }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             Err(error) => {
                 warn!(%error, "WorkflowRetry watch failed (is its CRD installed?); retrying with backoff")
             }
@@ -126,6 +130,7 @@ pub async fn run(
     tokio::select! {
         _ = shutdown.cancelled() => info!("controller stopping"),
         _ = readiness => {}
+        _ = expiry.run(client.clone(), shutdown.clone()) => {}
         _ = workflows => warn!("workflow watch ended"),
         _ = objects => warn!("WorkflowRetry watch ended"),
     }
