@@ -57,10 +57,11 @@ pub async fn run(
         .into_iter()
         .zip(writers)
         .map(|(api, writer)| {
+            let store = writer.as_reader();
             let watched = watcher(api, config.clone()).modify(keep_what_requests_read);
             reflector::reflector(writer, watched)
                 .default_backoff()
-                .applied_objects()
+                .flat_map(move |event| stream::iter(seen(&store, event)))
                 .boxed()
         })
         .collect();
@@ -108,7 +109,10 @@ pub async fn run(
 
     let workflows = stream::select_all(streams).for_each(|event| {
         match event {
-            Ok(meta) => {
+            Ok(Seen::Gone(meta)) => {
+                cache.changed(&meta.namespace().unwrap_or_default(), &meta.name_any())
+            }
+            Ok(Seen::Cached(meta)) => {
                 cache.changed(&meta.namespace().unwrap_or_default(), &meta.name_any());
                 let started =
                     std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.workflow(&meta)));
@@ -136,6 +140,37 @@ pub async fn run(
     }
     // Requests stop at once, but a reset already written is still reported.
     dispatcher.stopped().await;
+}
+
+/// What a workflow watch event tells the requests: a workflow as the cache
+/// now has it, or one gone from it.
+#[derive(Debug)]
+enum Seen {
+    Cached(Arc<PartialObjectMeta<Workflow>>),
+    Gone(Arc<PartialObjectMeta<Workflow>>),
+}
+
+/// The workflows `event` shows as `store` has them once the reflector applied
+/// it. A (re)list's objects are shown when it is complete (`InitDone`), all of
+/// them from the store, not one by one as they come in: until then the store
+/// still holds the view from before the list (empty at start), and a request
+/// started from a list's first page, while later pages took seconds, read its
+/// workflow as gone there, ended without a word and was never served again.
+fn seen(
+    store: &reflector::Store<PartialObjectMeta<Workflow>>,
+    event: Result<watcher::Event<PartialObjectMeta<Workflow>>, watcher::Error>,
+) -> Vec<Result<Seen, watcher::Error>> {
+    match event {
+        Ok(watcher::Event::Apply(meta)) => vec![Ok(Seen::Cached(Arc::new(meta)))],
+        Ok(watcher::Event::Delete(meta)) => vec![Ok(Seen::Gone(Arc::new(meta)))],
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
+        Ok(watcher::Event::InitDone) => store
+            .state()
+            .into_iter()
+            .map(|m| Ok(Seen::Cached(m)))
+            .collect(),
+        Err(error) => vec![Err(error)],
+    }
 }
 
 /// One API per watched namespace, or one for all namespaces.
