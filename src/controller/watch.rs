@@ -205,6 +205,56 @@ fn keep_what_requests_read(meta: &mut PartialObjectMeta<Workflow>) {
 mod tests {
     use super::*;
 
+    fn workflow(name: &str) -> PartialObjectMeta<Workflow> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": "ns"},
+        }))
+        .unwrap()
+    }
+
+    /// The names `seen` shows for `event`, applied to the store first as the reflector does.
+    fn shown(
+        writer: &mut Writer<PartialObjectMeta<Workflow>>,
+        event: watcher::Event<PartialObjectMeta<Workflow>>,
+    ) -> Vec<String> {
+        writer.apply_watcher_event(&event);
+        let mut names: Vec<String> = seen(&writer.as_reader(), Ok(event))
+            .into_iter()
+            .map(|s| match s.unwrap() {
+                Seen::Cached(m) => m.name_any(),
+                Seen::Gone(m) => format!("gone {}", m.name_any()),
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_lists_workflows_are_shown_once_the_store_holds_the_whole_list() {
+        let (store, mut writer) = reflector::store();
+        assert!(shown(&mut writer, watcher::Event::Init).is_empty());
+        // A first page: the store still holds the view from before the list.
+        assert!(shown(&mut writer, watcher::Event::InitApply(workflow("a"))).is_empty());
+        assert!(
+            store
+                .get(&reflector::ObjectRef::new("a").within("ns"))
+                .is_none()
+        );
+        assert!(shown(&mut writer, watcher::Event::InitApply(workflow("b"))).is_empty());
+        assert_eq!(shown(&mut writer, watcher::Event::InitDone), ["a", "b"]);
+        assert_eq!(
+            shown(&mut writer, watcher::Event::Apply(workflow("c"))),
+            ["c"]
+        );
+        assert_eq!(
+            shown(&mut writer, watcher::Event::Delete(workflow("a"))),
+            ["gone a"]
+        );
+        assert_eq!(store.state().len(), 2);
+    }
+
     #[test]
     fn the_cache_keeps_rewinds_annotations_and_no_managed_fields() {
         let mut meta: PartialObjectMeta<Workflow> = serde_json::from_value(serde_json::json!({
