@@ -83,18 +83,20 @@ impl Dispatcher {
 
     /// Starts serving the request `meta` carries, unless none is pending or
     /// the workflow's requests are being served already: that task takes the
-    /// newest token from the cache when its current request ends.
-    pub fn workflow(&self, meta: &PartialObjectMeta<Workflow>) {
+    /// newest token from the cache when its current request ends. True if
+    /// it started one.
+    pub fn workflow(&self, meta: &PartialObjectMeta<Workflow>) -> bool {
         let Some(target) = pending_target(meta) else {
-            return;
+            return false;
         };
         let key = (target.namespace.clone(), target.uid.clone());
         if !self.workflows.lock().insert(key.clone()) {
-            return;
+            return false;
         }
         let this = self.clone();
         self.tasks
             .spawn(async move { this.serve_workflow(target, key).await });
+        true
     }
 
     /// Serves `target`, then each newer request of the same workflow.

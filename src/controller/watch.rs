@@ -10,6 +10,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
@@ -26,6 +27,9 @@ use crate::controller::expiry::Expiry;
 use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::request;
 use crate::retry::{Context, Scope};
+
+/// How often the cache is walked for pending requests that no task serves.
+const RESYNC: Duration = Duration::from_secs(60);
 
 /// Shared state the HTTP endpoints read.
 #[derive(Clone, Debug, Default)]
@@ -98,12 +102,31 @@ pub async fn run(
     });
 
     let readiness = {
-        let (state, cache) = (state.clone(), cache.clone());
+        let (state, cache, dispatcher) = (state.clone(), cache.clone(), dispatcher.clone());
         async move {
             future::join_all(cache.stores().iter().map(|s| s.wait_until_ready())).await;
             state.ready.store(true, Ordering::Relaxed);
             info!(namespaces = ?scope.namespaces, "workflow metadata cache synced");
-            future::pending::<()>().await
+            // Rule 7's safety net: a request the cache shows pending that no task serves (its
+            // end could not be written, say, and no event came since) is served again.
+            let mut resync = tokio::time::interval(RESYNC);
+            resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            resync.tick().await;
+            loop {
+                resync.tick().await;
+                let started = cache
+                    .stores()
+                    .iter()
+                    .flat_map(|s| s.state())
+                    .filter(|meta| dispatcher.workflow(meta))
+                    .count();
+                if started > 0 {
+                    warn!(
+                        started,
+                        "requests pending but served by no task were started again"
+                    );
+                }
+            }
         }
     };
 

@@ -108,6 +108,7 @@ fn main() -> ExitCode {
         budget::every_mutating_request_goes_through_the_budget_and_keeps_its_rate,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
         restart::a_live_workflowretry_resumed_during_a_slow_initial_list_ends,
+        restart::a_request_whose_answer_was_refused_is_answered_later,
         workflowretry::the_api_server_refuses_both_or_neither_target_and_a_changed_spec,
         workflowretry::a_live_workflowretry_resets_the_workflow_reports_and_expires,
         workflowretry::an_archived_workflowretry_deletes_only_leftovers_and_creates_the_workflow_once,

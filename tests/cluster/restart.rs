@@ -14,16 +14,18 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _, stream};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::{RetryPhase, annotations, workflowretry_token};
-use rewind::testenv::localcluster::LocalCluster;
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
+use serde_json::json;
 
 use crate::idempotency::{read, spawn_tuned};
 use crate::support::controller as ctl;
 use crate::workflowretry::live;
+use crate::workflowretry_kill::{install_refusal, remove_refusal, wait_refusal};
 
 /// Workflows besides the one retried: seven pages of the watch's initial list.
 const OTHERS: usize = 3_000;
@@ -172,4 +174,103 @@ pub async fn a_live_workflowretry_resumed_during_a_slow_initial_list_ends(
         dag.name
     );
     Ok(())
+}
+
+/// Rule 7 when a request's answer cannot be written: a refused request (bad options) whose
+/// Failed report the API server refuses (a ValidatingAdmissionPolicy refuses any workflow
+/// write carrying `rewind.dev/retry-observed`) is still pending on the workflow, and no event
+/// comes once the policy is gone. The controller must answer it anyway, within its resync.
+pub async fn a_request_whose_answer_was_refused_is_answered_later(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 2,
+        succeeded: 1,
+    };
+    dag.create(&admin, &namespace, 4, || ()).await?;
+    let policy = refuse_answers(&admin, &namespace, &workflows, &dag.name).await?;
+    let controller = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
+    let token = "bad-options";
+    let ask = json!({"metadata": {"annotations": {
+        annotations::RETRY: token,
+        annotations::PARAMETERS: "not a JSON list",
+    }}});
+    workflows
+        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+    let refused = |log: &[ctl::Audited]| {
+        log.iter().any(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "patch"
+                && a.resource == "workflows"
+                && a.name == dag.name
+                && a.code >= 400
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !refused(&ctl::audit_log(&cluster, &namespace)?) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the controller's answer was not refused within 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    remove_refusal(&admin, &policy).await?;
+    wait_refusal(|| answer_dry_run(&workflows, &dag.name), false).await?;
+    let answered = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(100)).await;
+    controller.stop().await?;
+    let (_, status) = answered.context("the request whose answer was refused once")?;
+    ensure!(
+        status.phase == RetryPhase::Failed && status.message.contains("parameters"),
+        "expected the request Failed for its parameters: {status:?}"
+    );
+    Ok(())
+}
+
+/// Installs a ValidatingAdmissionPolicy refusing, in `namespace`, any workflow write that
+/// carries `rewind.dev/retry-observed` (what a request's answer writes), and waits until the
+/// API server enforces it on `workflow`; its name.
+async fn refuse_answers(
+    admin: &kube::Client,
+    namespace: &str,
+    workflows: &Api<Workflow>,
+    workflow: &str,
+) -> anyhow::Result<String> {
+    let name = format!("{namespace}-refuse-observed");
+    let rule = json!({
+        "apiGroups": ["argoproj.io"], "apiVersions": ["*"],
+        "operations": ["UPDATE"], "resources": ["workflows"],
+    });
+    let refuse = format!(
+        "!has(object.metadata.annotations) || !('{}' in object.metadata.annotations)",
+        annotations::OBSERVED
+    );
+    install_refusal(
+        admin,
+        &name,
+        namespace,
+        rule,
+        &refuse,
+        "an answered request",
+    )
+    .await?;
+    wait_refusal(|| answer_dry_run(workflows, workflow), true).await?;
+    Ok(name)
+}
+
+/// A dry-run write of an answer (the observed annotation) on `workflow`.
+async fn answer_dry_run(workflows: &Api<Workflow>, workflow: &str) -> Result<(), kube::Error> {
+    let probe = json!({"metadata": {"annotations": {annotations::OBSERVED: "probe"}}});
+    let params = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    workflows
+        .patch_metadata(workflow, &params, &Patch::Merge(&probe))
+        .await
+        .map(|_| ())
 }
