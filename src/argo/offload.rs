@@ -80,9 +80,20 @@ pub async fn dehydrate(
     version: crate::argo::plan::ArgoVersion,
     always_offload: bool,
 ) -> Result<(), OffloadError> {
-    if !always_offload && compress::dehydrate(wf, max_size, compression, version).is_ok() {
-        wf.status.offload_node_status_version = None;
-        return Ok(());
+    if !always_offload {
+        // Compressing a large workflow's nodes takes a while: off the async workers.
+        let (owned, compression) = (std::mem::take(wf), compression.clone());
+        let (owned, fits) = crate::argo::off_thread(move || {
+            let mut wf = owned;
+            let fits = compress::dehydrate(&mut wf, max_size, &compression, version).is_ok();
+            (wf, fits)
+        })
+        .await;
+        *wf = owned;
+        if fits {
+            wf.status.offload_node_status_version = None;
+            return Ok(());
+        }
     }
     let nodes = wf.status.nodes.take().unwrap_or_default();
     let uid = wf.metadata.uid.clone().unwrap_or_default();

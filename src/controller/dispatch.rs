@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
+use crate::controller::expiry::Expiry;
 use crate::engine::budget::asking;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
@@ -54,6 +55,8 @@ pub struct Dispatcher {
     workflows: Arc<Active<(String, String)>>,
     /// WorkflowRetry objects (UID) being served.
     objects: Arc<Active<String>>,
+    /// Finished objects waiting out their TTL.
+    expiry: Arc<Expiry>,
     /// Stops the requests in progress.
     shutdown: CancellationToken,
     /// Every request's task, awaited at shutdown.
@@ -61,11 +64,12 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(ctx: Arc<Context>, shutdown: CancellationToken) -> Self {
+    pub fn new(ctx: Arc<Context>, expiry: Arc<Expiry>, shutdown: CancellationToken) -> Self {
         Dispatcher {
             ctx,
             workflows: Active::new(),
             objects: Active::new(),
+            expiry,
             shutdown,
             tasks: TaskTracker::new(),
         }
@@ -79,18 +83,20 @@ impl Dispatcher {
 
     /// Starts serving the request `meta` carries, unless none is pending or
     /// the workflow's requests are being served already: that task takes the
-    /// newest token from the cache when its current request ends.
-    pub fn workflow(&self, meta: &PartialObjectMeta<Workflow>) {
+    /// newest token from the cache when its current request ends. True if
+    /// it started one.
+    pub fn workflow(&self, meta: &PartialObjectMeta<Workflow>) -> bool {
         let Some(target) = pending_target(meta) else {
-            return;
+            return false;
         };
         let key = (target.namespace.clone(), target.uid.clone());
         if !self.workflows.lock().insert(key.clone()) {
-            return;
+            return false;
         }
         let this = self.clone();
         self.tasks
             .spawn(async move { this.serve_workflow(target, key).await });
+        true
     }
 
     /// Serves `target`, then each newer request of the same workflow.
@@ -156,13 +162,13 @@ impl Dispatcher {
         }
     }
 
-    /// Starts serving a WorkflowRetry object, unless it is finished without
-    /// a TTL to wait out or served already.
+    /// Starts serving a WorkflowRetry object, unless it is finished (its
+    /// TTL is [`Expiry`]'s) or served already.
     pub fn object(&self, object: WorkflowRetry) {
         let Some(uid) = object.uid() else {
             return;
         };
-        if object.is_finished() && workflowretry::expires_at(&object).is_none() {
+        if object.is_finished() {
             return;
         }
         if !self.objects.lock().insert(uid.clone()) {
@@ -180,7 +186,7 @@ impl Dispatcher {
         });
     }
 
-    /// Serves a WorkflowRetry to its end, then deletes it after its TTL. A
+    /// Serves a WorkflowRetry to its end, then hands it to [`Expiry`]. A
     /// request that is not finished after being served (a transient error)
     /// is served again after a backoff; one whose end could not be recorded
     /// is not served again: its end is written, after a backoff, until it is.
@@ -237,10 +243,8 @@ impl Dispatcher {
             }
             served = true;
         }
-        tokio::select! {
-            _ = self.shutdown.cancelled() => {}
-            _ = workflowretry::delete_when_expired(self.ctx.client(), &object) => {}
-        }
+        // Its watch event says the same, unless it comes before our last write.
+        self.expiry.note(&object);
     }
 
     /// The object as the API server has it now; `None` if it is gone or

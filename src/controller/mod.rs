@@ -5,6 +5,7 @@
 
 pub mod argo_config;
 pub mod dispatch;
+pub mod expiry;
 pub mod gc;
 pub mod http;
 pub mod leader;

@@ -10,6 +10,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use futures::{StreamExt, future, stream};
 use kube::api::{Api, PartialObjectMeta};
@@ -22,9 +23,13 @@ use tracing::{error, info, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::controller::dispatch::{Dispatcher, panic_message};
+use crate::controller::expiry::Expiry;
 use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::request;
 use crate::retry::{Context, Scope};
+
+/// How often the cache is walked for pending requests that no task serves.
+const RESYNC: Duration = Duration::from_secs(60);
 
 /// Shared state the HTTP endpoints read.
 #[derive(Clone, Debug, Default)]
@@ -56,28 +61,31 @@ pub async fn run(
         .into_iter()
         .zip(writers)
         .map(|(api, writer)| {
+            let store = writer.as_reader();
             let watched = watcher(api, config.clone()).modify(keep_what_requests_read);
             reflector::reflector(writer, watched)
                 .default_backoff()
-                .applied_objects()
+                .flat_map(move |event| stream::iter(seen(&store, event)))
                 .boxed()
         })
         .collect();
     let cache = ctx.workflows.clone();
     let metrics = ctx.metrics.clone();
-    let dispatcher = Dispatcher::new(Arc::new(ctx), shutdown.clone());
+    let expiry = Expiry::new();
+    let dispatcher = Dispatcher::new(Arc::new(ctx), expiry.clone(), shutdown.clone());
 
     let objects = stream::select_all(scoped_apis::<WorkflowRetry>(&client, &scope).into_iter().map(
         |api| {
             watcher(api, watcher::Config::default())
                 .default_backoff()
-                .applied_objects()
                 .boxed()
         },
     ))
     .for_each(|event| {
         match event {
-            Ok(object) => {
+            Ok(watcher::Event::Delete(object)) => expiry.forget(&object.uid().unwrap_or_default()),
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                expiry.note(&object);
                 let (name, namespace) = (object.name_any(), object.namespace());
                 let started = std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.object(object)));
                 if let Err(panic) = started {
@@ -85,6 +93,7 @@ pub async fn run(
                     metrics.request_panicked("workflowretry");
                 }
             }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
             Err(error) => {
                 warn!(%error, "WorkflowRetry watch failed (is its CRD installed?); retrying with backoff")
             }
@@ -93,18 +102,40 @@ pub async fn run(
     });
 
     let readiness = {
-        let (state, cache) = (state.clone(), cache.clone());
+        let (state, cache, dispatcher) = (state.clone(), cache.clone(), dispatcher.clone());
         async move {
             future::join_all(cache.stores().iter().map(|s| s.wait_until_ready())).await;
             state.ready.store(true, Ordering::Relaxed);
             info!(namespaces = ?scope.namespaces, "workflow metadata cache synced");
-            future::pending::<()>().await
+            // Rule 7's safety net: a request the cache shows pending that no task serves (its
+            // end could not be written, say, and no event came since) is served again.
+            let mut resync = tokio::time::interval(RESYNC);
+            resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            resync.tick().await;
+            loop {
+                resync.tick().await;
+                let started = cache
+                    .stores()
+                    .iter()
+                    .flat_map(|s| s.state())
+                    .filter(|meta| dispatcher.workflow(meta))
+                    .count();
+                if started > 0 {
+                    warn!(
+                        started,
+                        "requests pending but served by no task were started again"
+                    );
+                }
+            }
         }
     };
 
     let workflows = stream::select_all(streams).for_each(|event| {
         match event {
-            Ok(meta) => {
+            Ok(Seen::Gone(meta)) => {
+                cache.changed(&meta.namespace().unwrap_or_default(), &meta.name_any())
+            }
+            Ok(Seen::Cached(meta)) => {
                 cache.changed(&meta.namespace().unwrap_or_default(), &meta.name_any());
                 let started =
                     std::panic::catch_unwind(AssertUnwindSafe(|| dispatcher.workflow(&meta)));
@@ -126,11 +157,43 @@ pub async fn run(
     tokio::select! {
         _ = shutdown.cancelled() => info!("controller stopping"),
         _ = readiness => {}
+        _ = expiry.run(client.clone(), shutdown.clone()) => {}
         _ = workflows => warn!("workflow watch ended"),
         _ = objects => warn!("WorkflowRetry watch ended"),
     }
     // Requests stop at once, but a reset already written is still reported.
     dispatcher.stopped().await;
+}
+
+/// What a workflow watch event tells the requests: a workflow as the cache
+/// now has it, or one gone from it.
+#[derive(Debug)]
+enum Seen {
+    Cached(Arc<PartialObjectMeta<Workflow>>),
+    Gone(Arc<PartialObjectMeta<Workflow>>),
+}
+
+/// The workflows `event` shows as `store` has them once the reflector applied
+/// it. A (re)list's objects are shown when it is complete (`InitDone`), all of
+/// them from the store, not one by one as they come in: until then the store
+/// still holds the view from before the list (empty at start), and a request
+/// started from a list's first page, while later pages took seconds, read its
+/// workflow as gone there, ended without a word and was never served again.
+fn seen(
+    store: &reflector::Store<PartialObjectMeta<Workflow>>,
+    event: Result<watcher::Event<PartialObjectMeta<Workflow>>, watcher::Error>,
+) -> Vec<Result<Seen, watcher::Error>> {
+    match event {
+        Ok(watcher::Event::Apply(meta)) => vec![Ok(Seen::Cached(Arc::new(meta)))],
+        Ok(watcher::Event::Delete(meta)) => vec![Ok(Seen::Gone(Arc::new(meta)))],
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
+        Ok(watcher::Event::InitDone) => store
+            .state()
+            .into_iter()
+            .map(|m| Ok(Seen::Cached(m)))
+            .collect(),
+        Err(error) => vec![Err(error)],
+    }
 }
 
 /// One API per watched namespace, or one for all namespaces.
@@ -164,6 +227,56 @@ fn keep_what_requests_read(meta: &mut PartialObjectMeta<Workflow>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn workflow(name: &str) -> PartialObjectMeta<Workflow> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": "ns"},
+        }))
+        .unwrap()
+    }
+
+    /// The names `seen` shows for `event`, applied to the store first as the reflector does.
+    fn shown(
+        writer: &mut Writer<PartialObjectMeta<Workflow>>,
+        event: watcher::Event<PartialObjectMeta<Workflow>>,
+    ) -> Vec<String> {
+        writer.apply_watcher_event(&event);
+        let mut names: Vec<String> = seen(&writer.as_reader(), Ok(event))
+            .into_iter()
+            .map(|s| match s.unwrap() {
+                Seen::Cached(m) => m.name_any(),
+                Seen::Gone(m) => format!("gone {}", m.name_any()),
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_lists_workflows_are_shown_once_the_store_holds_the_whole_list() {
+        let (store, mut writer) = reflector::store();
+        assert!(shown(&mut writer, watcher::Event::Init).is_empty());
+        // A first page: the store still holds the view from before the list.
+        assert!(shown(&mut writer, watcher::Event::InitApply(workflow("a"))).is_empty());
+        assert!(
+            store
+                .get(&reflector::ObjectRef::new("a").within("ns"))
+                .is_none()
+        );
+        assert!(shown(&mut writer, watcher::Event::InitApply(workflow("b"))).is_empty());
+        assert_eq!(shown(&mut writer, watcher::Event::InitDone), ["a", "b"]);
+        assert_eq!(
+            shown(&mut writer, watcher::Event::Apply(workflow("c"))),
+            ["c"]
+        );
+        assert_eq!(
+            shown(&mut writer, watcher::Event::Delete(workflow("a"))),
+            ["gone a"]
+        );
+        assert_eq!(store.state().len(), 2);
+    }
 
     #[test]
     fn the_cache_keeps_rewinds_annotations_and_no_managed_fields() {

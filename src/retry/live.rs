@@ -9,11 +9,12 @@
 //! unchanged workflow, finds the pods already gone, and commits.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -668,14 +669,30 @@ impl<'a> Annotation<'a> {
         self.last_check = Instant::now();
         // From the controller's own watch cache: no request at all, however many retries
         // run (the watch is milliseconds behind; the commit's precondition is exact).
-        let meta = self
+        let ours = |m: &PartialObjectMeta<Workflow>| {
+            m.metadata.uid.as_deref() == Some(self.target.uid.as_str())
+        };
+        let cached = self
             .ctx
             .workflows
-            .get(&self.target.namespace, &self.target.name);
-        let Some(meta) =
-            meta.filter(|m| m.metadata.uid.as_deref() == Some(self.target.uid.as_str()))
-        else {
-            return Err(RetryError::WorkflowGone);
+            .get(&self.target.namespace, &self.target.name)
+            .filter(|m| ours(m));
+        let meta = match cached {
+            Some(meta) => meta,
+            // Only the API server's own copy says the workflow is gone: a cache
+            // behind the watch, or not filled yet, would end the request without
+            // a word, and nothing would serve its token again.
+            None => match self
+                .workflows()
+                .get_metadata_opt(&self.target.name)
+                .await
+                .map_err(api(format!(
+                    "reading workflow {}/{}",
+                    self.target.namespace, self.target.name
+                )))? {
+                Some(meta) if ours(&meta) => Arc::new(meta),
+                _ => return Err(RetryError::WorkflowGone),
+            },
         };
         let label = |key: &str| {
             meta.metadata

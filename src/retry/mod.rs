@@ -182,21 +182,13 @@ impl Context {
     }
 }
 
-/// Plans the retry of `wf` on the blocking pool, so the async workers (the
-/// watches, Lease renewal, the probes) never wait for a large workflow to be
-/// decompressed and planned. The workflow is given up to the planner, which
-/// moves its nodes into the plan instead of copying them. A panic in the planner goes on in the caller's
-/// task, as if planned there.
+/// Plans the retry of `wf` on the blocking pool (see [`crate::argo::off_thread`]):
+/// a large workflow takes a while to decompress and plan. The workflow is
+/// given up to the planner, which moves its nodes into the plan instead of
+/// copying them.
 pub async fn plan_off_thread(
     wf: crate::argo::workflow::Workflow,
     options: RetryOptions,
 ) -> Result<plan::Plan, plan::PlanError> {
-    let planned = tokio::task::spawn_blocking(move || plan::plan_retry_owned(wf, &options)).await;
-    match planned {
-        Ok(planned) => planned,
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(e) => panic!("planning was cancelled: {e}"),
-        },
-    }
+    crate::argo::off_thread(move || plan::plan_retry_owned(wf, &options)).await
 }

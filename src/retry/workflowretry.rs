@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures::future::OptionFuture;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -521,36 +521,6 @@ pub fn expires_at(object: &WorkflowRetry) -> Option<Timestamp> {
     finished
         .checked_add(SignedDuration::from_secs(ttl.max(0)))
         .ok()
-}
-
-/// Deletes `object` once its TTL after finishing has passed (only that
-/// object: the delete carries its UID as a precondition).
-pub async fn delete_when_expired(client: kube::Client, object: &WorkflowRetry) {
-    let Some(at) = expires_at(object) else {
-        return;
-    };
-    let wait = at.duration_since(Timestamp::now());
-    if wait.is_positive() {
-        tokio::time::sleep(Duration::try_from(wait).unwrap_or(Duration::MAX)).await;
-    }
-    let api: Api<WorkflowRetry> = Api::namespaced(client, &object.namespace().unwrap_or_default());
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: object.uid(),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match api.delete(&object.name_any(), &params).await {
-        Ok(_) => info!(
-            workflowretry = object.name_any(),
-            "deleted after ttlSecondsAfterFinished"
-        ),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(e) => {
-            warn!(workflowretry = object.name_any(), error = %e, "could not delete the finished WorkflowRetry; it is tried again at the next resync")
-        }
-    }
 }
 
 #[cfg(test)]

@@ -989,3 +989,97 @@ pub async fn with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_arg
     dex.stop().await?;
     Ok(())
 }
+
+/// A double click on Argo's UI Retry: two calls for one workflow at once, straight at rewind's
+/// listener. One retry (the reset written once, each plan pod deleted once) and two answers,
+/// both ending: the reset workflow, and Argo's own refusal of a workflow already retried (what
+/// Argo's server answers a second call that reads the workflow after the first reset it).
+pub async fn a_double_click_on_retry_resets_once_and_answers_both_calls(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 3,
+    };
+    let before = dag.create(&admin, &namespace, 8, || ()).await?;
+    let plan = ctl::expected_plan(&before)?;
+    let token = account(
+        &admin,
+        &namespace,
+        "alice",
+        &[workflow_verbs(&["get", "update"]), delete_pods()],
+    )
+    .await?;
+    let addr = free_addr()?;
+    // One pod per delete, ten a second: the first call is still deleting when the second comes.
+    let mut options = ctl::options(10, 1, false);
+    options.argo_api = Some(api_options(addr, None));
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let url = format!("http://{addr}/api/v1/workflows/{namespace}/wf/retry");
+    let body = json!({"name": "wf", "namespace": namespace});
+    let bearer = format!("Bearer {token}");
+    let click = || async {
+        tokio::time::timeout(
+            Duration::from_secs(90),
+            put(&url, Some(&bearer), &body, None),
+        )
+        .await
+        .context("a call did not answer within 90s")?
+    };
+    let (first, second) = tokio::join!(click(), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        click().await
+    });
+    let answers = [first?, second?];
+    let reset: Vec<&(u16, Value)> = answers.iter().filter(|(s, _)| *s == 200).collect();
+    let refused: Vec<&(u16, Value)> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    ensure!(
+        reset.len() == 1 && refused.len() == 1,
+        "expected one call answering the reset workflow and one refused, got {answers:?}"
+    );
+    let answered: Workflow = serde_json::from_value(reset[0].1.clone())?;
+    ensure!(
+        answered.name_any() == "wf",
+        "the answer is not the workflow: {:?}",
+        answered.metadata
+    );
+    ensure_status(refused[0], 400, 3, "Cannot retry a workflow in phase")?;
+
+    let log = ctl::audit_log(&cluster, &namespace)?;
+    let resets = ctl::resets(&log, "wf");
+    ensure!(
+        resets == 1,
+        "expected the reset written once, it was written {resets} times"
+    );
+    let mut deletes: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in log.iter().filter(|a| {
+        a.user == CONTROLLER_NAME && a.resource == "pods" && a.verb == "delete" && a.code == 200
+    }) {
+        *deletes.entry(a.name.as_str()).or_default() += 1;
+    }
+    let planned: BTreeMap<&str, usize> = plan
+        .pods_to_delete
+        .iter()
+        .map(|p| (p.as_str(), 1))
+        .collect();
+    ensure!(
+        deletes == planned,
+        "expected each of the {} plan pods deleted once, the audit log has {deletes:?}",
+        planned.len()
+    );
+    let ended: Vec<_> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|r| r.status.unwrap_or_default().phase)
+        .collect();
+    ensure!(
+        ended.len() == 2 && ended.iter().all(|p| p.is_some_and(RetryPhase::is_finished)),
+        "expected both calls' WorkflowRetries finished: {ended:?}"
+    );
+    controller.stop().await
+}

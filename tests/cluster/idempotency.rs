@@ -2,7 +2,7 @@
 //! and restarted ends with exactly one reset, the token observed, and the planner's workflow.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,6 +130,18 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
 }
 
 fn spawn_controller(cluster: &LocalCluster, namespace: &str, log: &Path) -> anyhow::Result<Child> {
+    // Slow enough that the retry spans the kills: 10 single deletes a second.
+    let tuning = ["--qps", "10", "--burst", "10", "--no-bulk"];
+    spawn_tuned(cluster, namespace, log, &tuning)
+}
+
+/// The real binary serving `namespace`, logging JSON to `log`, with `tuning` (budget flags).
+pub fn spawn_tuned(
+    cluster: &LocalCluster,
+    namespace: &str,
+    log: &Path,
+    tuning: &[&str],
+) -> anyhow::Result<Child> {
     let out = std::fs::File::create(log)?;
     Command::new(env!("CARGO_BIN_EXE_rewind"))
         .args([
@@ -141,8 +153,7 @@ fn spawn_controller(cluster: &LocalCluster, namespace: &str, log: &Path) -> anyh
             "--http-addr",
             "127.0.0.1:0",
         ])
-        // Slow enough that the retry spans the kills: 10 single deletes a second.
-        .args(["--qps", "10", "--burst", "10", "--no-bulk"])
+        .args(tuning)
         .env("KUBECONFIG", cluster.kubeconfig_path(Role::Controller))
         .env("RUST_LOG", "info,kube=warn")
         .stdin(Stdio::null())
@@ -153,12 +164,12 @@ fn spawn_controller(cluster: &LocalCluster, namespace: &str, log: &Path) -> anyh
         .context("starting the rewind binary")
 }
 
-fn read(log: &PathBuf) -> String {
+pub fn read(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_else(|e| format!("(cannot read {}: {e})", log.display()))
 }
 
 /// Finds the address the controller bound (it was given port 0) in its log and asks /readyz.
-async fn readyz(log: &PathBuf) -> anyhow::Result<()> {
+async fn readyz(log: &Path) -> anyhow::Result<()> {
     let text = read(log);
     let addr = text
         .lines()

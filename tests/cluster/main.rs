@@ -40,6 +40,7 @@ mod permissions;
 mod pods;
 mod races;
 mod rbac;
+mod restart;
 mod retry;
 mod scheduling;
 mod support;
@@ -108,6 +109,8 @@ fn main() -> ExitCode {
         budget::a_user_retry_overtakes_a_background_backlog,
         budget::every_mutating_request_goes_through_the_budget_and_keeps_its_rate,
         idempotency::a_controller_killed_mid_retry_resumes_and_resets_exactly_once,
+        restart::a_live_workflowretry_resumed_during_a_slow_initial_list_ends,
+        restart::a_request_whose_answer_was_refused_is_answered_later,
         workflowretry::the_api_server_refuses_both_or_neither_target_and_a_changed_spec,
         workflowretry::a_live_workflowretry_resets_the_workflow_reports_and_expires,
         workflowretry::an_archived_workflowretry_deletes_only_leftovers_and_creates_the_workflow_once,
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
         admission::a_workflowretry_needs_what_argo_would_need_of_the_same_user,
         argoapi::argos_retry_call_is_authorized_like_argos_and_answers_the_reset_workflow,
         argoapi::argos_archived_retry_call_creates_the_workflow,
+        argoapi::a_double_click_on_retry_resets_once_and_answers_both_calls,
         argoapi::in_server_mode_a_call_acts_as_the_argo_servers_account,
         argoapi::in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user_to,
         listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack,

@@ -47,7 +47,7 @@ pub mod controller {
     use rewind::controller::{Controller, Options};
     use rewind::protocol::request::{self, RetryStatus, annotations};
     use rewind::retry::Scope;
-    use rewind::testenv::localcluster::{LocalCluster, Role};
+    use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
     use rewind::testenv::workload::through_transient;
     use serde_json::Value;
     use tokio::task::JoinHandle;
@@ -473,6 +473,19 @@ pub mod controller {
                 .or_default() += 1;
         }
         counts
+    }
+
+    /// The resets of workflow `name` the controller wrote (updates the API server took).
+    pub fn resets(log: &[Audited], name: &str) -> usize {
+        log.iter()
+            .filter(|a| {
+                a.user == CONTROLLER_NAME
+                    && a.verb == "update"
+                    && a.resource == "workflows"
+                    && a.name == name
+                    && a.code == 200
+            })
+            .count()
     }
 }
 

@@ -214,33 +214,20 @@ impl StatusRefusal {
     ) -> anyhow::Result<StatusRefusal> {
         let admin = cluster.admin_client();
         let name = format!("{namespace}-refuse-created-status");
-        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                    "resourceRules": [{
-                        "apiGroups": ["rewind.dev"], "apiVersions": ["v1alpha1"],
-                        "operations": ["UPDATE"], "resources": ["workflowretries/status"],
-                    }],
-                },
-                "validations": [{
-                    "expression": "!has(object.status) || !has(object.status.workflowUID)",
-                    "message": "the test refuses a status naming the created workflow",
-                }],
-            },
-        }))?;
-        Api::<ValidatingAdmissionPolicy>::all(admin.clone())
-            .create(&PostParams::default(), &policy)
-            .await?;
-        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }))?;
-        Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
-            .create(&PostParams::default(), &binding)
-            .await?;
+        let rule = json!({
+            "apiGroups": ["rewind.dev"], "apiVersions": ["v1alpha1"],
+            "operations": ["UPDATE"], "resources": ["workflowretries/status"],
+        });
+        let refuse = "!has(object.status) || !has(object.status.workflowUID)";
+        install_refusal(
+            &admin,
+            &name,
+            namespace,
+            rule,
+            refuse,
+            "a status naming the created workflow",
+        )
+        .await?;
         let this = StatusRefusal {
             name,
             admin,
@@ -251,12 +238,7 @@ impl StatusRefusal {
     }
 
     pub async fn remove(self, retries: &Api<WorkflowRetry>) -> anyhow::Result<()> {
-        Api::<ValidatingAdmissionPolicyBinding>::all(self.admin.clone())
-            .delete(&self.name, &DeleteParams::default())
-            .await?;
-        Api::<ValidatingAdmissionPolicy>::all(self.admin.clone())
-            .delete(&self.name, &DeleteParams::default())
-            .await?;
+        remove_refusal(&self.admin, &self.name).await?;
         self.wait_until(retries, false).await
     }
 
@@ -268,25 +250,85 @@ impl StatusRefusal {
             dry_run: true,
             ..Default::default()
         };
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let result = retries
+        let write = || async {
+            retries
                 .patch_status(&self.request, &params, &Patch::Merge(&probe))
-                .await;
-            match (&result, refused) {
-                (Err(kube::Error::Api(s)), true) if s.message.contains("the test refuses") => {
-                    return Ok(());
-                }
-                (Ok(_), false) => return Ok(()),
-                _ => {}
-            }
-            ensure!(
-                tokio::time::Instant::now() < deadline,
-                "the policy is not {} after 30s: {result:?}",
-                if refused { "enforced" } else { "gone" }
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+                .await
+                .map(|_| ())
+        };
+        wait_refusal(write, refused).await
+    }
+}
+
+/// Installs ValidatingAdmissionPolicy `name` (and its binding) refusing, in `namespace`, the
+/// writes `rule` matches whose object fails CEL `expression`; it says it refuses `what`.
+pub async fn install_refusal(
+    admin: &kube::Client,
+    name: &str,
+    namespace: &str,
+    rule: serde_json::Value,
+    expression: &str,
+    what: &str,
+) -> anyhow::Result<()> {
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "resourceRules": [rule],
+            },
+            "validations": [{"expression": expression, "message": format!("{REFUSES} {what}")}],
+        },
+    }))?;
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }))?;
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// Deletes the policy [`install_refusal`] installed.
+pub async fn remove_refusal(admin: &kube::Client, name: &str) -> anyhow::Result<()> {
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(name, &DeleteParams::default())
+        .await?;
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .delete(name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// What the test's policies say when they refuse.
+const REFUSES: &str = "the test refuses";
+
+/// Waits until a dry-run `write` (the policies apply to dry runs too) is refused by a test's
+/// policy (`refused`) or goes through, at most 30 s.
+pub async fn wait_refusal<F, W>(write: W, refused: bool) -> anyhow::Result<()>
+where
+    W: Fn() -> F,
+    F: std::future::Future<Output = Result<(), kube::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let result = write().await;
+        match (&result, refused) {
+            (Err(kube::Error::Api(s)), true) if s.message.contains(REFUSES) => return Ok(()),
+            (Ok(()), false) => return Ok(()),
+            _ => {}
         }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the policy is not {} after 30s: {result:?}",
+            if refused { "enforced" } else { "gone" }
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

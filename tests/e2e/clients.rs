@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use futures::future::BoxFuture;
@@ -38,6 +39,9 @@ pub enum Kind {
     /// Argo's UI in headless Chromium (`ui_retry.js`): RETRY on the workflow's page (the
     /// archived workflow's, by its UID), then the panel's Retry.
     Ui,
+    /// A double click on Retry: two `argo retry NAME` at once. One retries; the other is
+    /// answered with Argo's refusal of a workflow already retried.
+    DoubleClick,
 }
 
 /// A client with what it needs: Argo's `argo` binary, the argo server (serving Argo's UI for
@@ -262,18 +266,18 @@ impl Client {
                     "a refused call changed the workflow's pods"
                 );
             }
+            let click = || {
+                self.cli(
+                    server,
+                    Some(&allowed),
+                    namespace,
+                    &scenario.name,
+                    archived_uid,
+                    &scenario.retry,
+                )
+            };
             let ran = match self.kind {
-                Kind::Cli | Kind::CliLabel => {
-                    self.cli(
-                        server,
-                        Some(&allowed),
-                        namespace,
-                        &scenario.name,
-                        archived_uid,
-                        &scenario.retry,
-                    )
-                    .await?
-                }
+                Kind::Cli | Kind::CliLabel => click().await?,
                 Kind::Hera => {
                     self.hera(
                         server,
@@ -288,6 +292,22 @@ impl Client {
                 Kind::Ui => {
                     self.ui(server, &allowed, namespace, &scenario.name, archived_uid)
                         .await?
+                }
+                Kind::DoubleClick => {
+                    let (first, second) = tokio::join!(click(), async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        click().await
+                    });
+                    let (ok, refused): (Vec<Ran>, Vec<Ran>) =
+                        [first?, second?].into_iter().partition(|r| r.ok);
+                    ensure!(
+                        ok.len() == 1
+                            && refused[0].out.contains("Cannot retry a workflow in phase"),
+                        "of two calls at once, one should retry and the other be refused as Argo refuses a workflow already retried; they printed:\n{}",
+                        ok.iter().chain(&refused).map(|r| r.out.as_str()).collect::<Vec<_>>().join("\n---\n")
+                    );
+                    tracing::info!(refused = refused[0].out.trim(), "the double click's other call");
+                    ok.into_iter().next().expect("one call retried")
                 }
             };
             ensure!(

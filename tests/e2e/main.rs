@@ -82,6 +82,11 @@ fn client_scenarios() -> Vec<(Scenario, Option<clients::Kind>)> {
     [
         ("cli-retry", find("selector-parameters"), clients::Kind::Cli),
         ("cli-retry-label", find("steps"), clients::Kind::CliLabel),
+        (
+            "cli-retry-double-click",
+            find("steps"),
+            clients::Kind::DoubleClick,
+        ),
         ("cli-archive-retry", archived.clone(), clients::Kind::Cli),
         (
             "hera-retry",
