@@ -252,7 +252,11 @@ fn broken_links(file: &Path, text: &str) -> Vec<String> {
             }
             let Some(anchor) = anchor else { continue };
             if resolved.extension().is_some_and(|e| e == "md") {
-                let target_text = std::fs::read_to_string(&resolved).unwrap();
+                let target_text = if path.is_empty() {
+                    text.to_owned()
+                } else {
+                    std::fs::read_to_string(&resolved).unwrap()
+                };
                 if !anchors(&target_text).contains(anchor) {
                     broken.push(format!("{here}: no heading makes #{anchor}"));
                 }
