@@ -22,7 +22,8 @@ demo:
 # Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;
 # Helm, actionlint and hadolint (tests/install.rs and the chart's cluster test)
-# are built first so their cold build is not counted in a test's time.
+# and helm-docs (tests/docs.rs: the chart's README) are built first so their
+# cold build is not counted in a test's time.
 # Argo's own `argo` binary (CLI and server, tools/argo/build.sh cli), nginx
 # and Hera (tools/clients/install.sh) serve the end-to-end tests of rewind's
 # Argo API (tests/e2e's cli-* and hera-* scenarios); dex (tools/dex), an
@@ -37,6 +38,7 @@ test:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
 	tools/helm/build.sh >/dev/null
+	tools/helmdocs/build.sh >/dev/null
 	tools/lint/build.sh >/dev/null
 	tools/deny/build.sh >/dev/null
 	tools/argo/build.sh >/dev/null

@@ -182,6 +182,47 @@ fn the_values_schema_refuses_bad_values() {
     }
 }
 
+/// What an operator sees: `helm install` refuses a wrong value before anything is sent,
+/// naming the value and what it must be.
+#[test]
+fn helm_install_refuses_a_wrong_value_saying_which_and_why() {
+    for (bad, says) in [
+        (
+            "controller.qps=0",
+            "at '/controller/qps': minimum: got 0, want 1",
+        ),
+        (
+            "controller.qps=fast",
+            "at '/controller/qps': got string, want integer",
+        ),
+        (
+            "controller.argoVersion=v2",
+            "at '/controller/argoVersion': value must be one of 'v4', 'v3.7'",
+        ),
+        (
+            "leaderElection.leaseDuration=soon",
+            "at '/leaderElection/leaseDuration': 'soon' does not match pattern",
+        ),
+    ] {
+        let (ok, _, err) = helm(&[
+            "install",
+            "rewind",
+            CHART,
+            "--namespace",
+            "rewind",
+            "--dry-run=client",
+            "--set",
+            bad,
+        ]);
+        assert!(!ok, "helm install accepted --set {bad}");
+        assert!(
+            err.contains("values don't meet the specifications of the schema")
+                && err.contains(says),
+            "helm install --set {bad} failed without saying {says:?}:\n{err}"
+        );
+    }
+}
+
 #[test]
 fn the_plain_manifests_match_the_chart() {
     let rendered = manifests();

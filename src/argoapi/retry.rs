@@ -30,7 +30,7 @@ use crate::client::{FollowError, ask};
 use crate::engine::fault;
 use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::names;
-use crate::protocol::request::{RetryPhase, RetryStatus};
+use crate::protocol::request::{DENIED, RetryPhase, RetryStatus};
 
 /// How long a request may wait for a controller to report on it before the
 /// call answers Unavailable (the request stays and runs later): a leader
@@ -335,7 +335,9 @@ fn ended(observed: Observed) -> Result<RetryStatus, Status> {
 /// retried, a bad selector or parameter) as bad requests, InvalidArgument;
 /// one that failed on the way is Internal, as Argo's are.
 fn failed(status: &RetryStatus) -> Status {
-    let code = if status.pods_total == 0 {
+    let code = if status.message.starts_with(DENIED) {
+        Code::PermissionDenied
+    } else if status.pods_total == 0 {
         Code::InvalidArgument
     } else {
         Code::Internal
@@ -400,6 +402,13 @@ mod tests {
             "deleting failed",
         )));
         assert_eq!(broke.unwrap_err().code, Code::Internal);
+        // An archived UID of another namespace: 403 as in Argo.
+        let elsewhere = ended(Observed::Status(status(
+            RetryPhase::Failed,
+            0,
+            "permission denied: archived workflow 0e6c-… is not in namespace team; ask in the namespace it ran in",
+        )));
+        assert_eq!(elsewhere.unwrap_err().code, Code::PermissionDenied);
         let replaced = ended(Observed::Replaced { by: "9".into() }).unwrap_err();
         assert_eq!(replaced.code, Code::Aborted);
         assert!(replaced.message.contains("(9)"));

@@ -55,6 +55,9 @@ pub const MAX_PARAMETER: usize = 4096;
 /// The longest status message written: a message naming many things (pods,
 /// say) names the first few; the controller's log has them all.
 pub const MAX_MESSAGE: usize = 4096;
+/// How a failed request's message begins when the asker may not have what it
+/// asked for (Argo's own words), so a client answers it as a refusal (403).
+pub const DENIED: &str = "permission denied";
 /// The most of a user's value a message repeats.
 const ECHO: usize = 64;
 

@@ -32,7 +32,7 @@ use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
-use crate::protocol::request::{RetryPhase, workflowretry_token};
+use crate::protocol::request::{DENIED, RetryPhase, workflowretry_token};
 use crate::retry::object::ObjectStatus;
 use crate::retry::report;
 use crate::telemetry::metrics::{RetryKind, Step as Metered};
@@ -60,14 +60,12 @@ pub enum ArchivedError {
         "no archived workflow with UID {uid} in Argo's workflow archive (check it with `argo archive list`); nothing was deleted"
     )]
     UnknownUid { uid: String },
+    /// Argo's words: where the workflow lives is not told to someone asking
+    /// in another namespace (the controller's log says it).
     #[error(
-        "archived workflow {uid} is in namespace {archived}, not {requested}; create the WorkflowRetry in {archived}"
+        "{DENIED}: archived workflow {uid} is not in namespace {requested}; ask in the namespace it ran in"
     )]
-    OtherNamespace {
-        uid: String,
-        archived: String,
-        requested: String,
-    },
+    OtherNamespace { uid: String, requested: String },
     /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
     #[error("Workflow already exists on cluster, use argo retry {name} instead")]
     ExistsLive { name: String },
@@ -160,9 +158,14 @@ pub async fn run(
     Step::Read.took(status, step.done());
     let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
     if archived_namespace != namespace {
+        info!(
+            uid,
+            archived = archived_namespace,
+            requested = namespace,
+            "an archived retry asked in another namespace than the workflow's"
+        );
         return Err(ArchivedError::OtherNamespace {
             uid: uid.to_owned(),
-            archived: archived_namespace,
             requested: namespace,
         });
     }

@@ -7,7 +7,7 @@
 //! evaluates without error, and none is firing or pending after this healthy run.
 //!
 //! With REWIND_DASHBOARD_PNG=PATH it also draws the dashboard from those answers
-//! (docs/dashboard.png is made so: see README, "Dashboard and alerts").
+//! (docs/dashboard.png is made so: see docs/monitoring.md, "Dashboard and alerts").
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
