@@ -203,12 +203,7 @@ impl Authenticator {
             }
             AuthMode::Server => Ok(Authenticated::Known(self.server_identity("server mode")?)),
             AuthMode::Sso => {
-                let Some(sso) = &self.sso else {
-                    return Err(unauthenticated(
-                        TOKEN_NOT_VALID,
-                        "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
-                    ));
-                };
+                let sso = self.sso()?;
                 let ask = async {
                     let info = sso.user_info(token).await?;
                     Ok(Authenticated::Sso(Box::new(info)))
@@ -233,12 +228,7 @@ impl Authenticator {
             Authenticated::Known(identity) => return Ok(identity),
             Authenticated::Sso(info) => info,
         };
-        let Some(sso) = &self.sso else {
-            return Err(unauthenticated(
-                TOKEN_NOT_VALID,
-                "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
-            ));
-        };
+        let sso = self.sso()?;
         let caller = if sso.delegates(&info, namespace) {
             reviews
                 .spend(source, sso.caller(reviews.client(), &info, namespace))
@@ -255,6 +245,16 @@ impl Authenticator {
                 self.server_identity("SSO without SSO RBAC (the Argo Server's own ServiceAccount)")
             }
         }
+    }
+
+    /// The Argo Server's SSO, which alone decodes an SSO token.
+    fn sso(&self) -> Result<&Sso, Status> {
+        self.sso.as_ref().ok_or_else(|| {
+            unauthenticated(
+                TOKEN_NOT_VALID,
+                "this is an Argo SSO token, which only the Argo Server decodes, and rewind was given no Argo Server to ask (--argo-server-url)",
+            )
+        })
     }
 
     fn server_identity(&self, how: &'static str) -> Result<Identity, Status> {
