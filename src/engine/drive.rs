@@ -447,17 +447,27 @@ impl Deletion {
     ) -> Result<(), S::Error> {
         let mut next_tick = Instant::now() + self.config.tick;
         let mut announced = false;
-        if let Some(revision) = self.read_at.take() {
-            tokio::select! {
-                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
-                recorded = self.record_as_read(&revision) => recorded?,
-            }
-        }
+        // The first list shows the pods as the plan was read (see `read_at`).
+        let mut at = self.read_at.take();
         loop {
             let listing = Instant::now();
-            let listed = tokio::select! {
-                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
-                listed = self.list() => listed?,
+            // The sink hears the time pass while the list waits for the read
+            // budget too: a request queued behind a batch's reads says where
+            // it stands (at most once per status interval), not nothing.
+            let (count, tick) = (self.count(), self.config.tick);
+            let listed = {
+                let list = self.list(at.take());
+                tokio::pin!(list);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
+                        listed = &mut list => break listed?,
+                        _ = tokio::time::sleep_until(next_tick) => {
+                            next_tick = Instant::now() + tick;
+                            sink.tick(&count).await?;
+                        }
+                    }
+                }
             };
             debug!(
                 ms = listing.elapsed().as_millis() as u64,
@@ -638,43 +648,6 @@ impl Deletion {
         Ok(())
     }
 
-    /// Records the plan pods as they were at `revision`, the workflow's as
-    /// the plan was read from it: the UIDs the later lists must show. Past
-    /// etcd's compaction (410) there is no such list; the first fresh one
-    /// records them, as before.
-    async fn record_as_read(&mut self, revision: &str) -> Result<(), DeleteError> {
-        let then = match list_workflow_pods(
-            &self.engine.client,
-            &self.namespace,
-            &self.workflow,
-            self.tracker.plan(),
-            Some(revision),
-        )
-        .await
-        {
-            Ok(then) => then.pods,
-            Err(error) if fault::api_code(&error) == Some(410) => {
-                warn!(
-                    namespace = self.namespace,
-                    workflow = self.workflow,
-                    revision,
-                    "the pods as the workflow was read are compacted away; the first list records them"
-                );
-                return Ok(());
-            }
-            Err(source) => {
-                return Err(DeleteError::List {
-                    namespace: self.namespace.clone(),
-                    workflow: self.workflow.clone(),
-                    source,
-                });
-            }
-        };
-        self.foreign(&then)?;
-        self.tracker.assess(&self.workflow, &then, false)?;
-        Ok(())
-    }
-
     /// A plan pod owned by another object than [`Deletion::plan_owned_by`]'s.
     fn foreign(&self, listed: &[Listed]) -> Result<(), DeleteError> {
         let Some(owner) = &self.plan_owner else {
@@ -715,17 +688,32 @@ impl Deletion {
         Ok(())
     }
 
-    /// A fresh list of the workflow's pods: with an owner, only its pods,
-    /// and bulk deletes off while any other carries the label.
-    async fn list(&mut self) -> Result<(Vec<Listed>, bool), DeleteError> {
-        let snapshot = list_workflow_pods(
-            &self.engine.client,
-            &self.namespace,
-            &self.workflow,
-            self.tracker.plan(),
-            None,
-        )
-        .await
+    /// A fresh list of the workflow's pods, or with `at` the pods as they
+    /// were at that revision: with an owner, only its pods, and bulk deletes
+    /// off while any other carries the label.
+    ///
+    /// A list at the workflow's read revision is exact for a first
+    /// assessment: its UIDs are the plan's, every single delete is
+    /// preconditioned on one and every bulk delete is proven again against a
+    /// fresh list before it is sent. Past etcd's compaction (410) there is no
+    /// such list; a fresh one records the plan pods, as it did before.
+    async fn list(&mut self, at: Option<String>) -> Result<(Vec<Listed>, bool), DeleteError> {
+        let (client, plan) = (&self.engine.client, self.tracker.plan());
+        let listed = async |at| {
+            list_workflow_pods(client, &self.namespace, &self.workflow, plan, at).await
+        };
+        let snapshot = match listed(at.as_deref()).await {
+            Err(error) if at.is_some() && fault::api_code(&error) == Some(410) => {
+                warn!(
+                    namespace = self.namespace,
+                    workflow = self.workflow,
+                    revision = at,
+                    "the pods as the workflow was read are compacted away; a fresh list records them"
+                );
+                listed(None).await
+            }
+            snapshot => snapshot,
+        }
         .map_err(|source| DeleteError::List {
             namespace: self.namespace.clone(),
             workflow: self.workflow.clone(),

@@ -194,6 +194,17 @@ impl Bench<'_> {
         let finished = self.wait_finished(namespace, &mut child, started).await;
         let total = started.elapsed();
         let to = Timestamp::now() + SignedDuration::from_secs(1);
+        // The API server logs a request once it has answered it: the reset's line may come
+        // after the status it carries was read. Waited for before the controller is stopped
+        // (stopped mid-answer, its reset would be logged as a 504), then a moment more for
+        // any second reset.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while mark_writes(&audit_from, namespace, self.target)?.is_empty()
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(POLL).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
         // Stopped before the checks, so nothing changes while they look.
         let _ = child.start_kill();
         let _ = child.wait().await;
@@ -209,22 +220,14 @@ impl Bench<'_> {
         if phase.0 != RetryPhase::Succeeded {
             failures.push(format!("the request ended {:?}: {}", phase.0, phase.1));
         }
-        // The API server logs a request once it has answered it: the reset's line may come
-        // after the status it carries was read. Waited for, then a moment more for any
-        // second reset.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.resets(&audit_from, namespace)?.1 == 0 && Instant::now() < deadline {
-            tokio::time::sleep(POLL).await;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let (writes, resets) = self.resets(&audit_from, namespace)?;
+        let (writes, resets) = self.resets(&audit_from, namespace, &prepared).await?;
         if resets != 1 {
             let codes: Vec<String> = writes
                 .iter()
                 .map(|w| format!("{} {}", w.verb, w.code))
                 .collect();
             failures.push(format!(
-                "expected exactly one {} of the workflow by the controller, the audit log has {codes:?}",
+                "expected exactly one {} of the workflow by the controller, {resets} landed; the audit log has {codes:?}",
                 match self.target {
                     Target::Live => "reset (update)",
                     Target::Archived => "create",
@@ -271,19 +274,37 @@ impl Bench<'_> {
         })
     }
 
-    /// The controller's writes of the workflow since `mark`, and how many of them reset it
-    /// (live: an update) or created it (archived).
-    fn resets(&self, mark: &AuditMark, namespace: &str) -> Result<(Vec<Write>, usize), TrialError> {
-        let writes = mark.writes_since(namespace)?;
+    /// The controller's writes of the workflow since `mark`, and how many resets (live:
+    /// updates) or creates (archived) landed. The answer to a write says whether it was
+    /// applied, except a 504: the client went away (a SIGKILL while it waited) or the
+    /// server stopped waiting, and the API server carries the write on regardless. So a
+    /// live trial counts what the workflow shows: its generation rises with each write of
+    /// more than metadata, which only a reset is. An archived trial's workflow has one name:
+    /// a create answered 504 landed if no create succeeded and the workflow exists.
+    async fn resets(
+        &self,
+        mark: &AuditMark,
+        namespace: &str,
+        prepared: &Prepared,
+    ) -> Result<(Vec<Write>, usize), TrialError> {
+        let writes = mark_writes(mark, namespace, self.target)?;
+        let workflows: Api<Workflow> = Api::namespaced(self.cluster.admin_client(), namespace);
+        let now = workflows
+            .get_opt(WORKFLOW)
+            .await
+            .map_err(kube("reading the workflow"))?;
         let resets = match self.target {
-            Target::Live => writes
-                .iter()
-                .filter(|w| w.verb == "update" && w.code == 200)
-                .count(),
-            Target::Archived => writes
-                .iter()
-                .filter(|w| w.verb == "create" && w.code == 201)
-                .count(),
+            Target::Live => {
+                let generation = |wf: Option<&Workflow>| {
+                    wf.and_then(|w| w.metadata.generation).unwrap_or_default()
+                };
+                usize::try_from(generation(now.as_ref()) - prepared.generation).unwrap_or(0)
+            }
+            Target::Archived => {
+                let created = writes.iter().filter(|w| w.code == 201).count();
+                let unanswered = writes.iter().any(|w| w.code == 504);
+                created + usize::from(created == 0 && unanswered && now.is_some())
+            }
         };
         Ok((writes, resets))
     }
@@ -331,6 +352,7 @@ impl Bench<'_> {
             .get(WORKFLOW)
             .await
             .map_err(kube("reading the workflow"))?;
+        let generation = read.metadata.generation.unwrap_or_default();
         let before = match self.target {
             Target::Live => read,
             Target::Archived => {
@@ -379,6 +401,7 @@ impl Bench<'_> {
             plan,
             kept,
             old_uid: before.uid().unwrap_or_default(),
+            generation,
         })
     }
 
@@ -572,6 +595,8 @@ struct Prepared {
     kept: BTreeMap<String, String>,
     /// The workflow's UID (for an archived trial, the archived one's).
     old_uid: String,
+    /// The live workflow's generation before the retry.
+    generation: i64,
 }
 
 /// Creates `pod` with `phase` set through the status subresource, as a kubelet would,
@@ -671,6 +696,18 @@ pub async fn install_argo_config(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
+}
+
+/// The controller's resets (live: updates) or creates (archived) of the trial's workflow
+/// since `mark`, whatever their answers.
+fn mark_writes(mark: &AuditMark, namespace: &str, target: Target) -> Result<Vec<Write>, TrialError> {
+    let verb = match target {
+        Target::Live => "update",
+        Target::Archived => "create",
+    };
+    let mut writes = mark.writes_since(namespace)?;
+    writes.retain(|w| w.verb == verb);
+    Ok(writes)
 }
 
 /// A write of the workflow by the controller, as the audit log has it.
