@@ -25,6 +25,7 @@ use crate::argoapi::review::Reviews;
 use crate::argoapi::sso::{Caller, Named, Sso, UserInfo};
 use crate::argoapi::wire::{Code, Status};
 use crate::engine::fault;
+use crate::protocol::crd::AskedBy;
 
 /// Argo's words for a token no allowed mode takes (gatekeeper.getClients).
 const TOKEN_NOT_VALID: &str =
@@ -166,6 +167,29 @@ pub enum Authenticated {
     Known(Identity),
     /// An SSO user, as the Argo Server that issued the token names them.
     Sso(Box<UserInfo>),
+}
+
+impl Authenticated {
+    /// Who asks, as recorded on the request: the reviewed user, or an SSO
+    /// user by email (else subject) with the groups their login carries.
+    pub fn asker(&self) -> AskedBy {
+        match self {
+            Authenticated::Known(identity) => AskedBy {
+                user: identity.user.clone(),
+                groups: identity.groups.clone(),
+                acting_as: None,
+            },
+            Authenticated::Sso(info) => AskedBy {
+                user: if info.email.is_empty() {
+                    info.subject.clone()
+                } else {
+                    info.email.clone()
+                },
+                groups: info.groups.clone().unwrap_or_default(),
+                acting_as: None,
+            },
+        }
+    }
 }
 
 impl Authenticator {

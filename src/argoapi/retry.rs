@@ -28,7 +28,7 @@ use crate::argoapi::{ArgoApi, listener};
 use crate::client::follow::{self, Follower, Observed, POLL_INTERVAL};
 use crate::client::{FollowError, ask};
 use crate::engine::fault;
-use crate::protocol::crd::WorkflowRetry;
+use crate::protocol::crd::{AskedBy, WorkflowRetry};
 use crate::protocol::names;
 use crate::protocol::request::{DENIED, RetryPhase, RetryStatus};
 
@@ -139,10 +139,12 @@ async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<W
     }
     let (api, source) = (call.api, call.source);
     let (who, body) = call.authenticate().await?;
+    let asker = who.asker();
     let caller = api
         .auth
         .acting_as(&api.reviews, source, who, &namespace)
         .await?;
+    let asker = acting(asker, &caller);
     let options = body.options();
     // Argo's server reads the workflow, updates it and deletes its pods as
     // the caller.
@@ -185,6 +187,7 @@ async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<W
         ask::Target::Live(&name),
         &options,
         api.ttl,
+        Some(&asker),
         false,
     )
     .await
@@ -217,10 +220,12 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
     if !names::is_namespace(&namespace) {
         return Err(not_a_name("namespace", &namespace, "a DNS-1123 label"));
     }
+    let asker = who.asker();
     let caller = api
         .auth
         .acting_as(&api.reviews, source, who, &namespace)
         .await?;
+    let asker = acting(asker, &caller);
     // Argo's server reads the archived workflow as the caller (get),
     // deletes its leftover pods and creates it again as the caller.
     auth::authorize(
@@ -238,6 +243,7 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
         ask::Target::Archived(&uid),
         &body.options(),
         api.ttl,
+        Some(&asker),
         false,
     )
     .await
@@ -246,6 +252,15 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
     let (asked, status) = follow_to_end(api, asked).await?;
     let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
     Ok(read_workflow(&workflows, &namespace, &asked.workflow, &status).await?)
+}
+
+/// Who asked, and the account Argo's server acts as for them when it is
+/// another (an SSO user's).
+fn acting(mut asker: AskedBy, caller: &Identity) -> AskedBy {
+    if caller.user != asker.user {
+        asker.acting_as = Some(caller.user.clone());
+    }
+    asker
 }
 
 fn log_asked(caller: &Identity, asked: &ask::Asked) {

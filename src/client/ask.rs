@@ -9,7 +9,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 
 use crate::argo::workflow::Workflow;
 use crate::client::FollowError;
-use crate::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
+use crate::protocol::crd::{ASKED_BY, AskedBy, WorkflowRetry, WorkflowRetrySpec};
 use crate::protocol::request::{self, RequestOptions};
 
 /// The prefix of the names of the WorkflowRetry objects `rewind retry`
@@ -100,11 +100,13 @@ impl std::fmt::Display for Target<'_> {
 
 /// The WorkflowRetry that asks for a retry of `target` with `options`, as
 /// `argo retry` and `argo archive retry` take them, deleted `ttl` after it
-/// finished; the API server names it.
+/// finished; the API server names it. `asked_by` is the caller rewind's Argo
+/// API asks for (see [`ASKED_BY`]).
 pub fn request_object(
     target: Target<'_>,
     options: &RequestOptions,
     ttl: Duration,
+    asked_by: Option<&AskedBy>,
 ) -> WorkflowRetry {
     let (workflow_name, archived_workflow_uid) = match target {
         Target::Live(name) => (Some(name.to_owned()), None),
@@ -122,6 +124,7 @@ pub fn request_object(
     let mut object = WorkflowRetry::new("", spec);
     object.metadata = ObjectMeta {
         generate_name: Some(GENERATE_NAME.to_owned()),
+        annotations: asked_by.map(|a| [(ASKED_BY.to_owned(), a.annotation())].into()),
         ..Default::default()
     };
     object
@@ -136,6 +139,7 @@ pub async fn ask_object(
     target: Target<'_>,
     options: &RequestOptions,
     ttl: Duration,
+    asked_by: Option<&AskedBy>,
     dry_run: bool,
 ) -> Result<(Asked, WorkflowRetry), FollowError> {
     let params = PostParams {
@@ -143,7 +147,7 @@ pub async fn ask_object(
         ..Default::default()
     };
     let created = retries
-        .create(&params, &request_object(target, options, ttl))
+        .create(&params, &request_object(target, options, ttl, asked_by))
         .await
         .map_err(|source| FollowError::Create {
             namespace: namespace.to_owned(),
@@ -178,8 +182,10 @@ mod tests {
             Target::Archived("u-1"),
             &options,
             Duration::from_secs(86400),
+            None,
         );
         assert_eq!(object.metadata.name, None);
+        assert_eq!(object.metadata.annotations, None);
         assert_eq!(object.metadata.generate_name.as_deref(), Some("retry-"));
         assert_eq!(
             serde_json::to_value(&object.spec).unwrap(),
@@ -197,16 +203,23 @@ mod tests {
             Target::Archived("u-2"),
             &RequestOptions::default(),
             Duration::from_secs(60),
+            None,
         );
         assert_eq!(
             serde_json::to_value(&plain.spec).unwrap(),
             serde_json::json!({"archivedWorkflowUID": "u-2", "restartSuccessful": false, "ttlSecondsAfterFinished": 60})
         );
+        let asker = AskedBy {
+            user: "alice".into(),
+            ..Default::default()
+        };
         let live = request_object(
             Target::Live("wf"),
             &RequestOptions::default(),
             Duration::from_secs(60),
+            Some(&asker),
         );
+        assert_eq!(AskedBy::of(&live), Some(asker));
         assert_eq!(
             serde_json::to_value(&live.spec).unwrap(),
             serde_json::json!({"workflowName": "wf", "restartSuccessful": false, "ttlSecondsAfterFinished": 60})

@@ -451,9 +451,12 @@ impl Deletion {
         let mut at = self.read_at.take();
         loop {
             let listing = Instant::now();
-            // The sink hears the time pass while the list waits for the read
-            // budget too: a request queued behind a batch's reads says where
-            // it stands (at most once per status interval), not nothing.
+            // Until the deletion is under way, the sink hears the time pass
+            // while the list waits for the read budget: a request queued
+            // behind a batch's reads says where it stands (at most once per
+            // status interval), not nothing. Later lists are not ticked
+            // through: after a bulk request cut short, the count stands
+            // lower until the list counts what it removed.
             let (count, tick) = (self.count(), self.config.tick);
             let listed = {
                 let list = self.list(at.take());
@@ -462,7 +465,7 @@ impl Deletion {
                     tokio::select! {
                         _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                         listed = &mut list => break listed?,
-                        _ = tokio::time::sleep_until(next_tick) => {
+                        _ = tokio::time::sleep_until(next_tick), if !announced => {
                             next_tick = Instant::now() + tick;
                             sink.tick(&count).await?;
                         }
@@ -699,9 +702,8 @@ impl Deletion {
     /// such list; a fresh one records the plan pods, as it did before.
     async fn list(&mut self, at: Option<String>) -> Result<(Vec<Listed>, bool), DeleteError> {
         let (client, plan) = (&self.engine.client, self.tracker.plan());
-        let listed = async |at| {
-            list_workflow_pods(client, &self.namespace, &self.workflow, plan, at).await
-        };
+        let listed =
+            async |at| list_workflow_pods(client, &self.namespace, &self.workflow, plan, at).await;
         let snapshot = match listed(at.as_deref()).await {
             Err(error) if at.is_some() && fault::api_code(&error) == Some(410) => {
                 warn!(

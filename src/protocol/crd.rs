@@ -26,6 +26,65 @@ pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
 /// knows the create happened and marks the request done (exactly once).
 pub const CREATED_BY: &str = "rewind.dev/workflowretry-uid";
 
+/// Annotation on a `WorkflowRetry` that rewind's Argo API created for a
+/// caller: who asked ([`AskedBy`], JSON). The API server's audit log names
+/// rewind's ServiceAccount as the creator of such an object, so the caller is
+/// recorded here and in the request's Events. Only rewind's ServiceAccount
+/// may set or change it (the chart's admission policy); an object created
+/// directly has none, and the audit log names its creator.
+pub const ASKED_BY: &str = "rewind.dev/asked-by";
+
+/// Who asked for a retry through rewind's Argo API, as authenticated there.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AskedBy {
+    /// The user as the TokenReview names them, or an SSO user's email (else
+    /// their subject).
+    pub user: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
+    /// The account Argo's server would act as for an SSO user (SSO RBAC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acting_as: Option<String>,
+}
+
+impl AskedBy {
+    /// The most groups recorded: a member of hundreds would make the
+    /// annotation larger than the object it is on.
+    const MAX_GROUPS: usize = 32;
+
+    /// The annotation's value: at most [`AskedBy::MAX_GROUPS`] groups, the
+    /// rest counted.
+    pub fn annotation(&self) -> String {
+        let mut bounded = self.clone();
+        if bounded.groups.len() > Self::MAX_GROUPS {
+            let more = bounded.groups.len() - Self::MAX_GROUPS;
+            bounded.groups.truncate(Self::MAX_GROUPS);
+            bounded.groups.push(format!("(and {more} more)"));
+        }
+        serde_json::to_string(&bounded).expect("AskedBy serializes")
+    }
+
+    /// Who asked for `object`, if rewind's Argo API recorded it.
+    pub fn of(object: &WorkflowRetry) -> Option<AskedBy> {
+        let value = object.metadata.annotations.as_ref()?.get(ASKED_BY)?;
+        serde_json::from_str(value).ok()
+    }
+}
+
+impl std::fmt::Display for AskedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.user)?;
+        if !self.groups.is_empty() {
+            write!(f, " (groups {})", self.groups.join(", "))?;
+        }
+        if let Some(account) = &self.acting_as {
+            write!(f, " acting as {account}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The generated CRD, as committed in `deploy/crds/`.
 pub const CRD_FILE: &str = "rewind.dev_workflowretries.yaml";
 
@@ -224,6 +283,34 @@ mod tests {
             committed == crd_yaml(),
             "deploy/crds/{CRD_FILE} is out of date: run `cargo run -q -- crd > deploy/crds/{CRD_FILE}`"
         );
+    }
+
+    #[test]
+    fn who_asked_is_recorded_with_a_bounded_number_of_groups() {
+        let asked = AskedBy {
+            user: "alice@example.com".into(),
+            groups: (0..40).map(|i| format!("g{i}")).collect(),
+            acting_as: Some("system:serviceaccount:argo:dev".into()),
+        };
+        let mut object = WorkflowRetry::new("r", WorkflowRetrySpec::default());
+        object.metadata.annotations = Some([(ASKED_BY.to_owned(), asked.annotation())].into());
+        let read = AskedBy::of(&object).expect("recorded");
+        assert_eq!(read.groups.len(), 33);
+        assert_eq!(read.groups.last().map(String::as_str), Some("(and 8 more)"));
+        assert!(
+            read.to_string()
+                .starts_with("alice@example.com (groups g0, g1,")
+        );
+        assert!(
+            read.to_string()
+                .ends_with("acting as system:serviceaccount:argo:dev")
+        );
+        let plain = AskedBy {
+            user: "bob".into(),
+            ..Default::default()
+        };
+        assert_eq!(plain.to_string(), "bob");
+        assert_eq!(plain.annotation(), r#"{"user":"bob"}"#);
     }
 
     #[test]

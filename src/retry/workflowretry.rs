@@ -28,7 +28,9 @@ use tracing::{info, warn};
 
 use crate::argo::workflow::{Workflow, labels};
 use crate::engine::fault::{self, api_code};
-use crate::protocol::crd::{AskedRequest, RetryTarget, WorkflowRetry, WorkflowRetryStatus};
+use crate::protocol::crd::{
+    AskedBy, AskedRequest, RetryTarget, WorkflowRetry, WorkflowRetryStatus,
+};
 use crate::protocol::request::{self, RetryPhase, annotations, workflowretry_token};
 use crate::retry::Context;
 use crate::retry::archived::{self, ArchivedError};
@@ -109,6 +111,15 @@ pub enum Served {
     Unrecorded(Box<WorkflowRetryStatus>),
 }
 
+/// The first Event's note: who asked, when rewind's Argo API recorded it
+/// (the API server's audit log names only rewind as the object's creator).
+fn started_note(object: &WorkflowRetry) -> String {
+    match AskedBy::of(object) {
+        Some(asker) => format!("rewind started the retry asked by {asker} through Argo's API"),
+        None => "rewind started the retry".into(),
+    }
+}
+
 /// Serves `object` to its end, or until `stop` (it stays pending). The end
 /// is reported here.
 pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationToken) -> Served {
@@ -127,7 +138,7 @@ pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationTok
     // The first Event is written beside the work, not before it: the retry
     // need not wait for it (tens of milliseconds on a busy API server).
     let announced: OptionFuture<_> = first
-        .then(|| report::Report::events(&status).started("rewind started the retry".into()))
+        .then(|| report::Report::events(&status).started(started_note(object)))
         .into();
     let work = async {
         match object.spec.target() {

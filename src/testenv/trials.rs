@@ -700,7 +700,11 @@ pub async fn install_argo_config(
 
 /// The controller's resets (live: updates) or creates (archived) of the trial's workflow
 /// since `mark`, whatever their answers.
-fn mark_writes(mark: &AuditMark, namespace: &str, target: Target) -> Result<Vec<Write>, TrialError> {
+fn mark_writes(
+    mark: &AuditMark,
+    namespace: &str,
+    target: Target,
+) -> Result<Vec<Write>, TrialError> {
     let verb = match target {
         Target::Live => "update",
         Target::Archived => "create",

@@ -15,7 +15,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, RoleBinding};
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::crd::{ASKED_BY, WorkflowRetry};
 use rewind::testenv::localcluster::{LocalCluster, USER_NAME};
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
@@ -86,11 +86,33 @@ pub async fn a_workflowretry_needs_what_argo_would_need_of_the_same_user(
     )
     .await
     .context("an archived retry by a user who may not create workflows")?;
+    // Only rewind's ServiceAccount records who asked: a user naming anyone is refused.
+    let mut forged = live("forged", "wf-any", None);
+    forged.metadata.annotations =
+        Some([(ASKED_BY.to_owned(), r#"{"user":"admin"}"#.to_owned())].into());
+    ensure_refused(
+        &retries,
+        &forged,
+        &[ASKED_BY, "only rewind sets it", USER_NAME, "may not set it"],
+    )
+    .await
+    .context("a WorkflowRetry naming someone as who asked for it")?;
     // rewind-retry may patch every workflow of the namespace: a live retry is admitted.
     retries
         .create(&PostParams::default(), &live("live", "wf-any", None))
         .await
         .context("a live WorkflowRetry by a user who may patch the workflow")?;
+    // Nor may anyone else add it later, an administrator included.
+    let tamper = serde_json::json!({"metadata": {"annotations": {ASKED_BY: r#"{"user":"x"}"#}}});
+    let refused = admission_refusal(
+        Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+            .patch("live", &PatchParams::default(), &Patch::Merge(&tamper))
+            .await,
+    )?;
+    ensure!(
+        refused.contains("may not change it"),
+        "the refusal does not say so: {refused}"
+    );
 
     // Granted create on workflows, as Argo's own edit role would, the archived retry is admitted.
     let create = rule("argoproj.io", "workflows", &["create"]);

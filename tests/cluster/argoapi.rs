@@ -20,7 +20,7 @@ use rewind::argo::workflow::{Workflow, labels};
 use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
-use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::crd::{AskedBy, WorkflowRetry};
 use rewind::protocol::request::RetryPhase;
 use rewind::testenv::clients::{self, ArgoServer, Dex};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role as ClusterRole};
@@ -339,11 +339,31 @@ pub async fn argos_retry_call_is_authorized_like_argos_and_answers_the_reset_wor
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
     );
-    // The call left a WorkflowRetry where an operator sees what it did.
-    let asked: Vec<_> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+    // The call left a WorkflowRetry where an operator sees what it did, and who asked.
+    let objects = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
         .list(&Default::default())
         .await?
-        .items
+        .items;
+    let alice = format!("system:serviceaccount:{namespace}:alice");
+    for object in &objects {
+        let asker = AskedBy::of(object);
+        ensure!(
+            asker.as_ref().is_some_and(|a| a.user == alice
+                && a.groups.contains(&"system:serviceaccounts".to_owned())
+                && a.acting_as.is_none()),
+            "the WorkflowRetry should record {alice} and their groups as its asker: {asker:?}"
+        );
+        let started = format!("rewind started the retry asked by {alice} (groups ");
+        ctl::wait_event_note(
+            &cluster,
+            &namespace,
+            &object.name_any(),
+            "RetryStarted",
+            &started,
+        )
+        .await?;
+    }
+    let asked: Vec<_> = objects
         .into_iter()
         .map(|r| (r.spec.workflow_name.clone(), r.status.unwrap_or_default()))
         .map(|(w, s)| (w, s.phase, s.pods_deleted, s.pods_total))
@@ -775,6 +795,22 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
     );
+    // Who asked is the SSO user, acting as the account Argo's SSO RBAC maps them to.
+    let askers: Vec<Option<AskedBy>> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(AskedBy::of)
+        .collect();
+    let login = format!("system:serviceaccount:{namespace}:sso-retrier");
+    ensure!(
+        askers.len() == 1
+            && askers.iter().all(|a| a
+                .as_ref()
+                .is_some_and(|a| a.user == alice && a.acting_as.as_ref() == Some(&login))),
+        "the WorkflowRetry should record {alice} acting as {login}: {askers:?}"
+    );
     controller.stop().await?;
     server.stop().await?;
     dex.stop().await?;
@@ -983,6 +1019,22 @@ pub async fn with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_arg
     ensure!(
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
+    );
+    // Who asked is the SSO user, acting as the account Argo's SSO RBAC maps them to.
+    let askers: Vec<Option<AskedBy>> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .map(AskedBy::of)
+        .collect();
+    let login = format!("system:serviceaccount:{argo_ns}:sso-login");
+    ensure!(
+        askers.len() == 1
+            && askers.iter().all(|a| a
+                .as_ref()
+                .is_some_and(|a| a.user == alice && a.acting_as.as_ref() == Some(&login))),
+        "the WorkflowRetry should record {alice} acting as {login}: {askers:?}"
     );
     controller.stop().await?;
     server.stop().await?;

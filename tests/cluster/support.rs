@@ -355,16 +355,32 @@ pub mod controller {
         namespace: &str,
         workflow: &str,
     ) -> anyhow::Result<Vec<String>> {
+        Ok(events_about(cluster, namespace, workflow)
+            .await?
+            .into_iter()
+            .map(|(reason, _)| reason)
+            .collect())
+    }
+
+    /// The reasons and notes of the Events about the object named `name`, oldest first.
+    async fn events_about(
+        cluster: &LocalCluster,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<Vec<(String, String)>> {
         let events: Api<Event> = Api::namespaced(cluster.admin_client(), namespace);
         let mut about: Vec<Event> = events
             .list(&ListParams::default())
             .await?
             .items
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(workflow))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect();
         about.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
-        Ok(about.into_iter().filter_map(|e| e.reason).collect())
+        Ok(about
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect())
     }
 
     /// Waits (up to 20 s, polling every 20 ms) until pod `name` is gone; `who` names what
@@ -388,15 +404,27 @@ pub mod controller {
         workflow: &str,
         reason: &str,
     ) -> anyhow::Result<()> {
+        wait_event_note(cluster, namespace, workflow, reason, "").await
+    }
+
+    /// Waits (up to 10 s) until an Event with `reason` and a note containing `note` is
+    /// about the object named `name`.
+    pub async fn wait_event_note(
+        cluster: &LocalCluster,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+        note: &str,
+    ) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let reasons = event_reasons(cluster, namespace, workflow).await?;
-            if reasons.iter().any(|r| r == reason) {
+            let events = events_about(cluster, namespace, name).await?;
+            if events.iter().any(|(r, n)| r == reason && n.contains(note)) {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 bail!(
-                    "expected a {reason} Event on workflow {workflow} within 10s, found {reasons:?}"
+                    "expected a {reason} Event saying {note:?} on {name} within 10s, found {events:?}"
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

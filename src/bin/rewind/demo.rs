@@ -644,6 +644,7 @@ mod bench {
             ask::Target::Live(WORKFLOW),
             &RequestOptions::default(),
             Duration::from_secs(3600),
+            None,
             false,
         )
         .await?;

@@ -204,7 +204,8 @@ pub async fn ask_one(
     }
     let retries: Api<WorkflowRetry> = Api::namespaced(workflows.clone().into_client(), namespace);
     let target = ask::Target::Live(name);
-    let (asked, _) = ask::ask_object(&retries, namespace, target, options, ttl, false).await?;
+    let (asked, _) =
+        ask::ask_object(&retries, namespace, target, options, ttl, None, false).await?;
     Ok(asked)
 }
 
@@ -241,6 +242,7 @@ async fn archived(
         ask::Target::Archived(uid),
         options,
         args.ttl,
+        None,
         args.dry_run,
     )
     .await?;
