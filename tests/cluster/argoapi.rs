@@ -795,22 +795,8 @@ pub async fn in_sso_mode_a_call_acts_as_the_account_argos_sso_rbac_maps_the_user
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
     );
-    // Who asked is the SSO user, acting as the account Argo's SSO RBAC maps them to.
-    let askers: Vec<Option<AskedBy>> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
-        .list(&Default::default())
-        .await?
-        .items
-        .iter()
-        .map(AskedBy::of)
-        .collect();
     let login = format!("system:serviceaccount:{namespace}:sso-retrier");
-    ensure!(
-        askers.len() == 1
-            && askers.iter().all(|a| a
-                .as_ref()
-                .is_some_and(|a| a.user == alice && a.acting_as.as_ref() == Some(&login))),
-        "the WorkflowRetry should record {alice} acting as {login}: {askers:?}"
-    );
+    ensure_asked_by_sso(&admin, &namespace, alice, &login).await?;
     controller.stop().await?;
     server.stop().await?;
     dex.stop().await?;
@@ -1020,25 +1006,36 @@ pub async fn with_sso_delegation_a_call_acts_as_the_namespaces_account_as_in_arg
         !deleters.is_empty() && deleters.iter().all(|u| u == CONTROLLER_NAME),
         "pods must be deleted by the controller alone: {deleters:?}"
     );
-    // Who asked is the SSO user, acting as the account Argo's SSO RBAC maps them to.
-    let askers: Vec<Option<AskedBy>> = Api::<WorkflowRetry>::namespaced(admin.clone(), &namespace)
+    let login = format!("system:serviceaccount:{argo_ns}:sso-login");
+    ensure_asked_by_sso(&admin, &namespace, alice, &login).await?;
+    controller.stop().await?;
+    server.stop().await?;
+    dex.stop().await?;
+    Ok(())
+}
+
+/// The one WorkflowRetry in `namespace` records SSO user `user` as its asker, acting as the
+/// account `login` that Argo's SSO RBAC maps them to.
+async fn ensure_asked_by_sso(
+    admin: &kube::Client,
+    namespace: &str,
+    user: &str,
+    login: &str,
+) -> anyhow::Result<()> {
+    let askers: Vec<Option<AskedBy>> = Api::<WorkflowRetry>::namespaced(admin.clone(), namespace)
         .list(&Default::default())
         .await?
         .items
         .iter()
         .map(AskedBy::of)
         .collect();
-    let login = format!("system:serviceaccount:{argo_ns}:sso-login");
     ensure!(
         askers.len() == 1
             && askers.iter().all(|a| a
                 .as_ref()
-                .is_some_and(|a| a.user == alice && a.acting_as.as_ref() == Some(&login))),
-        "the WorkflowRetry should record {alice} acting as {login}: {askers:?}"
+                .is_some_and(|a| a.user == user && a.acting_as.as_deref() == Some(login))),
+        "the WorkflowRetry should record {user} acting as {login}: {askers:?}"
     );
-    controller.stop().await?;
-    server.stop().await?;
-    dex.stop().await?;
     Ok(())
 }
 
