@@ -116,8 +116,8 @@ pub struct Controller {
     options: Options,
     budget: Budget,
     ctx: Context,
-    /// The delete workers' client for DeleteCollection (see [`workers::bulk_client`]).
-    bulk_client: kube::Client,
+    /// The delete workers' client (see [`workers::delete_client`]).
+    delete_client: kube::Client,
     /// What the workflow watches fill `ctx.workflows` with, one per watch.
     writers: Vec<Writer<PartialObjectMeta<Workflow>>>,
     state: State,
@@ -162,7 +162,7 @@ impl Controller {
             None => None,
         };
         let budget = Budget::with_observer(&options.budget, metrics.clone());
-        let bulk_client = workers::bulk_client(config.clone(), &budget)?;
+        let delete_client = workers::delete_client(config.clone(), &budget)?;
         let client = budget::client(config, &budget)?;
         let reporter = Reporter {
             controller: options.reporter.clone(),
@@ -189,7 +189,7 @@ impl Controller {
             options,
             budget,
             ctx,
-            bulk_client,
+            delete_client,
             writers,
             state: State::default(),
             lease_client,
@@ -334,7 +334,7 @@ impl Controller {
             options,
             budget,
             mut ctx,
-            bulk_client,
+            delete_client,
             writers,
             state,
             ..
@@ -347,7 +347,7 @@ impl Controller {
         let engine = ctx.engine.clone();
         let clients = workers::Clients {
             client: engine.client.clone(),
-            bulk: bulk_client,
+            delete: delete_client,
             bulk_slots: workers::BulkSlots::new(
                 options
                     .max_bulk_in_flight

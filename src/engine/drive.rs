@@ -68,6 +68,11 @@ pub const HELD_NOTE_AFTER: Duration = Duration::from_secs(10);
 /// item, so not at every tick).
 const SILENCE: Duration = Duration::from_secs(10);
 
+/// How long [`Deletion::stop`] waits for sends already under way: one
+/// delete answers in milliseconds, and one the budget still holds is refused
+/// at its send, so only an answer the API server is slow to give waits here.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
 impl Default for DriveConfig {
     fn default() -> Self {
         DriveConfig {
@@ -424,6 +429,26 @@ impl Deletion {
     /// unless the plan grows.
     pub fn confirmed(&self) -> bool {
         self.tracker.all_seen_gone()
+    }
+
+    /// Ends the deletion before its end: its queued work is withdrawn and the
+    /// sends already under way are waited for (up to [`STOP_WAIT`]), so a
+    /// request that then says it deleted nothing more has told the truth.
+    /// Dropping a deletion withdraws its work too, without waiting.
+    pub async fn stop(self) {
+        let leased = self.engine.queue.withdraw(&self.key);
+        if leased.is_empty() {
+            return;
+        }
+        let released = self.engine.queue.released(&leased);
+        if tokio::time::timeout(STOP_WAIT, released).await.is_err() {
+            warn!(
+                namespace = self.namespace,
+                workflow = self.workflow,
+                sends = leased.len(),
+                "the request stopped with deletes still under way; they may still land"
+            );
+        }
     }
 
     /// Pods this deletion's requests removed (some may have gone otherwise).

@@ -254,10 +254,17 @@ async fn list_pages(
 /// The part of a DeleteCollection response rewind reads: how many pods it
 /// removed. The items are skipped as they are read, not kept (a vector of a
 /// zero-sized type allocates nothing).
+/// The API server writes `"items": null` when the selectors took no pod.
 #[derive(serde::Deserialize)]
 struct DeletedPods {
     #[serde(default)]
-    items: Vec<serde::de::IgnoredAny>,
+    items: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+impl DeletedPods {
+    fn count(&self) -> usize {
+        self.items.as_ref().map_or(0, Vec::len)
+    }
 }
 
 /// Sends one DeleteCollection of the pods in `namespace` that the selectors
@@ -308,7 +315,7 @@ pub async fn delete_collection(
     .await
     .map_err(|e| kube::Error::Service(Box::new(e)))?;
     match counted {
-        Ok(deleted) => Ok(deleted.items.len()),
+        Ok(deleted) => Ok(deleted.count()),
         // The connection broke while the answer came: the request was cut short.
         Err(e) if e.is_io() => Err(kube::Error::Service(Box::new(e))),
         Err(e) => Err(kube::Error::SerdeError(e)),
@@ -319,6 +326,24 @@ pub async fn delete_collection(
 mod tests {
     use bytes::Bytes;
     use prost::Message as _;
+
+    #[test]
+    fn a_delete_collection_answer_counts_its_items_and_none_when_null() {
+        let count = |answer: &str| {
+            serde_json::from_str::<super::DeletedPods>(answer)
+                .unwrap()
+                .count()
+        };
+        let list = r#"{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"7"}"#;
+        assert_eq!(
+            count(&format!(
+                r#"{list},"items":[{{"metadata":{{"name":"a"}}}},{{}}]}}"#
+            )),
+            2
+        );
+        assert_eq!(count(&format!(r#"{list},"items":null}}"#)), 0);
+        assert_eq!(count(&format!("{list}}}")), 0);
+    }
 
     use super::{PROTOBUF_MAGIC, proto, removal};
 

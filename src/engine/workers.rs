@@ -169,17 +169,19 @@ pub type Turn = Arc<tokio::sync::Mutex<()>>;
 /// Queued items per buffer in front of kube's HTTP service, as in [`crate::engine::budget::client`].
 const BUFFER: usize = 1024;
 
-/// The client for DeleteCollection: the budget's ([`crate::engine::budget::client`]),
-/// whose retry of 429, 503 and 504 leaves out 504. A bulk request cut by the
-/// API server's request timeout may have removed part of its pods and was
-/// proven exact against a list that is now old, so it is never resent as is
-/// (see [`Done::Unfinished`]).
-pub fn bulk_client(mut config: kube::Config, budget: &Budget) -> Result<Client, kube::Error> {
+/// The client the workers delete with: the budget's
+/// ([`crate::engine::budget::client`]) with a read timeout, a [`Gate`] on
+/// every send, and a retry of 429 and 503 that leaves out 504. A bulk request
+/// cut by the API server's request timeout may have removed part of its pods
+/// and was proven exact against a list that is now old, so it is never resent
+/// as is (see [`Done::Unfinished`]); a single delete cut so comes back through
+/// the queue, whose next lease sends it again only if it is still wanted.
+pub fn delete_client(mut config: kube::Config, budget: &Budget) -> Result<Client, kube::Error> {
     config.default_retry = false;
-    config.read_timeout = Some(BULK_READ_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&tower::buffer::BufferLayer::new(BUFFER))
-        .with_layer(&tower::layer::layer_fn(|inner| SendBy { inner }))
+        .with_layer(&tower::layer::layer_fn(|inner| Gated { inner }))
         .with_layer(&budget.layer())
         .with_layer(&tower::retry::RetryLayer::new(NotOnTimeout(
             RetryPolicy::server_retry(),
@@ -187,11 +189,11 @@ pub fn bulk_client(mut config: kube::Config, budget: &Budget) -> Result<Client, 
         .build())
 }
 
-/// How long a DeleteCollection's answer may keep the connection silent:
-/// past the API server's own request timeout (60 s by default, when it
-/// answers 504), so only a connection nobody answers on any more (a stalled
-/// proxy, a dead server) ends here, as [`Done::Unfinished`].
-const BULK_READ_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a delete's answer may keep the connection silent: past the API
+/// server's own request timeout (60 s by default, when it answers 504), so
+/// only a connection nobody answers on any more (a stalled proxy, a dead
+/// server) ends here, as [`Done::Unfinished`] for a bulk delete.
+const READ_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How long a bulk request may wait between the list that re-proved it and
 /// its send (its budget admission: a pause ordered by a 429, a slot). Past
@@ -200,27 +202,56 @@ const BULK_READ_TIMEOUT: Duration = Duration::from_secs(90);
 /// this (Retry-After is at least a second), so it is never sent either.
 pub const MAX_PROOF_AGE: Duration = Duration::from_millis(500);
 
-tokio::task_local! {
-    /// Until when the bulk request of this task may be sent.
-    static SEND_BY: tokio::time::Instant;
-}
-
-/// Why a bulk request was not sent: see [`MAX_PROOF_AGE`].
-#[derive(Debug, thiserror::Error)]
-#[error("bulk delete not sent: admitted {late:?} after its proof expired; list the pods again")]
-pub struct ProofExpired {
-    late: Duration,
-}
-
-/// Sits between the budget and kube's HTTP stack of [`bulk_client`], so it
-/// runs once the budget has admitted the request: refuses to send it past
-/// the task's `SEND_BY`.
+/// What a worker's send must still be true of once the budget has admitted
+/// it, checked again at each of kube's resends: the budget may have held it
+/// for seconds (a slot, a pause ordered by a 429, Retry-After), and a request
+/// that stopped meanwhile, or a Lease lost, must not see a pod deleted after
+/// it said it deleted nothing more.
 #[derive(Clone)]
-struct SendBy<S> {
+struct Gate {
+    queue: Queue,
+    item: WorkItem,
+    /// A bulk request's: until when its proof holds (see [`MAX_PROOF_AGE`]).
+    send_by: Option<tokio::time::Instant>,
+}
+
+tokio::task_local! {
+    /// The gate of the send this task makes.
+    static GATE: Gate;
+}
+
+impl Gate {
+    fn refusal(&self) -> Option<NotSent> {
+        let now = tokio::time::Instant::now();
+        if let Some(deadline) = self.send_by
+            && now > deadline
+        {
+            return Some(NotSent::ProofExpired {
+                late: now - deadline,
+            });
+        }
+        (!self.queue.wanted(&self.item)).then_some(NotSent::Unwanted)
+    }
+}
+
+/// Why a worker's request was not sent: see [`Gate`].
+#[derive(Debug, thiserror::Error)]
+pub enum NotSent {
+    #[error("bulk delete not sent: admitted {late:?} after its proof expired; list the pods again")]
+    ProofExpired { late: Duration },
+    #[error("delete not sent: its request stopped or the Lease was lost")]
+    Unwanted,
+}
+
+/// Sits between the budget and kube's HTTP stack of [`delete_client`], so it
+/// runs once the budget has admitted the request: refuses to send it when
+/// the task's [`Gate`] says no.
+#[derive(Clone)]
+struct Gated<S> {
     inner: S,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for SendBy<S>
+impl<S, B> tower::Service<http::Request<B>> for Gated<S>
 where
     S: tower::Service<http::Request<B>, Error = tower::BoxError>,
     S::Future: Send + 'static,
@@ -237,12 +268,8 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let now = tokio::time::Instant::now();
-        if let Ok(deadline) = SEND_BY.try_with(|d| *d)
-            && now > deadline
-        {
-            let late = now - deadline;
-            return Box::pin(async move { Err(ProofExpired { late }.into()) });
+        if let Ok(Some(refusal)) = GATE.try_with(Gate::refusal) {
+            return Box::pin(async move { Err(refusal.into()) });
         }
         Box::pin(self.inner.call(request))
     }
@@ -288,12 +315,13 @@ impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B
 /// retry-batch.md).
 pub const DEFAULT_MAX_BULK_IN_FLIGHT: usize = 2;
 
-/// The clients a worker sends with: `client` for single pods, `bulk` (see
-/// [`bulk_client`]) for DeleteCollection, as `bulk_slots` lets them.
+/// The clients a worker sends with: `client` for the list that re-proves a
+/// bulk delete, `delete` (see [`delete_client`]) for every delete, bulk ones
+/// as `bulk_slots` lets them.
 #[derive(Clone)]
 pub struct Clients {
     pub client: Client,
-    pub bulk: Client,
+    pub delete: Client,
     pub bulk_slots: BulkSlots,
 }
 
@@ -438,8 +466,13 @@ pub async fn run(
 }
 
 async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Done, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(clients.client.clone(), &item.namespace);
-    match &item.work {
+    let pods: Api<Pod> = Api::namespaced(clients.delete.clone(), &item.namespace);
+    let gate = Gate {
+        queue: queue.clone(),
+        item: item.clone(),
+        send_by: None,
+    };
+    let sent = match &item.work {
         DeleteWork::Bulk {
             label_selector,
             field_selector,
@@ -461,30 +494,22 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 warn!(namespace = item.namespace, pod, uid, work = %describe(&item.work), "a bulk delete would take a pod its proof did not show; not sent");
                 return Ok(Done::Stale);
             }
-            if !queue.wanted(item) {
-                warn!(namespace = item.namespace, work = %describe(&item.work), "bulk delete not sent: its request was cancelled or the Lease lost");
+            // Its pods went meanwhile (an earlier leader's delete landing):
+            // nothing to send; the request's next list confirms them gone.
+            if now.is_empty() {
                 return Ok(Done::Stale);
             }
-            let deadline = tokio::time::Instant::now() + MAX_PROOF_AGE;
-            let sent = SEND_BY
-                .scope(
-                    deadline,
-                    delete_collection(
-                        &clients.bulk,
-                        &item.namespace,
-                        label_selector,
-                        field_selector,
-                    ),
-                )
-                .await;
-            match sent {
-                Ok(deleted) => Ok(Done::Deleted(deleted)),
-                Err(kube::Error::Service(e)) if e.is::<ProofExpired>() => {
-                    warn!(namespace = item.namespace, error = %e, "bulk delete not sent; its pods will be listed again");
-                    Ok(Done::Stale)
-                }
-                Err(e) => Err(e),
-            }
+            let gate = Gate {
+                send_by: Some(tokio::time::Instant::now() + MAX_PROOF_AGE),
+                ..gate
+            };
+            let delete = delete_collection(
+                &clients.delete,
+                &item.namespace,
+                label_selector,
+                field_selector,
+            );
+            GATE.scope(gate, delete).await.map(Done::Deleted)
         }
         DeleteWork::Pod { name, uid } => {
             let dp = DeleteParams {
@@ -494,10 +519,11 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 }),
                 ..DeleteParams::default()
             };
-            match pods.delete(name, &dp).await {
-                Ok(_) => Ok(Done::Deleted(1)),
-                Err(e) => gone_or(e),
-            }
+            let delete = pods.delete(name, &dp);
+            GATE.scope(gate, delete)
+                .await
+                .map(|_| Done::Deleted(1))
+                .or_else(gone_or)
         }
         DeleteWork::Finalizer { name, uid, index } => {
             // JSON patch `test` ops make this exact: only this pod, and only
@@ -509,14 +535,27 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 {"op": "remove", "path": path},
             ]))
             .expect("a well-formed JSON patch");
-            match pods
-                .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            let params = PatchParams::default();
+            let patch = Patch::<()>::Json(patch);
+            GATE.scope(gate, pods.patch(name, &params, &patch))
                 .await
-            {
-                Ok(_) => Ok(Done::Deleted(1)),
-                Err(e) => gone_or(e),
-            }
+                .map(|_| Done::Deleted(1))
+                .or_else(gone_or)
         }
+    };
+    match sent {
+        Err(kube::Error::Service(e)) if e.is::<NotSent>() => {
+            match e.downcast_ref::<NotSent>() {
+                Some(NotSent::Unwanted) => {
+                    debug!(namespace = item.namespace, work = %describe(&item.work), "delete not sent: its request stopped or the Lease was lost");
+                }
+                _ => {
+                    warn!(namespace = item.namespace, error = %e, "bulk delete not sent; its pods will be listed again");
+                }
+            }
+            Ok(Done::Stale)
+        }
+        sent => sent,
     }
 }
 

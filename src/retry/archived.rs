@@ -220,7 +220,10 @@ pub async fn run(
     .owned_by(uid);
     deletion.plan(planned.pods_to_delete.iter().cloned(), &planned.pod_nodes);
     status.status.pods_total = deletion.count().total as u64;
-    deletion.run(&mut Deleting(status), stop).await?;
+    if let Err(e) = deletion.run(&mut Deleting(status), stop).await {
+        deletion.stop().await;
+        return Err(e);
+    }
     status.status.pods_deleted = deletion.count().deleted as u64;
     Step::Delete.took(status, step.done_confirmed(deletion.confirm_took()));
 

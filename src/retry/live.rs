@@ -154,7 +154,9 @@ pub async fn run(
     asking(asker, async {
         let mut job = Job::new(ctx, target);
         let result = job.run(shutdown).await;
-        drop(job.deletion.take());
+        if let Some(deletion) = job.deletion.take() {
+            deletion.stop().await;
+        }
         drop(job.admitted.take());
         let grace = async {
             shutdown.cancelled().await;
@@ -728,6 +730,10 @@ impl Sink for Annotation<'_> {
 
     async fn tick(&mut self, count: &Count) -> Result<(), RetryError> {
         self.counted(count);
+        // Checked first: the progress write may wait seconds for the budget
+        // (a pause a 429 ordered), and a request that should stop must stop
+        // before its throttled deletes are sent again.
+        self.check_still_completed().await?;
         // A WorkflowRetry that asked for this request shows its progress;
         // the workflow is then written no more than the request needs, and
         // when there is something to tell (pods that will not go): the
@@ -735,7 +741,7 @@ impl Sink for Annotation<'_> {
         if !self.publish(count) || count.note.is_some() {
             self.report_progress().await?;
         }
-        self.check_still_completed().await
+        Ok(())
     }
 
     /// Only a WorkflowRetry following the request shows them; the

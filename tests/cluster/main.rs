@@ -150,6 +150,7 @@ fn main() -> ExitCode {
         faultproxy::the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_lists,
         races::a_throttled_bulk_delete_never_takes_a_pod_created_after_its_proof,
         races::a_pod_created_under_a_planned_name_after_the_read_is_never_deleted,
+        races::a_delete_waiting_out_a_429_is_not_sent_after_its_request_stopped,
         faults::a_delete_collection_past_the_request_timeout_answers_504_and_stops,
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,

@@ -23,7 +23,8 @@ const WORKFLOW: &str = "wf";
 const TOKEN: &str = "retry-1";
 
 /// A failed workflow, its first plan pod, a ledger of the pods removed and the
-/// controller behind a fault proxy that already holds `rule`.
+/// controller behind a fault proxy that already holds `rule` (given the first plan
+/// pod's name).
 struct Race {
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -40,7 +41,8 @@ impl Race {
         cluster: Arc<LocalCluster>,
         namespace: String,
         failed: usize,
-        rule: Rule,
+        bulk: bool,
+        rule: impl FnOnce(&str) -> Rule,
     ) -> anyhow::Result<Self> {
         let admin = cluster.admin_client();
         let dag = FailedDag {
@@ -58,10 +60,10 @@ impl Race {
         let planned = pods.get(&plan.pods_to_delete[0]).await?;
         let ledger = PodLedger::start(pods.clone()).await?;
         let proxy = FaultProxy::start(&cluster).await?;
-        proxy.add(rule);
+        proxy.add(rule(&planned.name_any()));
         let config = proxy.config(&cluster, Role::Controller).await?;
         let (controller, _) =
-            ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
+            ctl::start_as(config, &namespace, ctl::options(50, 50, bulk), None).await?;
         Ok(Self {
             cluster,
             namespace,
@@ -146,12 +148,9 @@ pub async fn a_throttled_bulk_delete_never_takes_a_pod_created_after_its_proof(
     let throttled = Fault::TooManyRequests {
         retry_after_seconds: 2,
     };
-    let race = Race::start(
-        cluster,
-        namespace,
-        20,
-        Rule::new(bulk.clone(), throttled).times(1),
-    )
+    let race = Race::start(cluster, namespace, 20, true, |_| {
+        Rule::new(bulk.clone(), throttled).times(1)
+    })
     .await?;
     let since = race.request_until(&bulk).await?;
     let rerun = race.rerun(true, "Failed").await?;
@@ -179,12 +178,9 @@ pub async fn a_pod_created_under_a_planned_name_after_the_read_is_never_deleted(
     let list = Matcher::new(Method::GET, format!("/namespaces/{namespace}/pods")).watch(false);
     let release = tokio_util::sync::CancellationToken::new();
     let held = Fault::HoldUntil(release.clone());
-    let race = Race::start(
-        cluster,
-        namespace,
-        6,
-        Rule::new(list.clone(), held).times(1),
-    )
+    let race = Race::start(cluster, namespace, 6, true, |_| {
+        Rule::new(list.clone(), held).times(1)
+    })
     .await?;
     race.request_until(&list).await?;
     let rerun = race.rerun(false, "Running").await?;
@@ -196,6 +192,64 @@ pub async fn a_pod_created_under_a_planned_name_after_the_read_is_never_deleted(
     ensure!(
         status.message.contains(planned.as_str()),
         "the request's end does not name the pod it left: {status:?}"
+    );
+    Ok(())
+}
+
+/// The delete of a plan pod is throttled (429, Retry-After 8 s); meanwhile the workflow
+/// runs again and the request stops, saying it deleted nothing more. kube's resend of the
+/// delete, once it waited out Retry-After, would come after that: it must not be sent.
+pub async fn a_delete_waiting_out_a_429_is_not_sent_after_its_request_stopped(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const RETRY_AFTER: u32 = 8;
+    let pods = format!("/namespaces/{namespace}/pods/");
+    let throttled = Fault::TooManyRequests {
+        retry_after_seconds: RETRY_AFTER,
+    };
+    let race = Race::start(cluster, namespace, 6, false, |planned| {
+        Rule::new(
+            Matcher::new(Method::DELETE, format!("{pods}{planned}")),
+            throttled,
+        )
+        .times(1)
+    })
+    .await?;
+    let planned = race.planned_name();
+    let delete = Matcher::new(Method::DELETE, format!("{pods}{planned}"));
+    let since = race.request_until(&delete).await?;
+    let workflows: Api<Workflow> = Api::namespaced(race.cluster.admin_client(), &race.namespace);
+    let reopen = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: null, labels::PHASE: "Running"}}});
+    workflows
+        .patch_metadata(WORKFLOW, &PatchParams::default(), &Patch::Merge(&reopen))
+        .await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, WORKFLOW, TOKEN, Duration::from_secs(60)).await?;
+    ensure!(
+        status.message.contains("running again"),
+        "expected the request to stop as the workflow ran again, got {status:?}"
+    );
+    // Past the Retry-After, so a resend would have reached the proxy by now.
+    let resend_due = Duration::from_secs(u64::from(RETRY_AFTER) + 2);
+    tokio::time::sleep(resend_due.saturating_sub(since.elapsed())).await;
+    race.controller.stop().await?;
+    race.ledger
+        .ensure_only_planned_removed(&race.planned_uids)
+        .await?;
+    let sent: Vec<_> = race
+        .proxy
+        .seen_matching(&delete)
+        .iter()
+        .map(|s| s.at.duration_since(since))
+        .collect();
+    ensure!(
+        sent.len() == 1,
+        "the throttled delete of {planned} was sent again after its request stopped ({status:?}): sent at {sent:?}"
+    );
+    ensure!(
+        race.pods.get_opt(&planned).await?.is_some(),
+        "{planned} was deleted although its request stopped first"
     );
     Ok(())
 }

@@ -243,6 +243,45 @@ where
         dropped
     }
 
+    /// Cancels `request` (see [`WorkQueue::cancel`]) and returns the items leased for it then:
+    /// sends that may still be under way, which [`WorkQueue::released`] waits for.
+    pub fn withdraw(&self, request: &R) -> Vec<K> {
+        let leased: Vec<K> = {
+            let state = self.state();
+            state
+                .entries
+                .iter()
+                .filter(|(_, entry)| entry.leased_for.iter().any(|(r, _)| r == request))
+                .map(|(item, _)| item.clone())
+                .collect()
+        };
+        self.cancel(request);
+        leased
+    }
+
+    /// Waits until none of `items` is leased any more: each lease has ended, its send answered
+    /// or refused at the send as no longer [wanted](WorkQueue::wanted).
+    pub async fn released(&self, items: &[K]) {
+        loop {
+            // Registered before looking at the state, so a lease ending in between still wakes us.
+            let mut changed = pin!(self.shared.changed.notified());
+            changed.as_mut().enable();
+            {
+                let state = self.state();
+                let leased = |item: &K| {
+                    state
+                        .entries
+                        .get(item)
+                        .is_some_and(|entry| entry.slot == Slot::Leased)
+                };
+                if !items.iter().any(leased) {
+                    return;
+                }
+            }
+            changed.await;
+        }
+    }
+
     /// Whether leased `item` is still wanted: the queue runs and a request that added it was
     /// not cancelled. After a lost Lease or a cancel nobody waits for the answer, and another
     /// leader may be acting on a world the item was not proven in: a send that is only safe

@@ -742,3 +742,31 @@ async fn a_leased_item_is_wanted_until_its_requests_are_cancelled_or_the_queue_s
         "a stopped queue (a lost Lease) wants nothing"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_request_learns_its_leased_items_and_waits_for_their_leases_to_end() {
+    let q = Queue::new(config());
+    q.add("a", Class::Interactive, 1);
+    q.add("a", Class::Interactive, 2);
+    q.add("a", Class::Interactive, 3);
+    let one = take(&q);
+    let two = take(&q);
+    let leased = q.withdraw(&"a");
+    let mut leased_sorted = leased.clone();
+    leased_sorted.sort();
+    assert_eq!(leased_sorted, [1, 2], "the queued item 3 was not leased");
+    assert!(
+        ready(&q).is_none(),
+        "item 3 left the queue with its request"
+    );
+    assert!(!q.wanted(&one.item) && !q.wanted(&two.item));
+    let mut released = Box::pin(q.released(&leased));
+    assert!((&mut released).now_or_never().is_none(), "two leases open");
+    q.done(one);
+    assert!((&mut released).now_or_never().is_none(), "one lease open");
+    q.requeue(two);
+    assert!(
+        (&mut released).now_or_never().is_some(),
+        "every lease ended, the failed one not queued again for nobody"
+    );
+}
