@@ -24,6 +24,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::controller as ctl;
+use crate::support::invariants;
 use crate::workflowretry::{Rows, archived};
 
 /// The API server's `--request-timeout` in the timeout tests: short, so that one
@@ -322,6 +323,7 @@ pub async fn a_bulk_delete_past_the_request_timeout_is_relisted_not_resent(
     sampler.await??;
     controller.stop().await?;
     let (after, status) = finished?;
+    invariants::ensure_written_at_most_once(&cluster, &namespace, &dag.name)?;
 
     let log = requests(&cluster, &namespace)?;
     let after_pods: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
@@ -644,6 +646,7 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
     };
     let took = started.elapsed();
     controller.stop().await?;
+    invariants::ensure_written_at_most_once(&cluster, &namespace, &dag.name)?;
 
     let log = requests(&cluster, &namespace)?;
     let after_pods: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)

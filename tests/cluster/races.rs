@@ -17,7 +17,7 @@ use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
 
 use crate::support::controller as ctl;
-use crate::support::invariants::PodLedger;
+use crate::support::invariants::{self, PodLedger};
 
 const WORKFLOW: &str = "wf";
 const TOKEN: &str = "retry-1";
@@ -127,6 +127,7 @@ impl Race {
         self.ledger
             .ensure_only_planned_removed(&self.planned_uids)
             .await?;
+        invariants::ensure_written_at_most_once(&self.cluster, &self.namespace, WORKFLOW)?;
         let now = self.pods.get_opt(&name).await?;
         ensure!(
             now.as_ref().map(|p| p.uid()) == Some(rerun.uid()),
@@ -237,6 +238,7 @@ pub async fn a_delete_waiting_out_a_429_is_not_sent_after_its_request_stopped(
     race.ledger
         .ensure_only_planned_removed(&race.planned_uids)
         .await?;
+    invariants::ensure_written_at_most_once(&race.cluster, &race.namespace, WORKFLOW)?;
     let sent: Vec<_> = race
         .proxy
         .seen_matching(&delete)

@@ -672,7 +672,8 @@ pub mod pod_policy {
 pub mod invariants {
     //! Invariants the fault tests check (issue 34, Build item 3), from the objects
     //! themselves: a watch of the namespace's pods from before the request records every
-    //! pod removed, by UID, so a pod recreated under a planned name is told apart.
+    //! pod removed, by UID, so a pod recreated under a planned name is told apart; and from
+    //! the API server's audit log, the workflow's writes.
 
     use std::collections::BTreeSet;
     use std::sync::{Arc, Mutex};
@@ -682,6 +683,7 @@ pub mod invariants {
     use futures::StreamExt as _;
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+    use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
     use tokio::task::JoinHandle;
 
     /// Every pod removed from a namespace since [`PodLedger::start`], as (name, UID).
@@ -740,6 +742,35 @@ pub mod invariants {
             );
             Ok(())
         }
+    }
+
+    /// Each request's reset written at most once, and an archived retry's workflow created
+    /// at most once: the controller's writes of workflow `name` the API server took, from
+    /// its audit log (a live reset is the controller's one update of the workflow; its
+    /// status goes in patches).
+    pub fn ensure_written_at_most_once(
+        cluster: &LocalCluster,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        let log = super::controller::audit_log(cluster, namespace)?;
+        let taken = |verb: &str, code: u16| {
+            log.iter()
+                .filter(|a| {
+                    a.user == CONTROLLER_NAME
+                        && a.verb == verb
+                        && a.resource == "workflows"
+                        && a.name == name
+                        && a.code == code
+                })
+                .count()
+        };
+        let (resets, creates) = (taken("update", 200), taken("create", 201));
+        ensure!(
+            resets <= 1 && creates <= 1,
+            "workflow {namespace}/{name} was reset {resets} times and created {creates} times by the controller"
+        );
+        Ok(())
     }
 
     impl Drop for PodLedger {
