@@ -91,7 +91,7 @@ pub async fn list_workflow_pods(
 /// request the server carries out pod by pod, shows its progress. A metadata
 /// watch in protobuf: the server encodes an event for each pod while it
 /// deletes them, and its protobuf encoder costs it about a third less CPU
-/// than its JSON one (README, "Progress and its cost"). The stream ends
+/// than its JSON one (bench/README.md, "Progress and its cost"). The stream ends
 /// where the watch does (its timeout, an error, a revision compacted away).
 pub async fn watch_deletions(
     client: &Client,

@@ -307,7 +307,7 @@ impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B
 ///
 /// A DeleteCollection is one write of the budget, but the API server deletes
 /// its pods one by one (`--delete-collection-workers`, 1 by default), so a few
-/// at once keep it as busy as it gets (README, "Beyond the serial floor");
+/// at once keep it as busy as it gets (docs/operating.md, "Beyond the serial floor");
 /// more only queue inside it, where every other client waits too. Measured
 /// on 2 cores, 200 workflows of 100 pods retried at once, one run each: with
 /// 32 in flight the batch took 41 s and another user's reads saw a p99 of

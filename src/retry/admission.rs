@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 /// Planned pods in deletion at once by default: what the chart's memory
-/// limit leaves room for (README, "Memory").
+/// limit leaves room for (docs/operating.md, "Memory sizing").
 pub const DEFAULT_MAX_PODS: usize = 50_000;
 
 /// The bound; clones share it.
@@ -73,6 +74,17 @@ impl Admission {
                         .expect("the semaphore is never closed"),
                 ),
             },
+        }
+    }
+
+    /// Waits for room for a retry of `pods` that [`Admission::try_admit`]
+    /// turned away; `None` if `stop` comes first. The retry waits holding
+    /// nothing of its workflow (its plan dropped, its status saying why), and
+    /// reads and plans it again once admitted: it may have changed meanwhile.
+    pub async fn wait(&self, pods: usize, stop: &CancellationToken) -> Option<Admitted> {
+        tokio::select! {
+            _ = stop.cancelled() => None,
+            admitted = self.admit(pods) => Some(admitted),
         }
     }
 

@@ -26,13 +26,14 @@ use tracing::{info, warn};
 
 use crate::argo::db::{ArgoDatabase, DbError};
 use crate::argo::offload::{self, OffloadError};
-use crate::argo::plan::PlanError;
+use crate::argo::plan::{Plan, PlanError};
 use crate::argo::workflow::Workflow;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
 use crate::protocol::request::{DENIED, RetryPhase, workflowretry_token};
+use crate::retry::admission::Admitted;
 use crate::retry::object::ObjectStatus;
 use crate::retry::report;
 use crate::telemetry::metrics::{RetryKind, Step as Metered};
@@ -140,176 +141,307 @@ pub async fn run(
     uid: &str,
     stop: &CancellationToken,
 ) -> Result<(), ArchivedError> {
-    let ctx = status.ctx;
-    let database = ctx
-        .database
-        .as_deref()
-        .filter(|db| db.archives())
-        .ok_or(ArchivedError::NoArchive)?;
-    let namespace = status.namespace();
-    let started = Instant::now();
-    let workflows: Api<Workflow> = Api::namespaced(ctx.client(), &namespace);
-    if let Some(name) = creating(status) {
-        return resume(status, database, &workflows, uid, &name).await;
+    let mut job = Job::new(status, uid).ok_or(ArchivedError::NoArchive)?;
+    if let Some(name) = creating(job.status) {
+        return job.resume(&name).await;
     }
-
-    let step = ctx.metrics.step(RetryKind::Archived, Metered::Read);
-    let archived = read(database, uid).await?;
-    Step::Read.took(status, step.done());
-    let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
-    if archived_namespace != namespace {
-        info!(
-            uid,
-            archived = archived_namespace,
-            requested = namespace,
-            "an archived retry asked in another namespace than the workflow's"
-        );
-        return Err(ArchivedError::OtherNamespace {
-            uid: uid.to_owned(),
-            requested: namespace,
-        });
-    }
+    let archived = job.read().await?;
     let name = archived.name().to_owned();
-    status.status.workflow_name = Some(name.clone());
-
-    if let Some(done) = created_by_us(&workflows, &name, &status.uid()).await? {
-        return found(status, database, &workflows, uid, &name, done).await;
+    if let Some(done) = created_by_us(&job.workflows, &name, &job.status.uid()).await? {
+        return job.found(&name, done).await;
     }
-
-    let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
-    let options = ctx
-        .config
-        .plan_options(status.object.spec.options(), database.offloads());
-    let mut planned = crate::retry::plan_off_thread(archived, options.clone()).await?;
-    Step::Plan.took(status, step.done());
-    let pods = planned.pods_to_delete.len();
-    let _admitted = match ctx.admission.try_admit(pods) {
-        Some(admitted) => admitted,
-        None => {
-            // Wait holding nothing of the workflow, then read and plan it again.
-            drop(planned);
-            status.status.phase = Some(RetryPhase::Pending);
-            status.status.message = ctx.admission.waiting_message(pods);
-            status.write().await.map_err(api(format!(
-                "writing the status of WorkflowRetry {namespace}/{}",
-                status.name()
-            )))?;
-            let admitted = tokio::select! {
-                _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
-                admitted = ctx.admission.admit(pods) => admitted,
-            };
-            let archived = read(database, uid).await?;
-            planned = crate::retry::plan_off_thread(archived, options).await?;
-            status.status.message.clear();
-            admitted
-        }
-    };
-
-    let step = ctx.metrics.step(RetryKind::Archived, Metered::Delete);
-    let mut deletion = Deletion::new(
-        &ctx.engine,
-        RequestKey::retry(
-            &namespace,
-            &status.uid(),
-            &workflowretry_token(&status.uid()),
-        ),
-        &namespace,
-        &name,
-        ctx.config.drive(),
-    )
-    .owned_by(uid);
-    deletion.plan(planned.pods_to_delete.iter().cloned(), &planned.pod_nodes);
-    status.status.pods_total = deletion.count().total as u64;
-    if let Err(e) = deletion.run(&mut Deleting(status), stop).await {
-        deletion.stop().await;
-        return Err(e);
-    }
-    status.status.pods_deleted = deletion.count().deleted as u64;
-    Step::Delete.took(status, step.done_confirmed(deletion.confirm_took()));
-
-    let step = ctx.metrics.step(RetryKind::Archived, Metered::Create);
-    let mut workflow = planned.workflow;
-    // Argo dehydrates before it clears the UID: nodes offloaded now are
-    // written under the archived workflow's UID, then copied to the new one.
-    // Done before Committing, so that little but the create itself comes
-    // between that status and the create's answer.
-    if database.offloads() {
-        ctx.dehydrate(database, &mut workflow).await?;
-    }
-    workflow.metadata.uid = None;
-    workflow.metadata.resource_version = None;
-    workflow
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(CREATED_BY.into(), status.uid());
-    // From this status on, the request never sends a create again.
-    let before = status.status.phase;
-    status.status.phase = Some(RetryPhase::Committing);
-    if let Err(e) = status.write().await {
-        status.status.phase = before;
-        return Err(api(format!(
-            "writing the status of WorkflowRetry {namespace}/{}",
-            status.name()
-        ))(e));
-    }
-    let created = match workflows.create(&PostParams::default(), &workflow).await {
-        Ok(created) => created.metadata.uid.unwrap_or_default(),
-        // The name is taken: nothing was created. By an earlier attempt of
-        // ours the status would have said so; by someone else: Argo's refusal.
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            status.status.phase = before;
-            created_by_us(&workflows, &name, &status.uid())
-                .await?
-                .ok_or(ArchivedError::ExistsLive { name: name.clone() })?
-        }
-        Err(e) => {
-            // Refused by the API server (4xx, throttling included), the create
-            // was not stored: the request may create it when tried again.
-            // Anything else (a timeout, a lost connection) may have created
-            // it, and the request stays Committing.
-            if api_code(&e).is_some_and(|code| (400..500).contains(&code)) {
-                status.status.phase = before;
-            }
-            return Err(api(format!("creating workflow {namespace}/{name}"))(e));
-        }
-    };
-    // Said at once: from here the request never creates again, even if the
-    // workflow goes before the request ends. The end says it too, and is
-    // kept until written, so a write refused here is only logged.
-    status.status.workflow_uid = Some(created.clone());
-    if let Err(e) = report::record(
-        status,
-        RetryPhase::Committing,
-        &format!("created workflow {name} (UID {created})"),
-    )
-    .await
-    {
-        warn!(workflowretry = status.name(), workflow = name, error = %e, "could not record the created workflow's UID; the request's end names it");
-    }
-    if let Some(version) = offload::offloaded_version(&workflow) {
-        copy_offloaded(database, uid, &created, &namespace, version).await?;
-    }
-    Step::Create.took(status, step.done());
-    let timings = status.status.timings.unwrap_or_default();
-    let seconds = |s: Option<f64>| s.unwrap_or_default();
-    info!(
-        workflowretry = status.name(),
-        workflow = name,
-        archived_uid = uid,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "archived workflow retried"
-    );
-    status.status.workflow_uid = Some(created);
-    status.status.message = format!(
-        "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s)",
-        status.status.pods_deleted,
-        seconds(timings.read_seconds),
-        seconds(timings.plan_seconds),
-        seconds(timings.delete_seconds),
-        seconds(timings.create_seconds),
-    );
+    let (planned, _admitted) = job.plan(archived, stop).await?;
+    job.delete(&name, &planned, stop).await?;
+    let created = job.create(&name, planned.workflow).await?;
+    job.finish(&name, created);
     Ok(())
+}
+
+/// One archived retry, a method per step.
+struct Job<'r, 'a> {
+    status: &'r mut ObjectStatus<'a>,
+    database: &'a dyn ArgoDatabase,
+    /// The archived workflow's UID.
+    uid: &'r str,
+    namespace: String,
+    workflows: Api<Workflow>,
+    started: Instant,
+}
+
+impl<'r, 'a> Job<'r, 'a> {
+    /// `None` when the controller has no workflow archive.
+    fn new(status: &'r mut ObjectStatus<'a>, uid: &'r str) -> Option<Self> {
+        let ctx = status.ctx;
+        let database = ctx.database.as_deref().filter(|db| db.archives())?;
+        let namespace = status.namespace();
+        let workflows = Api::namespaced(ctx.client(), &namespace);
+        Some(Job {
+            status,
+            database,
+            uid,
+            namespace,
+            workflows,
+            started: Instant::now(),
+        })
+    }
+
+    /// The archived workflow, refused when asked for in another namespace.
+    async fn read(&mut self) -> Result<Workflow, ArchivedError> {
+        let step = self
+            .status
+            .ctx
+            .metrics
+            .step(RetryKind::Archived, Metered::Read);
+        let archived = read(self.database, self.uid).await?;
+        Step::Read.took(self.status, step.done());
+        let archived_namespace = archived.metadata.namespace.clone().unwrap_or_default();
+        if archived_namespace != self.namespace {
+            info!(
+                uid = self.uid,
+                archived = archived_namespace,
+                requested = self.namespace,
+                "an archived retry asked in another namespace than the workflow's"
+            );
+            return Err(ArchivedError::OtherNamespace {
+                uid: self.uid.to_owned(),
+                requested: self.namespace.clone(),
+            });
+        }
+        self.status.status.workflow_name = Some(archived.name().to_owned());
+        Ok(archived)
+    }
+
+    /// Plans the retry and takes its share of the bound on pods in deletion:
+    /// when there is no room, it waits holding nothing of the workflow (its
+    /// status says so), then reads and plans again.
+    async fn plan(
+        &mut self,
+        archived: Workflow,
+        stop: &CancellationToken,
+    ) -> Result<(Plan, Admitted), ArchivedError> {
+        let ctx = self.status.ctx;
+        let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
+        let options = ctx
+            .config
+            .plan_options(self.status.object.spec.options(), self.database.offloads());
+        let planned = crate::retry::plan_off_thread(archived, options.clone()).await?;
+        Step::Plan.took(self.status, step.done());
+        let pods = planned.pods_to_delete.len();
+        if let Some(admitted) = ctx.admission.try_admit(pods) {
+            return Ok((planned, admitted));
+        }
+        drop(planned);
+        self.status.status.phase = Some(RetryPhase::Pending);
+        self.status.status.message = ctx.admission.waiting_message(pods);
+        self.write_status().await?;
+        let admitted = ctx
+            .admission
+            .wait(pods, stop)
+            .await
+            .ok_or(DeleteError::Stopped)?;
+        let archived = read(self.database, self.uid).await?;
+        let planned = crate::retry::plan_off_thread(archived, options).await?;
+        self.status.status.message.clear();
+        Ok((planned, admitted))
+    }
+
+    /// Deletes the plan's pods of the archived workflow `name` (only those
+    /// its UID owns) until a list shows them gone.
+    async fn delete(
+        &mut self,
+        name: &str,
+        planned: &Plan,
+        stop: &CancellationToken,
+    ) -> Result<(), ArchivedError> {
+        let ctx = self.status.ctx;
+        let step = ctx.metrics.step(RetryKind::Archived, Metered::Delete);
+        let request = self.status.uid();
+        let mut deletion = Deletion::new(
+            &ctx.engine,
+            RequestKey::retry(&self.namespace, &request, &workflowretry_token(&request)),
+            &self.namespace,
+            name,
+            ctx.config.drive(),
+        )
+        .owned_by(self.uid);
+        deletion.plan(planned.pods_to_delete.iter().cloned(), &planned.pod_nodes);
+        self.status.status.pods_total = deletion.count().total as u64;
+        if let Err(e) = deletion.run(&mut Progress(self.status), stop).await {
+            deletion.stop().await;
+            return Err(e);
+        }
+        self.status.status.pods_deleted = deletion.count().deleted as u64;
+        Step::Delete.took(self.status, step.done_confirmed(deletion.confirm_took()));
+        Ok(())
+    }
+
+    /// Creates the reset workflow `name` once (see the module's rules) and
+    /// returns its UID.
+    async fn create(
+        &mut self,
+        name: &str,
+        mut workflow: Workflow,
+    ) -> Result<String, ArchivedError> {
+        let namespace = self.namespace.clone();
+        let ctx = self.status.ctx;
+        let step = ctx.metrics.step(RetryKind::Archived, Metered::Create);
+        // Argo dehydrates before it clears the UID: nodes offloaded now are
+        // written under the archived workflow's UID, then copied to the new one.
+        // Done before Committing, so that little but the create itself comes
+        // between that status and the create's answer.
+        if self.database.offloads() {
+            ctx.dehydrate(self.database, &mut workflow).await?;
+        }
+        workflow.metadata.uid = None;
+        workflow.metadata.resource_version = None;
+        workflow
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CREATED_BY.into(), self.status.uid());
+        // From this status on, the request never sends a create again.
+        let before = self.status.status.phase;
+        self.status.status.phase = Some(RetryPhase::Committing);
+        if let Err(e) = self.write_status().await {
+            self.status.status.phase = before;
+            return Err(e);
+        }
+        let created = match self
+            .workflows
+            .create(&PostParams::default(), &workflow)
+            .await
+        {
+            Ok(created) => created.metadata.uid.unwrap_or_default(),
+            // The name is taken: nothing was created. By an earlier attempt of
+            // ours the status would have said so; by someone else: Argo's refusal.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                self.status.status.phase = before;
+                created_by_us(&self.workflows, name, &self.status.uid())
+                    .await?
+                    .ok_or(ArchivedError::ExistsLive {
+                        name: name.to_owned(),
+                    })?
+            }
+            Err(e) => {
+                // Refused by the API server (4xx, throttling included), the create
+                // was not stored: the request may create it when tried again.
+                // Anything else (a timeout, a lost connection) may have created
+                // it, and the request stays Committing.
+                if api_code(&e).is_some_and(|code| (400..500).contains(&code)) {
+                    self.status.status.phase = before;
+                }
+                return Err(api(format!("creating workflow {namespace}/{name}"))(e));
+            }
+        };
+        // Said at once: from here the request never creates again, even if the
+        // workflow goes before the request ends. The end says it too, and is
+        // kept until written, so a write refused here is only logged.
+        self.status.status.workflow_uid = Some(created.clone());
+        if let Err(e) = report::record(
+            self.status,
+            RetryPhase::Committing,
+            &format!("created workflow {name} (UID {created})"),
+        )
+        .await
+        {
+            warn!(workflowretry = self.status.name(), workflow = name, error = %e, "could not record the created workflow's UID; the request's end names it");
+        }
+        if let Some(version) = offload::offloaded_version(&workflow) {
+            copy_offloaded(self.database, self.uid, &created, &namespace, version).await?;
+        }
+        Step::Create.took(self.status, step.done());
+        Ok(created)
+    }
+
+    /// Names the created workflow and each step's time in the message.
+    fn finish(&mut self, name: &str, created: String) {
+        let timings = self.status.status.timings.unwrap_or_default();
+        let seconds = |s: Option<f64>| s.unwrap_or_default();
+        info!(
+            workflowretry = self.status.name(),
+            workflow = name,
+            archived_uid = self.uid,
+            elapsed_ms = self.started.elapsed().as_millis() as u64,
+            "archived workflow retried"
+        );
+        self.status.status.workflow_uid = Some(created);
+        self.status.status.message = format!(
+            "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s)",
+            self.status.status.pods_deleted,
+            seconds(timings.read_seconds),
+            seconds(timings.plan_seconds),
+            seconds(timings.delete_seconds),
+            seconds(timings.create_seconds),
+        );
+    }
+
+    async fn write_status(&mut self) -> Result<(), ArchivedError> {
+        write(self.status).await
+    }
+
+    /// Ends a request that may have created workflow `name` without creating
+    /// it again: done if the workflow it created is there (after the copy of
+    /// its offloaded nodes, which may not have happened); Succeeded saying so if
+    /// its status names the created workflow, now gone; otherwise it cannot
+    /// tell, and fails saying so.
+    async fn resume(&mut self, name: &str) -> Result<(), ArchivedError> {
+        let live = self
+            .workflows
+            .get_metadata_opt(name)
+            .await
+            .map_err(api(format!("reading workflow {name}")))?;
+        let request = self.status.uid();
+        let other = match live {
+            Some(w) if w.annotations().get(CREATED_BY) == Some(&request) => {
+                let done = w.uid().unwrap_or_default();
+                return self.found(name, done).await;
+            }
+            Some(w) => Some(w.uid().unwrap_or_default()),
+            None => None,
+        };
+        let Some(created) = self.status.status.workflow_uid.clone() else {
+            return Err(ArchivedError::CreateUnknown {
+                name: name.to_owned(),
+                now: match other {
+                    Some(_) => "the workflow of that name in the cluster is not one it created",
+                    None => "the workflow is not in the cluster",
+                },
+            });
+        };
+        info!(
+            workflowretry = self.status.name(),
+            workflow = name,
+            created_uid = created,
+            "the workflow this request created is gone; not creating it again"
+        );
+        self.status.status.message = format!(
+            "created workflow {name} (UID {created}), which is no longer in the cluster (deleted since, by its TTL say){}",
+            match other {
+                Some(now) => format!("; the workflow {name} there now (UID {now}) is another one"),
+                None => String::new(),
+            }
+        );
+        Ok(())
+    }
+
+    /// Ends a request whose workflow `name` (UID `done`) is found created:
+    /// copies its offloaded nodes (the copy after the create may not have
+    /// happened) and names it.
+    async fn found(&mut self, name: &str, done: String) -> Result<(), ArchivedError> {
+        let namespace = &self.namespace;
+        let created = self
+            .workflows
+            .get_opt(name)
+            .await
+            .map_err(api(format!("reading workflow {namespace}/{name}")))?
+            .filter(|w| w.metadata.uid.as_deref() == Some(done.as_str()));
+        if let Some(version) = created.as_ref().and_then(offload::offloaded_version) {
+            copy_offloaded(self.database, self.uid, &done, namespace, version).await?;
+        }
+        self.status.status.workflow_uid = Some(done);
+        self.status.status.message = format!("created workflow {name}");
+        Ok(())
+    }
 }
 
 /// Archived workflow `uid` as Argo's archive has it.
@@ -329,9 +461,9 @@ async fn read(database: &dyn ArgoDatabase, uid: &str) -> Result<Workflow, Archiv
 /// The WorkflowRetry's status as the deletion's sink: the phase is written
 /// before the first request (one bulk delete of thousands of pods reports
 /// nothing else until it returns), progress at most every tick.
-struct Deleting<'r, 'a>(&'r mut ObjectStatus<'a>);
+struct Progress<'r, 'a>(&'r mut ObjectStatus<'a>);
 
-impl Deleting<'_, '_> {
+impl Progress<'_, '_> {
     async fn write(&mut self, count: &Count) -> Result<(), ArchivedError> {
         let status = &mut self.0.status;
         status.pods_total = count.total as u64;
@@ -339,16 +471,21 @@ impl Deleting<'_, '_> {
         if let Some(note) = &count.note {
             status.message.clone_from(note);
         }
-        let what = format!(
-            "writing the status of WorkflowRetry {}/{}",
-            self.0.namespace(),
-            self.0.name()
-        );
-        self.0.write().await.map_err(api(what))
+        write(self.0).await
     }
 }
 
-impl Sink for Deleting<'_, '_> {
+/// Writes the WorkflowRetry's status.
+async fn write(status: &mut ObjectStatus<'_>) -> Result<(), ArchivedError> {
+    let what = format!(
+        "writing the status of WorkflowRetry {}/{}",
+        status.namespace(),
+        status.name()
+    );
+    status.write().await.map_err(api(what))
+}
+
+impl Sink for Progress<'_, '_> {
     type Error = ArchivedError;
 
     async fn deleting(&mut self, count: &Count) -> Result<(), ArchivedError> {
@@ -392,81 +529,6 @@ fn creating(status: &ObjectStatus<'_>) -> Option<String> {
     let may_have =
         recorded.phase == Some(RetryPhase::Committing) || recorded.workflow_uid.is_some();
     recorded.workflow_name.clone().filter(|_| may_have)
-}
-
-/// Ends a request that may have created workflow `name` without creating
-/// it again: done if the workflow it created is there (after the copy of
-/// its offloaded nodes, which may not have happened); Succeeded saying so if
-/// its status names the created workflow, now gone; otherwise it cannot
-/// tell, and fails saying so.
-async fn resume(
-    status: &mut ObjectStatus<'_>,
-    database: &dyn ArgoDatabase,
-    workflows: &Api<Workflow>,
-    uid: &str,
-    name: &str,
-) -> Result<(), ArchivedError> {
-    let live = workflows
-        .get_metadata_opt(name)
-        .await
-        .map_err(api(format!("reading workflow {name}")))?;
-    let request = status.uid();
-    let other = match live {
-        Some(w) if w.annotations().get(CREATED_BY) == Some(&request) => {
-            let done = w.uid().unwrap_or_default();
-            return found(status, database, workflows, uid, name, done).await;
-        }
-        Some(w) => Some(w.uid().unwrap_or_default()),
-        None => None,
-    };
-    let Some(created) = status.status.workflow_uid.clone() else {
-        return Err(ArchivedError::CreateUnknown {
-            name: name.to_owned(),
-            now: match other {
-                Some(_) => "the workflow of that name in the cluster is not one it created",
-                None => "the workflow is not in the cluster",
-            },
-        });
-    };
-    info!(
-        workflowretry = status.name(),
-        workflow = name,
-        created_uid = created,
-        "the workflow this request created is gone; not creating it again"
-    );
-    status.status.message = format!(
-        "created workflow {name} (UID {created}), which is no longer in the cluster (deleted since, by its TTL say){}",
-        match other {
-            Some(now) => format!("; the workflow {name} there now (UID {now}) is another one"),
-            None => String::new(),
-        }
-    );
-    Ok(())
-}
-
-/// Ends a request whose workflow `name` (UID `done`) is found created:
-/// copies its offloaded nodes (the copy after the create may not have
-/// happened) and names it.
-async fn found(
-    status: &mut ObjectStatus<'_>,
-    database: &dyn ArgoDatabase,
-    workflows: &Api<Workflow>,
-    uid: &str,
-    name: &str,
-    done: String,
-) -> Result<(), ArchivedError> {
-    let namespace = status.namespace();
-    let created = workflows
-        .get_opt(name)
-        .await
-        .map_err(api(format!("reading workflow {namespace}/{name}")))?
-        .filter(|w| w.metadata.uid.as_deref() == Some(done.as_str()));
-    if let Some(version) = created.as_ref().and_then(offload::offloaded_version) {
-        copy_offloaded(database, uid, &done, &namespace, version).await?;
-    }
-    status.status.workflow_uid = Some(done);
-    status.status.message = format!("created workflow {name}");
-    Ok(())
 }
 
 /// The UID of live workflow `name` if this WorkflowRetry created it; an

@@ -384,10 +384,8 @@ impl<'a> Job<'a> {
             self.status
                 .waiting(&admission.waiting_message(pods))
                 .await?;
-            self.admitted = Some(tokio::select! {
-                _ = shutdown.cancelled() => return Err(DeleteError::Stopped.into()),
-                admitted = admission.admit(pods) => admitted,
-            });
+            let admitted = admission.wait(pods, shutdown).await;
+            self.admitted = Some(admitted.ok_or(DeleteError::Stopped)?);
         };
         let deletion = self.deletion.get_or_insert_with(|| {
             Deletion::new(

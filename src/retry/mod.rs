@@ -24,7 +24,7 @@ use crate::engine::drive::DriveConfig;
 use crate::protocol::request::RequestOptions;
 use crate::telemetry::metrics::Metrics;
 
-/// DeleteCollections per bulk delete by default (see README, "Beyond the serial floor").
+/// DeleteCollections per bulk delete by default (docs/operating.md, "Beyond the serial floor").
 pub const DEFAULT_BULK_PARALLELISM: usize = 1;
 
 /// Settings shared by every retry.
