@@ -17,9 +17,9 @@ pub mod rows;
 
 pub use ask::{Asked, Source};
 
-/// Why asking for or following a request failed.
 use crate::protocol::request::annotations;
 
+/// Why asking for or following a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FollowError {
     #[error("workflow {namespace}/{workflow} not found; check the name and the namespace (-n)")]

@@ -253,8 +253,8 @@ async fn list_pages(
 
 /// The part of a DeleteCollection response rewind reads: how many pods it
 /// removed. The items are skipped as they are read, not kept (a vector of a
-/// zero-sized type allocates nothing).
-/// The API server writes `"items": null` when the selectors took no pod.
+/// zero-sized type allocates nothing). The API server writes `"items": null`
+/// when the selectors took no pod.
 #[derive(serde::Deserialize)]
 struct DeletedPods {
     #[serde(default)]
@@ -267,9 +267,6 @@ impl DeletedPods {
     }
 }
 
-/// Sends one DeleteCollection of the pods in `namespace` that the selectors
-/// pick; returns how many the server deleted. The benchmark's and the demo's
-/// floor send it too, so they measure the very request rewind sends.
 /// The (name, UID) of every pod a DeleteCollection with these selectors
 /// would take now: what a bulk request is re-proved against right before it
 /// is sent. In pages, as every list of a workflow's pods.
@@ -287,6 +284,9 @@ pub async fn selected(
     Ok(listed.into_iter().map(|p| (p.name, p.uid)).collect())
 }
 
+/// Sends one DeleteCollection of the pods in `namespace` that the selectors
+/// pick; returns how many the server deleted. The benchmark's and the demo's
+/// floor send it too, so they measure the very request rewind sends.
 pub async fn delete_collection(
     client: &Client,
     namespace: &str,

@@ -529,7 +529,6 @@ impl<'a> Annotation<'a> {
         )))
     }
 
-    /// Takes the deletion's count into the status.
     /// Hands progress to the WorkflowRetry following this request, if one
     /// does (see [`crate::retry::progress`]).
     fn publish(&self, count: &Count) -> bool {
@@ -540,6 +539,7 @@ impl<'a> Annotation<'a> {
         self.ctx.progress.publish(&self.target.token, seen)
     }
 
+    /// Takes the deletion's count into the status.
     fn counted(&mut self, count: &Count) {
         self.status.pods_total = count.total as u64;
         self.status.pods_deleted = count.deleted as u64;
