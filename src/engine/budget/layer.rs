@@ -1,6 +1,7 @@
 //! The budget as tower middleware around kube's HTTP stack.
 
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
@@ -19,13 +20,15 @@ const BUFFER: usize = 1024;
 /// A `kube::Client` whose every request goes through `budget`.
 ///
 /// Stack, outermost first: kube's retry policy (429, 503, 504, honouring Retry-After), the
-/// budget, a buffer, kube's default HTTP stack. The retry sits outside the budget so that every
+/// budget, a bound on the wait for each answer ([`ANSWER_TIMEOUT`], watches excepted), a
+/// buffer, kube's default HTTP stack. The retry sits outside the budget so that every
 /// retried attempt takes a token too; kube's built-in retry (inside the stack, where it would
 /// bypass the budget) is turned off. Must be called inside a tokio runtime.
 pub fn client(mut config: kube::Config, budget: &Budget) -> Result<kube::Client, kube::Error> {
     config.default_retry = false;
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&BufferLayer::new(BUFFER))
+        .with_layer(&tower::layer::layer_fn(|inner| AnswerWithin { inner }))
         .with_layer(&budget.layer())
         .with_layer(&RetryLayer::new(RetryPolicy::server_retry()))
         .build())
@@ -106,6 +109,49 @@ where
                 }
             }
             result
+        })
+    }
+}
+
+/// How long a request other than a watch may wait for its answer to begin (its status and
+/// headers) once the budget sent it:
+/// past the API server's own request timeout (60 s by default, when it answers 504), so only
+/// a connection nobody answers on any more (a stalled proxy, a half-open connection to a dead
+/// server) ends here, as an error the caller retries, instead of holding its request forever.
+/// Watches stay open by design; kube's watcher bounds their silence itself.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Bounds the wait for each non-watch answer by [`ANSWER_TIMEOUT`]. kube's `read_timeout`
+/// would cut idle watches too, so the client sets none and this layer bounds the rest.
+#[derive(Clone)]
+pub struct AnswerWithin<S> {
+    pub(super) inner: S,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for AnswerWithin<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Response<ResBody>, tower::BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let watch = Verb::of(&request) == Verb::Watch;
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            if watch {
+                return answer.await;
+            }
+            match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
+                Ok(answer) => answer,
+                Err(elapsed) => Err(Box::new(elapsed) as tower::BoxError),
+            }
         })
     }
 }

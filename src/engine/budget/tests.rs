@@ -781,3 +781,28 @@ async fn askers_in_one_namespace_take_turns() {
     );
     batch.abort();
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_never_comes_ends_the_request_but_a_silent_watch_stays_open() {
+    let never = tower::service_fn(|_: Request<()>| async {
+        std::future::pending::<Result<Response<()>, tower::BoxError>>().await
+    });
+    let service = layer::AnswerWithin { inner: never };
+    let get = tokio::spawn(
+        service
+            .clone()
+            .oneshot(request(Method::GET, "/api/v1/pods")),
+    );
+    let watch = tokio::spawn(
+        service
+            .clone()
+            .oneshot(request(Method::GET, "/api/v1/pods?watch=true")),
+    );
+    tokio::time::sleep(layer::ANSWER_TIMEOUT - Duration::from_secs(1)).await;
+    assert!(!get.is_finished(), "ended before its bound");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let error = get.await.unwrap().expect_err("no answer came");
+    assert!(error.is::<tokio::time::error::Elapsed>(), "{error}");
+    assert!(!watch.is_finished(), "a watch has no such bound");
+    watch.abort();
+}
