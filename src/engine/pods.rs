@@ -327,6 +327,8 @@ mod tests {
     use bytes::Bytes;
     use prost::Message as _;
 
+    use super::{PROTOBUF_MAGIC, proto, removal};
+
     #[test]
     fn a_delete_collection_answer_counts_its_items_and_none_when_null() {
         let count = |answer: &str| {
@@ -344,8 +346,6 @@ mod tests {
         assert_eq!(count(&format!(r#"{list},"items":null}}"#)), 0);
         assert_eq!(count(&format!("{list}}}")), 0);
     }
-
-    use super::{PROTOBUF_MAGIC, proto, removal};
 
     /// A watch frame as the API server writes it: the event, its object in
     /// the envelope after the magic prefix.

@@ -543,19 +543,20 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 .or_else(gone_or)
         }
     };
-    match sent {
-        Err(kube::Error::Service(e)) if e.is::<NotSent>() => {
-            match e.downcast_ref::<NotSent>() {
-                Some(NotSent::Unwanted) => {
-                    debug!(namespace = item.namespace, work = %describe(&item.work), "delete not sent: its request stopped or the Lease was lost");
-                }
-                _ => {
-                    warn!(namespace = item.namespace, error = %e, "bulk delete not sent; its pods will be listed again");
-                }
-            }
+    let refusal = match &sent {
+        Err(kube::Error::Service(e)) => e.downcast_ref::<NotSent>(),
+        _ => None,
+    };
+    match refusal {
+        None => sent,
+        Some(NotSent::Unwanted) => {
+            debug!(namespace = item.namespace, work = %describe(&item.work), "delete not sent: its request stopped or the Lease was lost");
             Ok(Done::Stale)
         }
-        sent => sent,
+        Some(refusal @ NotSent::ProofExpired { .. }) => {
+            warn!(namespace = item.namespace, error = %refusal, "bulk delete not sent; its pods will be listed again");
+            Ok(Done::Stale)
+        }
     }
 }
 

@@ -233,7 +233,7 @@ impl<'r, 'a> Job<'r, 'a> {
         drop(planned);
         self.status.status.phase = Some(RetryPhase::Pending);
         self.status.status.message = ctx.admission.waiting_message(pods);
-        self.write_status().await?;
+        write(self.status).await?;
         let admitted = ctx
             .admission
             .wait(pods, stop)
@@ -302,7 +302,7 @@ impl<'r, 'a> Job<'r, 'a> {
         // From this status on, the request never sends a create again.
         let before = self.status.status.phase;
         self.status.status.phase = Some(RetryPhase::Committing);
-        if let Err(e) = self.write_status().await {
+        if let Err(e) = write(self.status).await {
             self.status.status.phase = before;
             return Err(e);
         }
@@ -373,10 +373,6 @@ impl<'r, 'a> Job<'r, 'a> {
             seconds(timings.delete_seconds),
             seconds(timings.create_seconds),
         );
-    }
-
-    async fn write_status(&mut self) -> Result<(), ArchivedError> {
-        write(self.status).await
     }
 
     /// Ends a request that may have created workflow `name` without creating
