@@ -30,7 +30,7 @@ use crate::client::{FollowError, ask};
 use crate::engine::fault;
 use crate::protocol::crd::{AskedBy, WorkflowRetry};
 use crate::protocol::names;
-use crate::protocol::request::{DENIED, RetryPhase, RetryStatus};
+use crate::protocol::request::{DENIED, EXISTS, RetryPhase, RetryStatus};
 
 /// How long a request may wait for a controller to report on it before the
 /// call answers Unavailable (the request stays and runs later): a leader
@@ -348,10 +348,14 @@ fn ended(observed: Observed) -> Result<RetryStatus, Status> {
 /// as the controller wrote it. A request that failed before any pod was
 /// planned was refused: Argo's server refuses those (a phase that cannot be
 /// retried, a bad selector or parameter) as bad requests, InvalidArgument;
-/// one that failed on the way is Internal, as Argo's are.
+/// one that failed on the way is Internal, as Argo's are. An archived
+/// workflow live again is AlreadyExists, as Argo's server answers it whether
+/// it was there before the call or created by another meanwhile.
 fn failed(status: &RetryStatus) -> Status {
     let code = if status.message.starts_with(DENIED) {
         Code::PermissionDenied
+    } else if status.message.starts_with(EXISTS) {
+        Code::AlreadyExists
     } else if status.pods_total == 0 {
         Code::InvalidArgument
     } else {
@@ -417,6 +421,15 @@ mod tests {
             "deleting failed",
         )));
         assert_eq!(broke.unwrap_err().code, Code::Internal);
+        // Created by another request while this one deleted: as before the call.
+        for planned in [0, 5] {
+            let exists = ended(Observed::Status(status(
+                RetryPhase::Failed,
+                planned,
+                "Workflow already exists on cluster, use argo retry wf instead",
+            )));
+            assert_eq!(exists.unwrap_err().code, Code::AlreadyExists);
+        }
         // An archived UID of another namespace: 403 as in Argo.
         let elsewhere = ended(Observed::Status(status(
             RetryPhase::Failed,

@@ -5,3 +5,12 @@ pub mod crd;
 pub mod hint;
 pub mod names;
 pub mod request;
+
+/// Annotations from (key, value) pairs, for the unit tests of every layer.
+#[cfg(test)]
+pub(crate) fn annotations_of(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

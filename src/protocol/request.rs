@@ -58,6 +58,9 @@ pub const MAX_MESSAGE: usize = 4096;
 /// How a failed request's message begins when the asker may not have what it
 /// asked for (Argo's own words), so a client answers it as a refusal (403).
 pub const DENIED: &str = "permission denied";
+/// How an archived request's message begins when its workflow is live again (Argo's own
+/// words), so a client answers it as Argo's server does: AlreadyExists (409).
+pub const EXISTS: &str = "Workflow already exists on cluster";
 /// The most of a user's value a message repeats.
 const ECHO: usize = 64;
 
@@ -287,12 +290,7 @@ pub struct RetryStatus {
 mod tests {
     use super::*;
 
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::protocol::annotations_of as ann;
 
     #[test]
     fn no_request_without_token_or_when_observed() {

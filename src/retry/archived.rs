@@ -32,7 +32,7 @@ use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
-use crate::protocol::request::{DENIED, RetryPhase, workflowretry_token};
+use crate::protocol::request::{DENIED, EXISTS, RetryPhase, workflowretry_token};
 use crate::retry::admission::Admitted;
 use crate::retry::object::ObjectStatus;
 use crate::retry::report;
@@ -68,7 +68,7 @@ pub enum ArchivedError {
     )]
     OtherNamespace { uid: String, requested: String },
     /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
-    #[error("Workflow already exists on cluster, use argo retry {name} instead")]
+    #[error("{EXISTS}, use argo retry {name} instead")]
     ExistsLive { name: String },
     #[error(
         "rewind stopped while it created workflow {name}, and {now}: it cannot tell whether it created workflow {name} (which may have run and been deleted since, by its TTL say) or not, and it never creates a workflow twice; if the workflow did not run, create a new WorkflowRetry"

@@ -467,11 +467,11 @@ pub async fn argos_archived_retry_call_creates_the_workflow(
         wf.metadata.creation_timestamp = None;
     }
     ctl::ensure_reset_as_planned(&actual, &expected, from, to)?;
-    // Argo's words when the workflow exists live, with a bad request's code.
+    // Argo's words when the workflow exists live, with its code: AlreadyExists.
     ensure_status(
         &put(&url, Some(&bearer), &body, None).await?,
-        400,
-        3,
+        409,
+        6,
         "Workflow already exists on cluster, use argo retry old instead",
     )?;
     controller.stop().await
