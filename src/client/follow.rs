@@ -245,12 +245,7 @@ mod tests {
     use super::*;
     use crate::protocol::request::annotations;
 
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::protocol::annotations_of as ann;
 
     #[test]
     fn observe_tells_not_yet_progress_and_replaced_apart() {

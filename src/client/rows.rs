@@ -141,18 +141,11 @@ fn age(d: SignedDuration) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
     use crate::protocol::crd::{WorkflowRetrySpec, WorkflowRetryStatus};
     use crate::protocol::request::{RetryPhase, annotations};
 
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::protocol::annotations_of as ann;
 
     fn meta(name: &str, pairs: &[(&str, &str)]) -> PartialObjectMeta<Workflow> {
         let mut meta = PartialObjectMeta::<Workflow>::default();

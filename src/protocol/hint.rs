@@ -116,12 +116,7 @@ mod tests {
     use super::*;
     use crate::argo::plan::selector::SelectorError;
 
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::protocol::annotations_of as ann;
 
     fn phase(phase: &str) -> PlanError {
         PlanError::PhaseNotRetryable {

@@ -159,9 +159,7 @@ impl Context {
     pub fn offloading(&self) -> Option<&dyn ArgoDatabase> {
         self.database.as_deref().filter(|db| db.offloads())
     }
-}
 
-impl Context {
     /// Writes the nodes of the reset `wf` as Argo's server does: compressed
     /// over the size limit, offloaded to `db` when still too large (or always).
     pub async fn dehydrate(

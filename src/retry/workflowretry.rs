@@ -556,12 +556,7 @@ mod tests {
         object
     }
 
-    fn on(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::protocol::annotations_of as on;
 
     #[test]
     fn a_follower_asks_once_on_the_version_it_saw_and_never_again() {
