@@ -13,6 +13,14 @@
 //! measures it first), and the controller's --qps, --burst and --no-bulk.
 //! Every trial runs in a fresh namespace of one control plane; the controller's logs stay in
 //! the directory printed first. Exits non-zero if any check of any trial failed.
+//!
+//! With --mixed, randomized trials instead (`rewind::testenv::mixed`): in each, a live and an
+//! archived workflow of `--pods` failed pods, asked for at random through the annotation,
+//! WorkflowRetries and Argo's retry API (some twice), two replicas electing a leader behind
+//! the fault proxy, random faults of every kind and SIGKILLs of the leader, over --span
+//! SECONDS (8); --lease SECONDS (6) is the replicas' Lease duration.
+//!
+//!     cargo bench --features testenv --bench faults -- --mixed --trials 50 --pods 1000
 
 use std::time::Duration;
 
@@ -21,6 +29,7 @@ use rewind::testenv::bench::cli;
 use rewind::testenv::db::DbServer;
 use rewind::testenv::db::argodb::{ArgoDbTool, ArgoLine};
 use rewind::testenv::localcluster::{LocalCluster, Options};
+use rewind::testenv::mixed::{Disturbance, FaultKind, Mixed};
 use rewind::testenv::trials::{Bench, Outcome, Target, kill_moment};
 
 /// Crash trials: the controller killed at a random moment of a large retry, restarted,
@@ -54,6 +63,15 @@ struct Args {
     /// The controller's --no-bulk.
     #[arg(long)]
     no_bulk: bool,
+    /// Randomized trials: overlapping requests of every kind, random faults and kills.
+    #[arg(long)]
+    mixed: bool,
+    /// The span a randomized trial's requests, faults and kills are drawn over.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "8")]
+    span: Duration,
+    /// The Lease duration of a randomized trial's two replicas.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "6")]
+    lease: Duration,
 }
 
 impl Args {
@@ -109,21 +127,118 @@ async fn bench(args: Args) -> anyhow::Result<bool> {
     })
     .await
     .context("starting a local control plane")?;
-    let result = trials(&cluster, &args).await;
+    let result = match args.mixed {
+        true => mixed(&cluster, &args).await,
+        false => trials(&cluster, &args).await,
+    };
     cluster.stop().await?;
     result
 }
 
+/// PostgreSQL with Argo's tables, migrated by Argo's code.
+async fn archive() -> anyhow::Result<(DbServer, ArgoDbTool)> {
+    let db = DbServer::postgres().await?;
+    let argo = tokio::task::spawn_blocking(|| ArgoDbTool::locate(ArgoLine::V4)).await??;
+    let schema = db.argodb_request("migrate", serde_json::json!({}));
+    let code = argo.clone();
+    tokio::task::spawn_blocking(move || code.one(schema)).await??;
+    Ok((db, argo))
+}
+
+async fn mixed(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
+    let (db, argo) = archive().await?;
+    let logs = std::env::temp_dir().join(format!("rewind-mixed-{}", args.seed));
+    std::fs::create_dir_all(&logs)?;
+    let mixed = Mixed {
+        bench: Bench {
+            cluster,
+            binary: env!("CARGO_BIN_EXE_rewind").into(),
+            controller_args: args.controller_args(),
+            failed: args.pods,
+            succeeded: args.succeeded,
+            target: Target::Live,
+            archive: Some((&db, argo)),
+            garbage_collected: false,
+            logs: logs.clone(),
+        },
+        span: args.span,
+        lease: args.lease,
+    };
+    println!(
+        "{} randomized trials, a live and an archived workflow of {} failed pods (+{} succeeded, 1 outsider) each, two replicas (Lease {:.0}s), span {:.1}s, controller flags {:?}; seed {}; logs in {}",
+        args.trials,
+        args.pods,
+        args.succeeded,
+        args.lease.as_secs_f64(),
+        args.span.as_secs_f64(),
+        args.controller_args(),
+        args.seed,
+        logs.display()
+    );
+    let (mut passed, mut errors, mut kills) = (0, 0, 0);
+    let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+    let mut phases = std::collections::BTreeMap::<String, usize>::new();
+    let mut settled = Vec::new();
+    for i in 0..args.trials {
+        let seed = args.seed.wrapping_add(i as u64);
+        let label = format!("trial {:2} (seed {seed})", i + 1);
+        match mixed.trial(&format!("mixed-{i}"), seed).await {
+            Ok(o) => {
+                for d in &o.script.disturbances {
+                    if let Disturbance::Fault { kind, .. } = d {
+                        *kinds.entry(kind.name()).or_default() += 1;
+                    }
+                }
+                kills += o.script.kills();
+                for (_, phase, _) in &o.requests {
+                    *phases.entry(format!("{phase:?}")).or_default() += 1;
+                }
+                if let Some(s) = o.settled_after {
+                    settled.push(s.as_secs_f64());
+                }
+                let verdict = match o.passed() {
+                    true => "ok".to_owned(),
+                    false => format!("FAILED: {}", o.failures.join("; ")),
+                };
+                passed += usize::from(o.passed());
+                println!(
+                    "{label}: {}\n    {} requests, calls answered {:?}, resets {}/{}, all ended {} after the last disturbance; {verdict}",
+                    o.script.describe(),
+                    o.requests.len(),
+                    o.calls,
+                    o.resets.0,
+                    o.resets.1,
+                    o.settled_after.map_or_else(
+                        || "never".to_owned(),
+                        |s| format!("{:.2}s", s.as_secs_f64())
+                    )
+                );
+            }
+            Err(e) => {
+                println!("{label}: ERROR: {e}");
+                errors += 1;
+            }
+        }
+    }
+    db.stop();
+    settled.sort_by(f64::total_cmp);
+    let missing: Vec<&str> = FaultKind::NAMES
+        .iter()
+        .copied()
+        .filter(|k| !kinds.contains_key(k))
+        .collect();
+    println!(
+        "\nsummary: {passed}/{} trials passed every check ({errors} could not run); faults {kinds:?} (kinds never drawn: {missing:?}); {kills} SIGKILLs of the leader; request ends {phases:?}; all ended after the last disturbance: median {:.2}s, max {:.2}s",
+        args.trials,
+        settled.get(settled.len() / 2).copied().unwrap_or(f64::NAN),
+        settled.last().copied().unwrap_or(f64::NAN),
+    );
+    Ok(passed == args.trials)
+}
+
 async fn trials(cluster: &LocalCluster, args: &Args) -> anyhow::Result<bool> {
     let db = match args.archived {
-        true => {
-            let db = DbServer::postgres().await?;
-            let argo = tokio::task::spawn_blocking(|| ArgoDbTool::locate(ArgoLine::V4)).await??;
-            let schema = db.argodb_request("migrate", serde_json::json!({}));
-            let code = argo.clone();
-            tokio::task::spawn_blocking(move || code.one(schema)).await??;
-            Some((db, argo))
-        }
+        true => Some(archive().await?),
         false => None,
     };
     let logs = std::env::temp_dir().join(format!("rewind-faults-{}", args.seed));

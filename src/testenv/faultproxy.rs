@@ -116,6 +116,14 @@ pub enum Fault {
     /// Drops every watch event whose bytes (JSON or protobuf) contain this string, e.g.
     /// a pod's name or UID.
     DropEvents { containing: String },
+    /// Holds back every watch event whose bytes contain this string until `until` is
+    /// cancelled, then forwards the last one held: the client misses the states between
+    /// (Sieve's unobserved states) yet sees the latest, as a watch always delivers it. A
+    /// watch begun after `until` is cancelled is unaffected.
+    SkipEvents {
+        containing: String,
+        until: CancellationToken,
+    },
     /// Serves a list (not a continued page) at exactly this older resourceVersion
     /// (`resourceVersionMatch=Exact`, which etcd serves while it keeps that revision).
     StaleList { resource_version: String },
@@ -417,6 +425,13 @@ impl State {
                 Fault::StallWatch { after_events } => stream.stall_after = Some(after_events),
                 Fault::CutWatch { after_events } => stream.cut_after = Some(after_events),
                 Fault::DropEvents { containing } => stream.drop.push(containing),
+                Fault::SkipEvents { containing, until } => {
+                    stream.skip.push(Skip {
+                        containing,
+                        until,
+                        held: None,
+                    });
+                }
             }
         }
         let response = match self.upstream.send(request).await {
@@ -447,16 +462,54 @@ struct StreamFaults {
     stall_after: Option<usize>,
     cut_after: Option<usize>,
     drop: Vec<String>,
+    skip: Vec<Skip>,
+}
+
+/// A [`Fault::SkipEvents`] on one watch, with the last event it holds back.
+struct Skip {
+    containing: String,
+    until: CancellationToken,
+    held: Option<Bytes>,
 }
 
 type FrameSender = mpsc::Sender<Result<Frame<Bytes>, BoxError>>;
 
+/// How often a watch with events held back looks whether they are released.
+const RELEASE_CHECK: Duration = Duration::from_millis(50);
+
 impl StreamFaults {
     fn is_empty(&self) -> bool {
-        self.stall_after.is_none() && self.cut_after.is_none() && self.drop.is_empty()
+        self.stall_after.is_none()
+            && self.cut_after.is_none()
+            && self.drop.is_empty()
+            && self.skip.is_empty()
     }
 
-    async fn apply(self, mut body: Incoming, protobuf: bool, tx: FrameSender) {
+    /// Whether `event` is held back, now the latest of its kind held.
+    fn hold(&mut self, event: &Bytes) -> bool {
+        let skip = self
+            .skip
+            .iter_mut()
+            .find(|s| !s.until.is_cancelled() && contains(event, s.containing.as_bytes()));
+        match skip {
+            Some(skip) => {
+                skip.held = Some(event.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The events held back by skips now released.
+    fn released(&mut self) -> Vec<Bytes> {
+        self.skip
+            .iter_mut()
+            .filter(|s| s.until.is_cancelled())
+            .filter_map(|s| s.held.take())
+            .collect()
+    }
+
+    async fn apply(mut self, mut body: Incoming, protobuf: bool, tx: FrameSender) {
         let mut buffer = BytesMut::new();
         let mut forwarded = 0;
         loop {
@@ -479,13 +532,30 @@ impl StreamFaults {
                 {
                     continue;
                 }
+                if self.hold(&event) {
+                    continue;
+                }
                 if tx.send(Ok(Frame::data(event))).await.is_err() {
                     return;
                 }
                 forwarded += 1;
                 continue;
             }
-            match body.frame().await {
+            for event in self.released() {
+                if tx.send(Ok(Frame::data(event))).await.is_err() {
+                    return;
+                }
+                forwarded += 1;
+            }
+            let next = match self.skip.iter().any(|s| s.held.is_some()) {
+                // A body frame not yet come is not lost by giving up the wait for it.
+                true => match tokio::time::timeout(RELEASE_CHECK, body.frame()).await {
+                    Ok(next) => next,
+                    Err(_) => continue,
+                },
+                false => body.frame().await,
+            };
+            match next {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         buffer.extend_from_slice(&data);

@@ -3,7 +3,9 @@
 //! servers ([`db`]), a fault-injecting proxy in front of the API server
 //! ([`faultproxy`]), Argo's own workflow-controller ([`argo`]), generators
 //! of failed Argo workloads ([`workload`]), the retry benchmark's
-//! measuring ([`bench`]), crash trials ([`trials`]) and Prometheus on
+//! measuring ([`bench`]), crash trials ([`trials`]), randomized trials of
+//! overlapping requests under faults ([`mixed`]) with the pod ledger that
+//! witnesses rule 3 ([`ledger`]) and Prometheus on
 //! loopback for the dashboard and alerts ([`prometheus`]). Behind the
 //! `testenv` feature, so a reader (or a build) of the controller never
 //! wades through it.
@@ -13,7 +15,9 @@ pub mod bench;
 pub mod clients;
 pub mod db;
 pub mod faultproxy;
+pub mod ledger;
 pub mod localcluster;
+pub mod mixed;
 pub mod prometheus;
 pub mod trials;
 pub mod workload;

@@ -34,9 +34,6 @@ use crate::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
 use crate::testenv::workload::{FailedDag, delete_workflow, hydrated};
 
 const WORKFLOW: &str = "wf";
-/// A failed pod labelled with the workflow and owned by it, never in a plan: no node names it,
-/// and without Argo's node annotations or completed label no bulk delete may select it.
-const OUTSIDER: &str = "wf-outsider";
 const TOKEN: &str = "trial";
 const REQUEST: &str = "trial";
 /// The name of Argo's ConfigMap [`install_argo_config`] creates.
@@ -75,12 +72,12 @@ pub enum TrialError {
     Run(String),
 }
 
-fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> TrialError {
+pub(crate) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> TrialError {
     let action = action.into();
     move |source| TrialError::Kube { action, source }
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TrialError {
+pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TrialError {
     let path = path.to_owned();
     move |source| TrialError::Io {
         action,
@@ -90,7 +87,7 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Trial
 }
 
 /// What is retried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Target {
     /// A failed workflow in the cluster, asked through its `rewind.dev/retry` annotation.
     Live,
@@ -154,7 +151,8 @@ impl Bench<'_> {
         namespace: &str,
         kill_at: Option<Duration>,
     ) -> Result<Outcome, TrialError> {
-        let prepared = self.prepare(namespace).await?;
+        self.cluster.create_namespace(namespace).await?;
+        let prepared = self.prepare(namespace, WORKFLOW, self.target).await?;
         let audit = self
             .cluster
             .audit_log_path()
@@ -182,7 +180,7 @@ impl Bench<'_> {
                 .await
                 .map_err(io("waiting for", &self.binary))?;
             phase_at_kill = self.phase(namespace).await?;
-            let left = self.present(namespace).await?;
+            let left = self.present(namespace, WORKFLOW).await?;
             gone_at_kill = prepared
                 .plan
                 .pods_to_delete
@@ -199,7 +197,7 @@ impl Bench<'_> {
         // (stopped mid-answer, its reset would be logged as a 504), then a moment more for
         // any second reset.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while mark_writes(&audit_from, namespace, self.target)?.is_empty()
+        while mark_writes(&audit_from, namespace, &prepared)?.is_empty()
             && Instant::now() < deadline
         {
             tokio::time::sleep(POLL).await;
@@ -235,7 +233,7 @@ impl Bench<'_> {
             ));
         }
         failures.extend(self.check_workflow(namespace, &prepared, from, to).await?);
-        let after = self.present(namespace).await?;
+        let after = self.present(namespace, WORKFLOW).await?;
         let left: Vec<&String> = prepared
             .plan
             .pods_to_delete
@@ -281,19 +279,19 @@ impl Bench<'_> {
     /// live trial counts what the workflow shows: its generation rises with each write of
     /// more than metadata, which only a reset is. An archived trial's workflow has one name:
     /// a create answered 504 landed if no create succeeded and the workflow exists.
-    async fn resets(
+    pub(crate) async fn resets(
         &self,
         mark: &AuditMark,
         namespace: &str,
         prepared: &Prepared,
     ) -> Result<(Vec<Write>, usize), TrialError> {
-        let writes = mark_writes(mark, namespace, self.target)?;
+        let writes = mark_writes(mark, namespace, prepared)?;
         let workflows: Api<Workflow> = Api::namespaced(self.cluster.admin_client(), namespace);
         let now = workflows
-            .get_opt(WORKFLOW)
+            .get_opt(&prepared.name)
             .await
             .map_err(kube("reading the workflow"))?;
-        let resets = match self.target {
+        let resets = match prepared.target {
             Target::Live => {
                 let generation = |wf: Option<&Workflow>| {
                     wf.and_then(|w| w.metadata.generation).unwrap_or_default()
@@ -309,19 +307,26 @@ impl Bench<'_> {
         Ok((writes, resets))
     }
 
-    /// The failed workflow, its pods and the outsider; for an archived trial, archived by
-    /// Argo's code and deleted, with the ConfigMap that points the controller at the database.
-    async fn prepare(&self, namespace: &str) -> Result<Prepared, TrialError> {
+    /// Failed workflow `name` in `namespace`, its pods and an outsider (`{name}-outsider`: a
+    /// failed pod labelled with the workflow and owned by it that no plan holds: no node names
+    /// it, and without Argo's node annotations or completed label no bulk delete may select
+    /// it); for an archived `target`, archived by Argo's code and deleted, with the ConfigMap
+    /// that points the controller at the database (one archived workflow per namespace).
+    pub(crate) async fn prepare(
+        &self,
+        namespace: &str,
+        name: &str,
+        target: Target,
+    ) -> Result<Prepared, TrialError> {
         let admin = self.cluster.admin_client();
-        self.cluster.create_namespace(namespace).await?;
         let dag = FailedDag {
-            name: WORKFLOW.into(),
+            name: name.into(),
             failed: self.failed,
             succeeded: self.succeeded,
         };
         let workflows: Api<Workflow> = Api::namespaced(admin.clone(), namespace);
         let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-        let held = self.garbage_collected && self.target == Target::Archived;
+        let held = self.garbage_collected && target == Target::Archived;
         let created = if held {
             let created = workflows
                 .create(&PostParams::default(), &dag.workflow(namespace))
@@ -341,7 +346,7 @@ impl Bench<'_> {
             .pop()
             .ok_or_else(|| TrialError::Run("a workflow without pods".into()))?
             .0;
-        outsider.metadata.name = Some(OUTSIDER.into());
+        outsider.metadata.name = Some(format!("{name}-outsider"));
         outsider.metadata.annotations = None;
         outsider
             .labels_mut()
@@ -349,11 +354,11 @@ impl Bench<'_> {
         create_pod(&pods, outsider, "Failed", held).await?;
 
         let read = workflows
-            .get(WORKFLOW)
+            .get(name)
             .await
             .map_err(kube("reading the workflow"))?;
         let generation = read.metadata.generation.unwrap_or_default();
-        let before = match self.target {
+        let before = match target {
             Target::Live => read,
             Target::Archived => {
                 let (db, argo) = self.archive.as_ref().ok_or_else(|| {
@@ -372,7 +377,7 @@ impl Bench<'_> {
                 .await
                 .map_err(|e| TrialError::Run(format!("Argo's ArchiveWorkflow: {e}")))??;
                 let row: Workflow = serde_json::from_str(&answer.json)?;
-                let deleted = delete_workflow(&workflows, WORKFLOW, Duration::from_secs(60))
+                let deleted = delete_workflow(&workflows, name, Duration::from_secs(60))
                     .await
                     .map_err(kube("deleting the archived workflow"))?;
                 if !deleted {
@@ -386,7 +391,7 @@ impl Bench<'_> {
         };
         let now: Timestamp = NOW.parse().expect("a valid timestamp");
         let plan = plan_retry_at(&before, &RetryOptions::default(), now)?;
-        let present = self.present(namespace).await?;
+        let present = self.present(namespace, name).await?;
         let planned: BTreeSet<&String> = plan.pods_to_delete.iter().collect();
         if let Some(missing) = planned.iter().find(|p| !present.contains_key(**p)) {
             return Err(TrialError::Run(format!(
@@ -398,6 +403,8 @@ impl Bench<'_> {
             .filter(|(name, _)| !planned.contains(name))
             .collect();
         Ok(Prepared {
+            name: name.to_owned(),
+            target,
             plan,
             kept,
             old_uid: before.uid().unwrap_or_default(),
@@ -445,35 +452,41 @@ impl Bench<'_> {
 
     /// The real binary serving `namespace`, its logs in a file of its own.
     fn spawn(&self, namespace: &str, run: &str) -> Result<Child, TrialError> {
-        let path = self.log_path(namespace, run);
-        let out = std::fs::File::create(&path).map_err(io("creating", &path))?;
-        let err = out.try_clone().map_err(io("opening", &path))?;
         let configmap = match self.target {
             Target::Live => String::new(),
             Target::Archived => format!("{namespace}/{CONFIGMAP}"),
         };
-        Command::new(&self.binary)
-            .args([
-                "--log-format",
-                "json",
-                "controller",
-                "--namespace",
-                namespace,
-            ])
-            .args(["--http-addr", "127.0.0.1:0"])
+        let kubeconfig = self.cluster.kubeconfig_path(localcluster::Role::Controller);
+        self.controller(namespace, &kubeconfig, &self.log_path(namespace, run))?
             .arg(format!("--argo-configmap={configmap}"))
             .args(&self.controller_args)
-            .env(
-                "KUBECONFIG",
-                self.cluster.kubeconfig_path(localcluster::Role::Controller),
-            )
-            .env("RUST_LOG", "info,kube=warn")
+            .spawn()
+            .map_err(io("starting", &self.binary))
+    }
+
+    /// The binary's `rewind controller` serving `namespace` through `kubeconfig`, its
+    /// output in `log`, killed if dropped; REWIND_CONTROLLER_LOG sets its RUST_LOG.
+    pub(crate) fn controller(
+        &self,
+        namespace: &str,
+        kubeconfig: &Path,
+        log: &Path,
+    ) -> Result<Command, TrialError> {
+        let out = std::fs::File::create(log).map_err(io("creating", log))?;
+        let err = out.try_clone().map_err(io("opening", log))?;
+        let filter =
+            std::env::var("REWIND_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--log-format", "json", "controller"])
+            .args(["--namespace", namespace, "--http-addr", "127.0.0.1:0"])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(io("starting", &self.binary))
+            .kill_on_drop(true);
+        Ok(command)
     }
 
     /// The request's phase and message, if it has any.
@@ -529,10 +542,14 @@ impl Bench<'_> {
         }
     }
 
-    /// Every pod labelled with the workflow, by name, with its UID.
-    async fn present(&self, namespace: &str) -> Result<BTreeMap<String, String>, TrialError> {
+    /// Every pod labelled with workflow `name`, by name, with its UID.
+    pub(crate) async fn present(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<BTreeMap<String, String>, TrialError> {
         let pods: Api<Pod> = Api::namespaced(self.cluster.admin_client(), namespace);
-        let lp = ListParams::default().labels(&format!("{}={WORKFLOW}", labels::WORKFLOW));
+        let lp = ListParams::default().labels(&format!("{}={name}", labels::WORKFLOW));
         Ok(pods
             .list_metadata(&lp)
             .await
@@ -547,7 +564,7 @@ impl Bench<'_> {
     /// from what the API server and rewind's own annotations add, every time the planner sets
     /// to "now" within `[from, to]`. An archived trial's workflow is created anew by the
     /// request, so its UID, resourceVersion and creation time are the API server's.
-    async fn check_workflow(
+    pub(crate) async fn check_workflow(
         &self,
         namespace: &str,
         prepared: &Prepared,
@@ -556,7 +573,7 @@ impl Bench<'_> {
     ) -> Result<Vec<String>, TrialError> {
         let workflows: Api<Workflow> = Api::namespaced(self.cluster.admin_client(), namespace);
         let Some(actual) = workflows
-            .get_opt(WORKFLOW)
+            .get_opt(&prepared.name)
             .await
             .map_err(kube("reading the workflow"))?
         else {
@@ -565,7 +582,7 @@ impl Bench<'_> {
         let mut failures = Vec::new();
         let mut expected = hydrated(prepared.plan.workflow.clone())?;
         let mut actual = hydrated(actual)?;
-        if self.target == Target::Archived {
+        if prepared.target == Target::Archived {
             let created_by = actual.annotation(CREATED_BY).map(str::to_owned);
             if created_by.is_none() || actual.uid() == Some(prepared.old_uid.clone()) {
                 failures.push(format!(
@@ -589,12 +606,15 @@ impl Bench<'_> {
     }
 }
 
-struct Prepared {
-    plan: Plan,
+/// A workflow ready to be retried, and what its retry must do.
+pub(crate) struct Prepared {
+    pub(crate) name: String,
+    pub(crate) target: Target,
+    pub(crate) plan: Plan,
     /// Pods outside the plan, by name, with their UIDs.
-    kept: BTreeMap<String, String>,
+    pub(crate) kept: BTreeMap<String, String>,
     /// The workflow's UID (for an archived trial, the archived one's).
-    old_uid: String,
+    pub(crate) old_uid: String,
     /// The live workflow's generation before the retry.
     generation: i64,
 }
@@ -698,31 +718,31 @@ pub async fn install_argo_config(
     Ok(())
 }
 
-/// The controller's resets (live: updates) or creates (archived) of the trial's workflow
+/// The controller's resets (live: updates) or creates (archived) of the prepared workflow
 /// since `mark`, whatever their answers.
 fn mark_writes(
     mark: &AuditMark,
     namespace: &str,
-    target: Target,
+    prepared: &Prepared,
 ) -> Result<Vec<Write>, TrialError> {
-    let verb = match target {
+    let verb = match prepared.target {
         Target::Live => "update",
         Target::Archived => "create",
     };
-    let mut writes = mark.writes_since(namespace)?;
+    let mut writes = mark.writes_since(namespace, &prepared.name)?;
     writes.retain(|w| w.verb == verb);
     Ok(writes)
 }
 
 /// A write of the workflow by the controller, as the audit log has it.
-struct Write {
+pub(crate) struct Write {
     verb: String,
     code: u16,
 }
 
 /// Where the audit log ended at a moment. The API server rotates it at 100 MB (a few
 /// trials of thousands of pods): the file is renamed, keeping its inode, and a new one begun.
-struct AuditMark {
+pub(crate) struct AuditMark {
     path: PathBuf,
     inode: u64,
     offset: u64,
@@ -752,7 +772,7 @@ fn audit_files(path: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, TrialEr
 }
 
 impl AuditMark {
-    fn now(path: PathBuf) -> Result<AuditMark, TrialError> {
+    pub(crate) fn now(path: PathBuf) -> Result<AuditMark, TrialError> {
         use std::os::unix::fs::MetadataExt as _;
         let meta = std::fs::metadata(&path).map_err(io("reading", &path))?;
         let at = std::time::SystemTime::now();
@@ -797,8 +817,8 @@ impl AuditMark {
         Ok(text)
     }
 
-    /// The controller's writes (update, create) of the trial's workflow since the mark.
-    fn writes_since(&self, namespace: &str) -> Result<Vec<Write>, TrialError> {
+    /// The controller's writes (update, create) of workflow `name` since the mark.
+    fn writes_since(&self, namespace: &str, name: &str) -> Result<Vec<Write>, TrialError> {
         let text = self.lines_since()?;
         let needle = format!("\"namespace\":\"{namespace}\"");
         let mut writes = Vec::new();
@@ -816,7 +836,7 @@ impl AuditMark {
                 || object["namespace"] != namespace
                 || object["resource"] != "workflows"
                 || object["subresource"].is_string()
-                || object["name"] != WORKFLOW
+                || object["name"] != name
             {
                 continue;
             }

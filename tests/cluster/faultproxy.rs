@@ -10,6 +10,7 @@ use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use rewind::testenv::faultproxy::{Fault, FaultProxy, Matcher, Rule};
+use rewind::testenv::ledger::current_version;
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use tokio_util::sync::CancellationToken;
 
@@ -122,12 +123,7 @@ pub async fn the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_
         .await?;
 
     // Dropped events: the watch never shows the dropped object, and shows the next.
-    let version = direct
-        .list(&lp)
-        .await?
-        .metadata
-        .resource_version
-        .unwrap_or_default();
+    let version = current_version(&direct).await?;
     let watch = Matcher::new(Method::GET, &path).watch(true);
     let drop = proxy.add(Rule::new(
         watch.clone(),
@@ -152,13 +148,55 @@ pub async fn the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_
     );
     proxy.remove(drop);
 
-    // A stalled watch shows nothing more; a cut one ends after its first event.
-    let version = direct
-        .list(&lp)
+    // A skipping watch shows the latest state of what it held back once released, and only it.
+    let version = current_version(&direct).await?;
+    let healed = CancellationToken::new();
+    let skip = proxy.add(Rule::new(
+        watch.clone(),
+        Fault::SkipEvents {
+            containing: "skipped-one".into(),
+            until: healed.clone(),
+        },
+    ));
+    let mut events = through
+        .watch(&WatchParams::default(), &version)
         .await?
-        .metadata
-        .resource_version
-        .unwrap_or_default();
+        .boxed();
+    direct
+        .create(&PostParams::default(), &config_map("skipped-one"))
+        .await?;
+    let mut latest = direct.get("skipped-one").await?;
+    latest.data = Some([("state".to_owned(), "latest".to_owned())].into());
+    let latest = direct
+        .replace("skipped-one", &PostParams::default(), &latest)
+        .await?;
+    direct
+        .create(&PostParams::default(), &config_map("after-skipped"))
+        .await?;
+    let (names, how) = watched_names(&mut events, "after-skipped", Duration::from_secs(10)).await;
+    ensure!(
+        how == "arrived" && names == ["after-skipped"],
+        "a watch skipping skipped-one showed {names:?} ({how}) before its release"
+    );
+    healed.cancel();
+    proxy.remove(skip);
+    let released = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .context("the held-back event never came after the release")?;
+    let Some(Ok(WatchEvent::Modified(cm))) = released else {
+        bail!("expected the latest state of skipped-one after the release, got {released:?}");
+    };
+    ensure!(
+        cm.metadata.name.as_deref() == Some("skipped-one")
+            && cm.metadata.resource_version == latest.metadata.resource_version,
+        "after the release the watch showed {:?} at {:?}, not skipped-one at its latest {:?}",
+        cm.metadata.name,
+        cm.metadata.resource_version,
+        latest.metadata.resource_version
+    );
+
+    // A stalled watch shows nothing more; a cut one ends after its first event.
+    let version = current_version(&direct).await?;
     let stall = proxy.add(Rule::new(
         watch.clone(),
         Fault::StallWatch { after_events: 0 },
@@ -204,12 +242,7 @@ pub async fn the_fault_proxy_holds_throttles_stalls_cuts_drops_and_serves_stale_
     );
 
     // A stale list: the API server's own view at an older resourceVersion.
-    let older = direct
-        .list(&lp)
-        .await?
-        .metadata
-        .resource_version
-        .unwrap_or_default();
+    let older = current_version(&direct).await?;
     direct
         .create(&PostParams::default(), &config_map("newer"))
         .await?;

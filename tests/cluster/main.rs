@@ -27,6 +27,7 @@ mod kills;
 mod leader;
 mod lifecycle;
 mod listener;
+mod mixed;
 mod monitoring;
 // The chart's dashboard and alerts as files, shared with tests/monitoring.rs.
 #[allow(dead_code)]
@@ -167,6 +168,7 @@ fn main() -> ExitCode {
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,
         kills::a_live_retry_killed_at_random_moments_resets_once_as_planned,
         kills::an_archived_retry_killed_at_random_moments_creates_once_as_planned,
+        mixed::randomized_requests_faults_and_kills_keep_every_invariant,
         monitoring::a_scraped_retry_gives_every_panel_data_and_raises_no_alert,
         endings::two_workflowretries_of_one_archived_workflow_both_end,
         endings::a_pod_that_will_not_go_is_named_then_fails_its_retry_and_frees_its_share,

@@ -17,7 +17,8 @@ use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
 
 use crate::support::controller as ctl;
-use crate::support::invariants::{self, PodLedger};
+use crate::support::invariants;
+use rewind::testenv::ledger::PodLedger;
 
 const WORKFLOW: &str = "wf";
 const TOKEN: &str = "retry-1";

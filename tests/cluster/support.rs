@@ -670,79 +670,11 @@ pub mod pod_policy {
 }
 
 pub mod invariants {
-    //! Invariants the fault tests check (issue 34, Build item 3), from the objects
-    //! themselves: a watch of the namespace's pods from before the request records every
-    //! pod removed, by UID, so a pod recreated under a planned name is told apart; and from
-    //! the API server's audit log, the workflow's writes.
+    //! Invariants the fault tests check (issue 34, Build item 3), beside the pod ledger
+    //! (`rewind::testenv::ledger`): from the API server's audit log, the workflow's writes.
 
-    use std::collections::BTreeSet;
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use anyhow::{Context as _, bail, ensure};
-    use futures::StreamExt as _;
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+    use anyhow::ensure;
     use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
-    use tokio::task::JoinHandle;
-
-    /// Every pod removed from a namespace since [`PodLedger::start`], as (name, UID).
-    pub struct PodLedger {
-        removed: Arc<Mutex<Vec<(String, String)>>>,
-        watch: JoinHandle<anyhow::Result<()>>,
-    }
-
-    impl PodLedger {
-        pub async fn start(pods: Api<Pod>) -> anyhow::Result<Self> {
-            let version = pods
-                .list_metadata(&ListParams::default().limit(1))
-                .await?
-                .metadata
-                .resource_version
-                .context("a list without a resourceVersion")?;
-            let mut events = pods.watch(&WatchParams::default(), &version).await?.boxed();
-            let removed = Arc::<Mutex<Vec<(String, String)>>>::default();
-            let sink = removed.clone();
-            let watch = tokio::spawn(async move {
-                while let Some(event) = events.next().await {
-                    match event? {
-                        WatchEvent::Deleted(pod) => sink.lock().expect("not poisoned").push((
-                            pod.metadata.name.unwrap_or_default(),
-                            pod.metadata.uid.unwrap_or_default(),
-                        )),
-                        WatchEvent::Error(e) => bail!("the pod ledger's watch failed: {e:?}"),
-                        _ => {}
-                    }
-                }
-                bail!("the pod ledger's watch ended early")
-            });
-            Ok(Self { removed, watch })
-        }
-
-        /// No pod was removed but those with the plan's UIDs (as the pods were when the
-        /// plan was made), by whoever removed them; the watch has seen up to now (give it
-        /// a moment).
-        pub async fn ensure_only_planned_removed(
-            &self,
-            planned: &BTreeSet<String>,
-        ) -> anyhow::Result<()> {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            ensure!(
-                !self.watch.is_finished(),
-                "the pod ledger's watch stopped, so it cannot vouch for what was removed"
-            );
-            let removed = self.removed.lock().expect("not poisoned").clone();
-            let outside: Vec<&(String, String)> = removed
-                .iter()
-                .filter(|(_, uid)| !planned.contains(uid))
-                .collect();
-            ensure!(
-                outside.is_empty(),
-                "pods removed that were not in the plan (name, uid): {outside:?}"
-            );
-            Ok(())
-        }
-    }
 
     /// Each request's reset written at most once, and an archived retry's workflow created
     /// at most once: the controller's writes of workflow `name` the API server took, from
@@ -771,11 +703,5 @@ pub mod invariants {
             "workflow {namespace}/{name} was reset {resets} times and created {creates} times by the controller"
         );
         Ok(())
-    }
-
-    impl Drop for PodLedger {
-        fn drop(&mut self) {
-            self.watch.abort();
-        }
     }
 }
