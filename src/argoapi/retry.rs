@@ -163,14 +163,14 @@ async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<W
     match workflows.get_metadata_with(&name, &GetParams::any()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            return Err(asking(FollowError::NotFound {
+            return Err(not_asked(FollowError::NotFound {
                 namespace: namespace.clone(),
                 workflow: name,
             })
             .into());
         }
         Err(source) => {
-            return Err(asking(FollowError::Read {
+            return Err(not_asked(FollowError::Read {
                 namespace: namespace.clone(),
                 workflow: name,
                 source,
@@ -191,7 +191,7 @@ async fn retry_live(call: Call<'_>, namespace: String, name: String) -> Result<W
         false,
     )
     .await
-    .map_err(asking)?;
+    .map_err(not_asked)?;
     log_asked(&caller, &asked);
     let (_, status) = follow_to_end(api, asked).await?;
     Ok(read_workflow(&workflows, &namespace, &name, &status).await?)
@@ -247,7 +247,7 @@ async fn retry_archived(call: Call<'_>, uid: String) -> Result<Workflow, Respons
         false,
     )
     .await
-    .map_err(asking)?;
+    .map_err(not_asked)?;
     log_asked(&caller, &asked);
     let (asked, status) = follow_to_end(api, asked).await?;
     let workflows: Api<Workflow> = Api::namespaced(api.client.clone(), &namespace);
@@ -275,7 +275,7 @@ fn log_asked(caller: &Identity, asked: &ask::Asked) {
 }
 
 /// The answer to a request that could not be asked.
-fn asking(e: FollowError) -> Status {
+fn not_asked(e: FollowError) -> Status {
     match &e {
         // Argo's words for a workflow it cannot find (the API server's).
         FollowError::NotFound {
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn a_request_that_cannot_be_asked_answers_with_argos_words() {
-        let missing = asking(FollowError::NotFound {
+        let missing = not_asked(FollowError::NotFound {
             namespace: "ns".into(),
             workflow: "wf".into(),
         });

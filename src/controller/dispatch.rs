@@ -20,7 +20,7 @@ use tracing::{Instrument, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::controller::expiry::Expiry;
-use crate::engine::budget::asking;
+use crate::engine::budget::on_behalf_of;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, workflowretry_token};
@@ -225,7 +225,7 @@ impl Dispatcher {
                 &workflowretry_token(uid),
             );
             let serving = workflowretry::serve(&self.ctx, &object, &self.shutdown);
-            let outcome = match guarded(asking(asker.asker().into(), serving)).await {
+            let outcome = match guarded(on_behalf_of(asker.asker().into(), serving)).await {
                 Ok(outcome) => outcome,
                 Err(panic) => {
                     error!(

@@ -67,15 +67,7 @@ async fn sweep(
     queue: &Queue,
     key: &RequestKey,
 ) -> Result<usize, kube::Error> {
-    let apis: Vec<Api<Pod>> = if scope.namespaces.is_empty() {
-        vec![Api::all(client.clone())]
-    } else {
-        scope
-            .namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
-    };
+    let apis: Vec<Api<Pod>> = super::watch::scoped_apis(client, scope);
     let selector = format!("{},{}", labels::WORKFLOW, scope.label_selector());
     let mut queued = 0;
     for api in apis {

@@ -197,7 +197,7 @@ fn seen(
 }
 
 /// One API per watched namespace, or one for all namespaces.
-fn scoped_apis<K>(client: &Client, scope: &Scope) -> Vec<Api<K>>
+pub(super) fn scoped_apis<K>(client: &Client, scope: &Scope) -> Vec<Api<K>>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     K::DynamicType: Default,

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 use crate::argo::offload::{self, OffloadError};
 use crate::argo::plan::{Plan, PlanError};
 use crate::argo::workflow::{Workflow, labels};
-use crate::engine::budget::asking;
+use crate::engine::budget::on_behalf_of;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
@@ -151,7 +151,7 @@ pub async fn run(
     let _serving = ctx.progress.serving(&target.token);
     // Its API requests take turns with other askers' in its namespace.
     let asker = target.key().asker().into();
-    asking(asker, async {
+    on_behalf_of(asker, async {
         let mut job = Job::new(ctx, target);
         let result = job.run(shutdown).await;
         if let Some(deletion) = job.deletion.take() {
@@ -179,7 +179,7 @@ pub async fn answer_panic(ctx: &Context, target: &Target, panic: &str) {
     ));
     ctx.metrics
         .observe_retry(ending.metric_label(), Duration::ZERO);
-    let mut status = Annotation::new(ctx, target);
+    let mut status = WorkflowStatus::new(ctx, target);
     // Not written: the token stays pending and is answered again at the next start.
     let _ = report::end(&mut status, &ending).await;
     ctx.progress
@@ -193,7 +193,7 @@ struct Job<'a> {
     deletion: Option<Deletion>,
     /// Its share of the bound on pods in deletion at once, from its first plan on.
     admitted: Option<Admitted>,
-    status: Annotation<'a>,
+    status: WorkflowStatus<'a>,
     /// The RetryStarted Event being sent.
     announcing: Option<tokio::task::JoinHandle<()>>,
 }
@@ -205,7 +205,7 @@ impl<'a> Job<'a> {
             target,
             deletion: None,
             admitted: None,
-            status: Annotation::new(ctx, target),
+            status: WorkflowStatus::new(ctx, target),
             announcing: None,
         }
     }
@@ -356,7 +356,7 @@ impl<'a> Job<'a> {
                 // the asker and wait in the namespace's line once per Event,
                 // ahead of other askers (200 of a batch's did, before a
                 // second user's retry).
-                self.announcing = Some(tokio::spawn(asking(
+                self.announcing = Some(tokio::spawn(on_behalf_of(
                     self.target.key().asker().into(),
                     self.status.events.publish(
                         kube::runtime::events::EventType::Normal,
@@ -435,7 +435,7 @@ impl<'a> Job<'a> {
 
 /// The request's status in the workflow's `rewind.dev/retry-status`
 /// annotation, and its Events: the live retry's [`Sink`] and [`Report`].
-struct Annotation<'a> {
+struct WorkflowStatus<'a> {
     ctx: &'a Context,
     target: &'a Target,
     status: RetryStatus,
@@ -455,7 +455,7 @@ struct Annotation<'a> {
     events: Events,
 }
 
-impl<'a> Annotation<'a> {
+impl<'a> WorkflowStatus<'a> {
     fn new(ctx: &'a Context, target: &'a Target) -> Self {
         let reference = ObjectReference {
             api_version: Some(Workflow::api_version(&()).into_owned()),
@@ -465,7 +465,7 @@ impl<'a> Annotation<'a> {
             uid: Some(target.uid.clone()),
             ..Default::default()
         };
-        Annotation {
+        WorkflowStatus {
             ctx,
             target,
             status: RetryStatus {
@@ -714,11 +714,11 @@ impl<'a> Annotation<'a> {
     }
 }
 
-impl Sink for Annotation<'_> {
+impl Sink for WorkflowStatus<'_> {
     type Error = RetryError;
 
     /// The phase changes in memory only: each write rewrites the whole
-    /// workflow, so progress waits for [`Annotation::report_progress`].
+    /// workflow, so progress waits for [`WorkflowStatus::report_progress`].
     async fn deleting(&mut self, count: &Count) -> Result<(), RetryError> {
         self.status.phase = RetryPhase::DeletingPods;
         self.counted(count);
@@ -749,7 +749,7 @@ impl Sink for Annotation<'_> {
     }
 }
 
-impl Report for Annotation<'_> {
+impl Report for WorkflowStatus<'_> {
     async fn write_status(&mut self, phase: RetryPhase, message: &str) -> Result<(), kube::Error> {
         self.status.phase = phase;
         self.status.message = request::bounded(message);

@@ -3,7 +3,7 @@
 //! wait for a token one at a time, so the bucket's FIFO line holds at most
 //! one request per flow and serves the flows in turn. A tenant with
 //! thousands of requests queued delays another's by one token, not by
-//! thousands. Inside a namespace, the askers (see [`asking`]) take turns the
+//! thousands. Inside a namespace, the askers (see [`on_behalf_of`]) take turns the
 //! same way: one request per asker waits in the namespace's line. A flow can
 //! also be paused alone (API Priority and Fairness rejected one of its
 //! requests) while the others go on.
@@ -17,13 +17,13 @@ use tokio::time::Instant;
 use super::Bucket;
 
 tokio::task_local! {
-    /// Who the current task's requests are for (see [`asking`]).
+    /// Who the current task's requests are for (see [`on_behalf_of`]).
     static ASKER: Arc<str>;
 }
 
 /// Runs `work` with its API requests counted as `asker`'s: inside their
 /// namespace they take turns with other askers' requests, not behind them.
-pub async fn asking<F: std::future::Future>(asker: Arc<str>, work: F) -> F::Output {
+pub async fn on_behalf_of<F: std::future::Future>(asker: Arc<str>, work: F) -> F::Output {
     ASKER.scope(asker, work).await
 }
 

@@ -7,7 +7,7 @@
 mod bucket;
 mod flows;
 
-pub use flows::asking;
+pub use flows::on_behalf_of;
 mod layer;
 mod slots;
 

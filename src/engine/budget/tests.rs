@@ -754,10 +754,10 @@ async fn askers_in_one_namespace_take_turns() {
     let service = budget.layer().layer(server);
     let send_as = |asker: &'static str, n: usize, namespace: &'static str| {
         let service = service.clone();
-        tokio::spawn(asking(asker.into(), async move {
+        tokio::spawn(on_behalf_of(asker.into(), async move {
             let tasks: Vec<_> = (0..n)
                 .map(|_| {
-                    tokio::spawn(asking(
+                    tokio::spawn(on_behalf_of(
                         asker.into(),
                         service.clone().oneshot(post_in(namespace)),
                     ))
