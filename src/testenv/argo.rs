@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use crate::argo::workflow::labels;
 use crate::testenv::db;
 use crate::testenv::localcluster::{self, LocalCluster, Role};
+use crate::testenv::{IoError, io_error};
 
 /// Set on a pod to `Succeeded` or `Failed`: kwok then finishes the running pod that way.
 pub const OUTCOME_ANNOTATION: &str = "e2e.rewind.dev/outcome";
@@ -72,13 +73,8 @@ pub enum Error {
     #[error(transparent)]
     Build(#[from] crate::testenv::BuildError),
 
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     #[error("Argo CRD {path} is not a valid CustomResourceDefinition: {source}")]
     Crd {
@@ -123,18 +119,6 @@ pub enum Error {
         log: PathBuf,
         log_tail: String,
     },
-}
-
-pub(crate) fn io(
-    action: &'static str,
-    path: impl Into<PathBuf>,
-) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.into();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -220,13 +204,13 @@ impl ArgoController {
         let dir = tempfile::Builder::new()
             .prefix("rewind-argo-")
             .tempdir()
-            .map_err(io(
+            .map_err(io_error(
                 "creating a temporary directory in",
                 std::env::temp_dir(),
             ))?;
         let log = dir.path().join("workflow-controller.log");
-        let out = File::create(&log).map_err(io("creating", &log))?;
-        let err = out.try_clone().map_err(io("opening", &log))?;
+        let out = File::create(&log).map_err(io_error("creating", &log))?;
+        let err = out.try_clone().map_err(io_error("opening", &log))?;
         let mut command = Command::new(&binary);
         command
             .arg("--kubeconfig")
@@ -251,7 +235,7 @@ impl ArgoController {
         if options.persistence.as_ref().is_some_and(|p| p.offload) {
             command.env("ALWAYS_OFFLOAD_NODE_STATUS", "true");
         }
-        let child = spawn_tied(&mut command).map_err(io("starting", &binary))?;
+        let child = spawn_tied(&mut command).map_err(io_error("starting", &binary))?;
         tracing::info!(pid = child.id(), version = ?options.version, log = %log.display(), "Argo's workflow-controller started");
         let mut controller = ArgoController {
             child: Some(child),
@@ -277,7 +261,7 @@ impl ArgoController {
         let Some(child) = self.child.as_mut() else {
             return Ok(());
         };
-        match child.try_wait().map_err(io("waiting for", &log))? {
+        match child.try_wait().map_err(io_error("waiting for", &log))? {
             Some(status) => Err(Error::Exited {
                 status,
                 log_tail: log_tail(&log),
@@ -378,9 +362,9 @@ pub fn log_tail(path: &Path) -> String {
 async fn install_crds(client: &kube::Client, dir: &Path) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut names = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io("reading", dir))? {
-        let path = entry.map_err(io("reading", dir))?.path();
-        let yaml = fs::read_to_string(&path).map_err(io("reading", &path))?;
+    for entry in fs::read_dir(dir).map_err(io_error("reading", dir))? {
+        let path = entry.map_err(io_error("reading", dir))?.path();
+        let yaml = fs::read_to_string(&path).map_err(io_error("reading", &path))?;
         let crd: CustomResourceDefinition =
             serde_yaml_ng::from_str(&yaml).map_err(|source| Error::Crd {
                 path: path.clone(),

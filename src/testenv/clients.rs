@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::testenv::argo::{self, CONTROLLER_NAMESPACE, Error, io, log_tail, spawn_tied};
+use crate::testenv::argo::{self, CONTROLLER_NAMESPACE, Error, log_tail, spawn_tied};
 use crate::testenv::localcluster::{LocalCluster, Role};
 
 const CLIENTS_SCRIPT: &str = "tools/clients/install.sh";
@@ -35,10 +35,10 @@ pub fn retry_paths() -> Vec<String> {
 
 /// A free port on loopback (bound and released: the caller binds it next).
 pub fn free_port() -> Result<u16, Error> {
-    let probe = TcpListener::bind("127.0.0.1:0").map_err(io("binding", "127.0.0.1:0"))?;
+    let probe = TcpListener::bind("127.0.0.1:0").map_err(io_error("binding", "127.0.0.1:0"))?;
     Ok(probe
         .local_addr()
-        .map_err(io("reading the address of", "127.0.0.1:0"))?
+        .map_err(io_error("reading the address of", "127.0.0.1:0"))?
         .port())
 }
 
@@ -55,7 +55,7 @@ impl Process {
         let dir = tempfile::Builder::new()
             .prefix("rewind-clients-")
             .tempdir()
-            .map_err(io(
+            .map_err(io_error(
                 "creating a temporary directory in",
                 std::env::temp_dir(),
             ))?;
@@ -68,7 +68,8 @@ impl Process {
         dir: tempfile::TempDir,
     ) -> Result<Self, Error> {
         let log = dir.path().join("out.log");
-        let child = spawn_tied(command).map_err(io("starting", format!("{what} ({command:?})")))?;
+        let child =
+            spawn_tied(command).map_err(io_error("starting", format!("{what} ({command:?})")))?;
         Ok(Process {
             what,
             child: Some(child),
@@ -81,7 +82,10 @@ impl Process {
         let Some(child) = self.child.as_mut() else {
             return Ok(());
         };
-        match child.try_wait().map_err(io("waiting for", &self.log))? {
+        match child
+            .try_wait()
+            .map_err(io_error("waiting for", &self.log))?
+        {
             Some(status) => Err(Error::ProcessExited {
                 what: self.what,
                 status,
@@ -127,7 +131,7 @@ impl Process {
                 .args(["--max-time", "5", url])
                 .output()
                 .await
-                .map_err(io("running curl (Debian package curl) on", url))?;
+                .map_err(io_error("running curl (Debian package curl) on", url))?;
             let code = String::from_utf8_lossy(&probe.stdout);
             if !matches!(code.trim(), "000" | "502" | "503" | "504") {
                 return Ok(());
@@ -169,8 +173,8 @@ impl Drop for Process {
 /// `command` writing its output to `dir`/out.log.
 fn command_in<'a>(command: &'a mut Command, dir: &Path) -> Result<&'a mut Command, Error> {
     let log = dir.join("out.log");
-    let out = File::create(&log).map_err(io("creating", &log))?;
-    let err = out.try_clone().map_err(io("opening", &log))?;
+    let out = File::create(&log).map_err(io_error("creating", &log))?;
+    let err = out.try_clone().map_err(io_error("opening", &log))?;
     Ok(command
         .stdin(Stdio::null())
         .stdout(out)
@@ -178,6 +182,7 @@ fn command_in<'a>(command: &'a mut Command, dir: &Path) -> Result<&'a mut Comman
         .process_group(0))
 }
 
+use crate::testenv::io_error;
 use std::os::unix::process::CommandExt as _;
 
 /// A real `argo server` v4.1.4 with the admin's credentials, plain HTTP on loopback, reading
@@ -286,7 +291,7 @@ impl Router {
         let dir = tempfile::Builder::new()
             .prefix("rewind-nginx-")
             .tempdir()
-            .map_err(io(
+            .map_err(io_error(
                 "creating a temporary directory in",
                 std::env::temp_dir(),
             ))?;
@@ -323,7 +328,7 @@ impl Router {
              }}\n"
         );
         let conf = dir.path().join("nginx.conf");
-        fs::write(&conf, config).map_err(io("writing", &conf))?;
+        fs::write(&conf, config).map_err(io_error("writing", &conf))?;
         let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .map(PathBuf::from)
@@ -416,13 +421,13 @@ impl Dex {
         let dir = tempfile::Builder::new()
             .prefix("rewind-dex-")
             .tempdir()
-            .map_err(io(
+            .map_err(io_error(
                 "creating a temporary directory in",
                 std::env::temp_dir(),
             ))?;
         // dex reads YAML, of which JSON is a part.
         let file = dir.path().join("config.yaml");
-        fs::write(&file, config.to_string()).map_err(io("writing", &file))?;
+        fs::write(&file, config.to_string()).map_err(io_error("writing", &file))?;
         let mut command = Command::new(dex);
         command.arg("serve").arg(&file);
         let mut process = Process::start_in("dex", command_in(&mut command, dir.path())?, dir)?;
@@ -451,7 +456,7 @@ pub async fn sso_login(argo: SocketAddr, email: &str) -> Result<String, Error> {
     let dir = tempfile::Builder::new()
         .prefix("rewind-sso-")
         .tempdir()
-        .map_err(io(
+        .map_err(io_error(
             "creating a temporary directory in",
             std::env::temp_dir(),
         ))?;
@@ -478,7 +483,7 @@ pub async fn sso_login(argo: SocketAddr, email: &str) -> Result<String, Error> {
         let out = command
             .output()
             .await
-            .map_err(io("running curl for", step))?;
+            .map_err(io_error("running curl for", step))?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             return Err(failed(format!(
@@ -512,7 +517,7 @@ pub async fn sso_login(argo: SocketAddr, email: &str) -> Result<String, Error> {
         "posting dex's login form",
     )
     .await?;
-    let cookies = fs::read_to_string(&jar).map_err(io("reading", &jar))?;
+    let cookies = fs::read_to_string(&jar).map_err(io_error("reading", &jar))?;
     cookies
         .lines()
         .filter_map(|line| {

@@ -25,6 +25,30 @@ pub mod workload;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
+/// A file, directory or process of the machinery that could not be used: what was done, on
+/// which path, and the system's reason. Every machinery error carries it the same way.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {}: {source}", path.display())]
+pub struct IoError {
+    pub action: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// For `map_err`: the [`IoError`] of `action` on `path`.
+pub fn io_error(
+    action: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> IoError {
+    let path = path.into();
+    move |source| IoError {
+        action,
+        path,
+        source,
+    }
+}
+
 /// Why one of tools/*/build.sh did not give its tools.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

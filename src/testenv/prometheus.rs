@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
 use crate::testenv::bench::child::kill_with_parent;
+use crate::testenv::{IoError, io_error};
 
 const BUILD_SCRIPT: &str = "tools/prometheus/build.sh";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,28 +27,14 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Error {
     #[error(transparent)]
     Build(#[from] crate::testenv::BuildError),
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("Prometheus exited ({status}) before it was ready:\n{log}")]
     Exited { status: ExitStatus, log: String },
     #[error("Prometheus was not ready within {}s:\n{log}", START_TIMEOUT.as_secs())]
     NotReady { log: String },
     #[error("GET {path} on Prometheus: {reason}")]
     Http { path: String, reason: String },
-}
-
-fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.into();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 /// What to scrape and evaluate.
@@ -89,7 +76,7 @@ impl Prometheus {
             .await
             .expect("building does not panic")?
             .join("prometheus");
-        let dir = tempfile::tempdir().map_err(io("creating", std::env::temp_dir()))?;
+        let dir = tempfile::tempdir().map_err(io_error("creating", std::env::temp_dir()))?;
         let seconds = format!("{}s", config.interval.as_secs().max(1));
         let file = serde_json::json!({
             "global": {"scrape_interval": seconds, "evaluation_interval": seconds},
@@ -101,11 +88,12 @@ impl Prometheus {
         });
         // JSON is YAML, which is what Prometheus reads.
         let config_path = dir.path().join("prometheus.yml");
-        std::fs::write(&config_path, file.to_string()).map_err(io("writing", &config_path))?;
-        let addr = free_port().map_err(io("binding", "127.0.0.1:0"))?;
+        std::fs::write(&config_path, file.to_string())
+            .map_err(io_error("writing", &config_path))?;
+        let addr = free_port().map_err(io_error("binding", "127.0.0.1:0"))?;
         let log = dir.path().join("prometheus.log");
-        let out = std::fs::File::create(&log).map_err(io("creating", &log))?;
-        let err = out.try_clone().map_err(io("opening", &log))?;
+        let out = std::fs::File::create(&log).map_err(io_error("creating", &log))?;
+        let err = out.try_clone().map_err(io_error("opening", &log))?;
         let mut command = std::process::Command::new(&binary);
         command
             .arg(format!("--config.file={}", config_path.display()))
@@ -121,7 +109,7 @@ impl Prometheus {
         let child = Command::from(command)
             .kill_on_drop(true)
             .spawn()
-            .map_err(io("starting", &binary))?;
+            .map_err(io_error("starting", &binary))?;
         let mut prometheus = Prometheus {
             child,
             addr,
@@ -133,7 +121,7 @@ impl Prometheus {
             if let Some(status) = prometheus
                 .child
                 .try_wait()
-                .map_err(io("waiting for", &binary))?
+                .map_err(io_error("waiting for", &binary))?
             {
                 return Err(Error::Exited {
                     status,

@@ -32,6 +32,7 @@ use crate::testenv::db::argodb::ArgoDbTool;
 use crate::testenv::db::{CREDENTIALS_SECRET, DbError, DbServer, PASSWORD, USER};
 use crate::testenv::localcluster::{self, CONTROLLER_NAME, LocalCluster};
 use crate::testenv::workload::{FailedDag, delete_workflow, hydrated};
+use crate::testenv::{IoError, io_error};
 
 const WORKFLOW: &str = "wf";
 const TOKEN: &str = "trial";
@@ -60,13 +61,8 @@ pub enum TrialError {
     Compress(#[from] CompressError),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     /// The controller or the request did not behave well enough to be checked at all.
     #[error("{0}")]
     Run(String),
@@ -75,15 +71,6 @@ pub enum TrialError {
 pub(crate) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> TrialError {
     let action = action.into();
     move |source| TrialError::Kube { action, source }
-}
-
-pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> TrialError {
-    let path = path.to_owned();
-    move |source| TrialError::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 /// What is retried.
@@ -174,11 +161,13 @@ impl Bench<'_> {
                 }
                 () = tokio::time::sleep(kill_at) => {}
             }
-            child.start_kill().map_err(io("killing", &self.binary))?;
+            child
+                .start_kill()
+                .map_err(io_error("killing", &self.binary))?;
             child
                 .wait()
                 .await
-                .map_err(io("waiting for", &self.binary))?;
+                .map_err(io_error("waiting for", &self.binary))?;
             phase_at_kill = self.phase(namespace).await?;
             let left = self.present(namespace, WORKFLOW).await?;
             gone_at_kill = prepared
@@ -457,11 +446,13 @@ impl Bench<'_> {
             Target::Archived => format!("{namespace}/{CONFIGMAP}"),
         };
         let kubeconfig = self.cluster.kubeconfig_path(localcluster::Role::Controller);
-        self.controller(namespace, &kubeconfig, &self.log_path(namespace, run))?
+        let child = self
+            .controller(namespace, &kubeconfig, &self.log_path(namespace, run))?
             .arg(format!("--argo-configmap={configmap}"))
             .args(&self.controller_args)
             .spawn()
-            .map_err(io("starting", &self.binary))
+            .map_err(io_error("starting", &self.binary))?;
+        Ok(child)
     }
 
     /// The binary's `rewind controller` serving `namespace` through `kubeconfig`, its
@@ -472,8 +463,8 @@ impl Bench<'_> {
         kubeconfig: &Path,
         log: &Path,
     ) -> Result<Command, TrialError> {
-        let out = std::fs::File::create(log).map_err(io("creating", log))?;
-        let err = out.try_clone().map_err(io("opening", log))?;
+        let out = std::fs::File::create(log).map_err(io_error("creating", log))?;
+        let err = out.try_clone().map_err(io_error("opening", log))?;
         let filter =
             std::env::var("REWIND_CONTROLLER_LOG").unwrap_or_else(|_| "info,kube=warn".into());
         let mut command = Command::new(&self.binary);
@@ -527,7 +518,10 @@ impl Bench<'_> {
             {
                 return Ok(status);
             }
-            if let Some(exit) = child.try_wait().map_err(io("waiting for", &self.binary))? {
+            if let Some(exit) = child
+                .try_wait()
+                .map_err(io_error("waiting for", &self.binary))?
+            {
                 return Err(TrialError::Run(format!(
                     "the controller exited by itself ({exit}) before the request finished"
                 )));
@@ -758,14 +752,14 @@ fn audit_files(path: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, TrialEr
     let dir = path.parent().unwrap_or(Path::new("."));
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("audit");
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io("reading", dir))? {
-        let entry = entry.map_err(io("reading", dir))?;
+    for entry in std::fs::read_dir(dir).map_err(io_error("reading", dir))? {
+        let entry = entry.map_err(io_error("reading", dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if !(name.starts_with(stem) && name.ends_with(".log")) {
             continue;
         }
         let path = entry.path();
-        let meta = entry.metadata().map_err(io("reading", &path))?;
+        let meta = entry.metadata().map_err(io_error("reading", &path))?;
         files.push((path, meta));
     }
     Ok(files)
@@ -774,7 +768,7 @@ fn audit_files(path: &Path) -> Result<Vec<(PathBuf, std::fs::Metadata)>, TrialEr
 impl AuditMark {
     pub(crate) fn now(path: PathBuf) -> Result<AuditMark, TrialError> {
         use std::os::unix::fs::MetadataExt as _;
-        let meta = std::fs::metadata(&path).map_err(io("reading", &path))?;
+        let meta = std::fs::metadata(&path).map_err(io_error("reading", &path))?;
         let at = std::time::SystemTime::now();
         let earlier = audit_files(&path)?
             .into_iter()
@@ -807,11 +801,11 @@ impl AuditMark {
             } else {
                 continue;
             };
-            let mut file = std::fs::File::open(&path).map_err(io("opening", &path))?;
+            let mut file = std::fs::File::open(&path).map_err(io_error("opening", &path))?;
             file.seek(SeekFrom::Start(from))
-                .map_err(io("reading", &path))?;
+                .map_err(io_error("reading", &path))?;
             file.read_to_string(&mut text)
-                .map_err(io("reading", &path))?;
+                .map_err(io_error("reading", &path))?;
             text.push('\n');
         }
         Ok(text)

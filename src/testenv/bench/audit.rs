@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Error;
+use crate::testenv::io_error;
 
 /// One request: who, what, on which object, received and answered when.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,11 +65,7 @@ pub fn parse(text: &str) -> Result<Vec<Audited>, Error> {
 
 /// [`parse`] of the file at `path`.
 pub fn read(path: &Path) -> Result<Vec<Audited>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        action: "reading",
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(io_error("reading", path))?;
     parse(&text)
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::Error;
 use super::usage::{self, Usage};
+use crate::testenv::io_error;
 use crate::testenv::localcluster::{LocalCluster, Role};
 
 /// `rewind controller` running as a child process with the controller's kubeconfig, its
@@ -31,8 +32,8 @@ impl RewindController {
         timeout: Duration,
     ) -> Result<Self, Error> {
         let http = free_port()?;
-        let out = File::create(&log).map_err(io("creating", &log))?;
-        let err = out.try_clone().map_err(io("opening", &log))?;
+        let out = File::create(&log).map_err(io_error("creating", &log))?;
+        let err = out.try_clone().map_err(io_error("opening", &log))?;
         // REWIND_BENCH_WRAP runs the controller under a profiler, e.g. "heaptrack -o DIR/h":
         // its figures then are the profiler's, its profile the controller's.
         let wrap = std::env::var("REWIND_BENCH_WRAP").unwrap_or_default();
@@ -55,14 +56,14 @@ impl RewindController {
             .stdout(out)
             .stderr(err);
         kill_with_parent(&mut command);
-        let child = command.spawn().map_err(io("starting", binary))?;
+        let child = command.spawn().map_err(io_error("starting", binary))?;
         let mut controller = RewindController { child, http, log };
         let started = Instant::now();
         loop {
             if let Some(status) = controller
                 .child
                 .try_wait()
-                .map_err(io("waiting for", binary))?
+                .map_err(io_error("waiting for", binary))?
             {
                 return Err(Error::Exited {
                     what: "rewind controller",
@@ -109,7 +110,9 @@ impl RewindController {
     pub fn stop(mut self) -> Result<(), Error> {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        self.child.wait().map_err(io("waiting for", &self.log))?;
+        self.child
+            .wait()
+            .map_err(io_error("waiting for", &self.log))?;
         Ok(())
     }
 }
@@ -143,7 +146,7 @@ pub fn run_measured(mut command: Command) -> Result<Finished, Error> {
     let started = Instant::now();
     let mut child = command
         .spawn()
-        .map_err(io("starting", command.get_program()))?;
+        .map_err(io_error("starting", command.get_program()))?;
     // stderr read on a thread so neither pipe can fill up and stall the child.
     let mut err_pipe = child.stderr.take().expect("stderr is piped");
     let stderr = std::thread::spawn(move || {
@@ -163,9 +166,9 @@ pub fn run_measured(mut command: Command) -> Result<Finished, Error> {
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut rusage) };
     let wall = started.elapsed();
     if reaped != pid {
-        return Err(io("waiting for", command.get_program())(
-            std::io::Error::last_os_error(),
-        ));
+        return Err(
+            io_error("waiting for", command.get_program())(std::io::Error::last_os_error()).into(),
+        );
     }
     let success = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     let status = if libc::WIFEXITED(status) {
@@ -197,8 +200,10 @@ pub(crate) fn kill_with_parent(command: &mut Command) {
 }
 
 fn free_port() -> Result<SocketAddr, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("binding", "127.0.0.1:0"))?;
-    listener.local_addr().map_err(io("binding", "127.0.0.1:0"))
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("binding", "127.0.0.1:0"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io_error("binding", "127.0.0.1:0"))?)
 }
 
 /// Whether GET /readyz answers 200.
@@ -215,18 +220,6 @@ fn ready(addr: SocketAddr) -> bool {
     }
     let mut answer = [0u8; 12];
     stream.read_exact(&mut answer).is_ok() && &answer[9..12] == b"200"
-}
-
-fn io(
-    action: &'static str,
-    path: impl AsRef<std::ffi::OsStr>,
-) -> impl FnOnce(std::io::Error) -> Error {
-    let path = PathBuf::from(path.as_ref());
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 #[cfg(test)]

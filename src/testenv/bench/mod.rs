@@ -21,16 +21,13 @@ pub mod usage;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::testenv::IoError;
+
 /// Why a measurement could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     #[error("the audit log has a timestamp that is not RFC 3339: {0:?}")]
     AuditTimestamp(String),

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{DbError, DbServer, PASSWORD, TABLE_NAME, USER};
+use crate::testenv::io_error;
 
 const BUILD_SCRIPT: &str = "tools/argodb/build.sh";
 
@@ -61,7 +62,7 @@ impl ArgoDbTool {
             .stdin(Stdio::null())
             .stderr(Stdio::inherit())
             .output()
-            .map_err(DbError::io("running", &script))?;
+            .map_err(io_error("running", &script))?;
         let binary = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if !output.status.success() || binary.is_empty() {
             return Err(DbError::ArgoDb(format!(
@@ -88,7 +89,7 @@ impl ArgoDbTool {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(DbError::io("starting", &self.binary))?;
+            .map_err(io_error("starting", &self.binary))?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut stdin = child.stdin.take().expect("stdin is piped");
         // Written from a thread while answers are read, so no pipe fills up.
@@ -116,7 +117,7 @@ impl ArgoDbTool {
         });
         let status = child
             .wait()
-            .map_err(DbError::io("waiting for", &self.binary))?;
+            .map_err(io_error("waiting for", &self.binary))?;
         let answers = writer.1?;
         if !status.success() || answers.len() != requests.len() || !matches!(writer.0, Ok(Ok(()))) {
             return Err(failed(format!(

@@ -11,7 +11,6 @@
 pub mod argodb;
 mod process;
 
-use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,6 +22,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
 use crate::argo::db::{ConnectionPool, Database, Persistence};
+use crate::testenv::{IoError, io_error};
+
 use process::{RunAs, Server};
 
 /// The database and user every fixture creates.
@@ -43,13 +44,8 @@ pub enum DbError {
     #[error("{what} not found (looked in {looked}): {INSTALL_HINT}")]
     BinaryMissing { what: &'static str, looked: String },
 
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     #[error("{what} failed ({status}); last lines of {log}:\n{log_tail}")]
     Setup {
@@ -88,15 +84,6 @@ pub enum DbError {
 }
 
 impl DbError {
-    fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> DbError {
-        let path = path.into();
-        move |source| DbError::Io {
-            action,
-            path,
-            source,
-        }
-    }
-
     fn sql(what: impl Into<String>) -> impl FnOnce(sqlx::Error) -> DbError {
         let what = what.into();
         move |source| DbError::Sql { what, source }
@@ -487,10 +474,10 @@ fn mariadb_admin(dir: &Path) -> MySqlConnectOptions {
 
 /// A port free on 127.0.0.1 now (the server binds it a moment later).
 fn free_port() -> Result<u16, DbError> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+    let addr = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(DbError::io("binding a port on", "127.0.0.1"))
+        .map_err(io_error("binding a port on", "127.0.0.1"))?;
+    Ok(addr.port())
 }
 
 /// Debian installs PostgreSQL's server binaries under

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::DbError;
+use crate::testenv::io_error;
 
 /// How long a server gets to stop after its shutdown signal before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -62,7 +63,7 @@ impl Server {
         let dir = tempfile::Builder::new()
             .prefix(&format!("rewind-{name}-"))
             .tempdir()
-            .map_err(DbError::io("creating a temporary directory for", name))?;
+            .map_err(io_error("creating a temporary directory for", name))?;
         let log = dir.path().join(format!("{name}.log"));
         let server = Server {
             name,
@@ -93,9 +94,9 @@ impl Server {
     pub fn write_private(&self, name: &str, contents: &str) -> Result<PathBuf, DbError> {
         use std::os::unix::fs::PermissionsExt;
         let path = self.dir.path().join(name);
-        std::fs::write(&path, contents).map_err(DbError::io("writing", &path))?;
+        std::fs::write(&path, contents).map_err(io_error("writing", &path))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(DbError::io("restricting", &path))?;
+            .map_err(io_error("restricting", &path))?;
         self.chown(&path)?;
         Ok(path)
     }
@@ -103,8 +104,8 @@ impl Server {
     /// Hands `path` to the user the server runs as.
     pub fn chown(&self, path: &Path) -> Result<(), DbError> {
         match self.run_as.ids {
-            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
-                .map_err(DbError::io("handing over", path)),
+            Some((uid, gid)) => Ok(std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(io_error("handing over", path))?),
             None => Ok(()),
         }
     }
@@ -114,8 +115,8 @@ impl Server {
             .create(true)
             .append(true)
             .open(&self.log)
-            .map_err(DbError::io("opening", &self.log))?;
-        let log2 = log.try_clone().map_err(DbError::io("opening", &self.log))?;
+            .map_err(io_error("opening", &self.log))?;
+        let log2 = log.try_clone().map_err(io_error("opening", &self.log))?;
         let mut command = Command::new(program);
         command
             .args(args)
@@ -136,7 +137,7 @@ impl Server {
         let status = tokio::process::Command::from(command)
             .status()
             .await
-            .map_err(DbError::io("running", &program))?;
+            .map_err(io_error("running", &program))?;
         if status.success() {
             Ok(())
         } else {
@@ -186,7 +187,7 @@ impl Server {
                 Ok(())
             });
         }
-        let child = command.spawn().map_err(DbError::io("starting", &program))?;
+        let child = command.spawn().map_err(io_error("starting", &program))?;
         tracing::debug!(server = self.name, pid = child.id(), "started");
         self.child = Some((child, stop_signal));
         Ok(())

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{Component, Error};
+use crate::testenv::io_error;
 
 /// Environment variable naming a directory that holds every control-plane binary.
 pub const BIN_DIR_ENV: &str = "REWIND_BIN_DIR";
@@ -74,7 +75,7 @@ fn build() -> Result<Binaries, Error> {
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(Error::io("running", &script))?;
+        .map_err(io_error("running", &script))?;
     if !output.status.success() {
         return Err(Error::Build {
             command: build_command(),

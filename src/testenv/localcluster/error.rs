@@ -3,6 +3,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use super::Component;
+use crate::testenv::IoError;
 
 /// Why the local control plane could not be started or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -55,13 +56,8 @@ pub enum Error {
     #[error("cluster directory {0} is not empty: pass an empty or missing directory")]
     DirNotEmpty(PathBuf),
 
-    #[error("{action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] IoError),
 
     #[error("generating the cluster's certificates and keys: {0}")]
     Certificates(#[from] rcgen::Error),
@@ -103,18 +99,6 @@ pub enum Error {
 }
 
 impl Error {
-    pub(super) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> Error {
-        let path = path.into();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
-        }
-    }
-
     pub(super) fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let action = action.into();
         move |source| Error::Kube { action, source }

@@ -30,6 +30,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::testenv::io_error;
+
 pub use binaries::{BIN_DIR_ENV, Binaries};
 pub use cli::run_until_signal;
 pub use components::Component;
@@ -104,7 +106,7 @@ impl LocalCluster {
         let dir = tempfile::Builder::new()
             .prefix("rewind-cluster-")
             .tempdir()
-            .map_err(Error::io(
+            .map_err(io_error(
                 "creating a temporary directory in",
                 std::env::temp_dir(),
             ))?
@@ -115,12 +117,12 @@ impl LocalCluster {
     /// Starts a cluster whose files live in `dir`, which must be empty or missing; it is
     /// removed when the cluster stops.
     pub async fn start_in(options: Options, dir: PathBuf) -> Result<Self, Error> {
-        fs::create_dir_all(&dir).map_err(Error::io("creating", &dir))?;
-        let mut entries = fs::read_dir(&dir).map_err(Error::io("reading", &dir))?;
+        fs::create_dir_all(&dir).map_err(io_error("creating", &dir))?;
+        let mut entries = fs::read_dir(&dir).map_err(io_error("reading", &dir))?;
         if entries.next().is_some() {
             return Err(Error::DirNotEmpty(dir));
         }
-        let dir = dir.canonicalize().map_err(Error::io("resolving", &dir))?;
+        let dir = dir.canonicalize().map_err(io_error("resolving", &dir))?;
         Self::start_at(options, dir).await
     }
 
@@ -347,9 +349,8 @@ impl LocalCluster {
 
     fn shutdown(&mut self) -> Result<(), Error> {
         self.processes.stop_all(process::STOP_GRACE);
-        self.layout
-            .remove()
-            .map_err(Error::io("removing", self.layout.root()))
+        let root = self.layout.root();
+        Ok(self.layout.remove().map_err(io_error("removing", root))?)
     }
 }
 
@@ -370,7 +371,7 @@ async fn prepare(
     let server_url = format!("https://127.0.0.1:{}", ports.api);
 
     for dir in [layout.logs(), layout.kwok_home()] {
-        fs::create_dir_all(&dir).map_err(Error::io("creating", &dir))?;
+        fs::create_dir_all(&dir).map_err(io_error("creating", &dir))?;
     }
     let pki = certs::generate()?;
     let admin = Credential::random(Role::Admin)?;
@@ -432,9 +433,10 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Error> {
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .map_err(Error::io("creating", path))?;
+        .map_err(io_error("creating", path))?;
     file.write_all(contents.as_bytes())
-        .map_err(Error::io("writing", path))
+        .map_err(io_error("writing", path))?;
+    Ok(())
 }
 
 /// A client built from a kubeconfig file, exactly as a user of that file would get.

@@ -4,6 +4,7 @@ use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 
 use super::{Component, Error};
+use crate::testenv::io_error;
 
 /// The ports each component listens on.
 #[derive(Clone, Copy, Debug)]
@@ -42,11 +43,7 @@ pub(super) fn reserve(api: Option<u16>) -> Result<Ports, Error> {
 fn bind(port: u16, component: Component) -> Result<TcpListener, Error> {
     TcpListener::bind((Ipv4Addr::LOCALHOST, port)).map_err(|source| match source.kind() {
         io::ErrorKind::AddrInUse => Error::PortTaken { port, component },
-        _ => Error::Io {
-            action: "binding a port on",
-            path: "127.0.0.1".into(),
-            source,
-        },
+        _ => io_error("binding a port on", "127.0.0.1")(source).into(),
     })
 }
 
@@ -54,11 +51,7 @@ fn local_port(listener: &TcpListener) -> Result<u16, Error> {
     listener
         .local_addr()
         .map(|addr| addr.port())
-        .map_err(|source| Error::Io {
-            action: "reading the port of a listener on",
-            path: "127.0.0.1".into(),
-            source,
-        })
+        .map_err(|source| io_error("reading the port of a listener on", "127.0.0.1")(source).into())
 }
 
 #[cfg(test)]

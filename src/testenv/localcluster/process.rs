@@ -10,6 +10,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::{Component, Error};
+use crate::testenv::io_error;
 
 /// How long a process gets to exit after SIGTERM before it is killed.
 pub(super) const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -38,8 +39,8 @@ impl Processes {
         mut command: Command,
         log: PathBuf,
     ) -> Result<(), Error> {
-        let file = File::create(&log).map_err(Error::io("creating", &log))?;
-        let file2 = file.try_clone().map_err(Error::io("opening", &log))?;
+        let file = File::create(&log).map_err(io_error("creating", &log))?;
+        let file2 = file.try_clone().map_err(io_error("opening", &log))?;
         let binary = PathBuf::from(command.get_program());
         command
             .stdin(Stdio::null())
@@ -68,7 +69,7 @@ impl Processes {
             let status = process
                 .child
                 .try_wait()
-                .map_err(Error::io("waiting for", &process.log))?;
+                .map_err(io_error("waiting for", &process.log))?;
             if let Some(status) = status {
                 return Err(Error::Exited {
                     component: process.component,
@@ -195,7 +196,7 @@ impl Spawner {
                     let _ = reply.send(command.spawn());
                 }
             })
-            .map_err(Error::io(
+            .map_err(io_error(
                 "starting a thread for",
                 "the control plane's processes",
             ))?;

@@ -40,13 +40,14 @@ use crate::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use crate::protocol::request::{self, RetryPhase, annotations};
 use crate::testenv::clients::free_port;
 use crate::testenv::faultproxy::{FaultProxy, RuleId};
+use crate::testenv::io_error;
 use crate::testenv::ledger::{PodLedger, current_version};
 use crate::testenv::localcluster::Role;
-pub use script::{Ask, Disturbance, FaultKind, Script, Via};
+use crate::testenv::trials::{AuditMark, Bench, CONFIGMAP, Prepared, Target, TrialError, kube};
 
 mod script;
 
-use crate::testenv::trials::{AuditMark, Bench, CONFIGMAP, Prepared, Target, TrialError, io, kube};
+pub use script::{Ask, Disturbance, FaultKind, Script, Via};
 
 /// The live workflow of a trial.
 pub const LIVE: &str = "wf-live";
@@ -121,7 +122,7 @@ impl Replicas {
         Ok(())
     }
 
-    /// Kills the Lease's holder (or, with none, any replica) with SIGKILL.
+    /// Kills the Lease's holder (or, with none, the oldest replica) with SIGKILL.
     async fn kill_leader(&mut self, admin: &kube::Client) -> Result<(), TrialError> {
         if self.running.is_empty() {
             return Ok(());
@@ -131,7 +132,7 @@ impl Replicas {
             .running
             .iter()
             .position(|r| Some(&r.name) == holder.as_ref())
-            .unwrap_or_else(|| fastrand::usize(..self.running.len()));
+            .unwrap_or_default();
         let mut replica = self.running.remove(victim);
         let _ = replica.child.start_kill();
         let _ = replica.child.wait().await;
@@ -150,7 +151,7 @@ impl Replicas {
                     let status = replica
                         .child
                         .try_wait()
-                        .map_err(io("waiting for", &mixed.bench.binary))?;
+                        .map_err(io_error("waiting for", &mixed.bench.binary))?;
                     if status.is_some() {
                         replica.exited = Some(Instant::now());
                     }
@@ -164,10 +165,10 @@ impl Replicas {
         Ok(())
     }
 
-    /// A running replica's Argo API port, at random; none while all are down.
-    fn any_port(&self) -> Option<u16> {
-        (!self.running.is_empty())
-            .then(|| self.running[fastrand::usize(..self.running.len())].api_port)
+    /// The Argo API port of the running replica request `i` goes to (in turn, so a seed
+    /// replays); none while all are down.
+    fn port_for(&self, i: usize) -> Option<u16> {
+        (!self.running.is_empty()).then(|| self.running[i % self.running.len()].api_port)
     }
 
     async fn stop(self) {
@@ -285,7 +286,7 @@ impl Mixed<'_> {
             }
             match step {
                 Step::Ask(i) => {
-                    let port = replicas.any_port();
+                    let port = replicas.port_for(i);
                     let call = self
                         .ask(
                             namespace,
@@ -597,7 +598,7 @@ impl Mixed<'_> {
     fn proxy_kubeconfig(&self, namespace: &str, url: &str) -> Result<PathBuf, TrialError> {
         let cluster = self.bench.cluster;
         let source = cluster.kubeconfig_path(Role::Controller);
-        let text = std::fs::read_to_string(&source).map_err(io("reading", &source))?;
+        let text = std::fs::read_to_string(&source).map_err(io_error("reading", &source))?;
         if !text.contains(cluster.server_url()) {
             return Err(TrialError::Run(format!(
                 "{} does not name the API server {}",
@@ -607,7 +608,7 @@ impl Mixed<'_> {
         }
         let path = self.bench.logs.join(format!("{namespace}.kubeconfig"));
         std::fs::write(&path, text.replace(cluster.server_url(), url))
-            .map_err(io("writing", &path))?;
+            .map_err(io_error("writing", &path))?;
         Ok(path)
     }
 
@@ -632,7 +633,7 @@ impl Mixed<'_> {
             .args(&self.bench.controller_args)
             .env("POD_NAME", name)
             .spawn()
-            .map_err(io("starting", &self.bench.binary))?;
+            .map_err(io_error("starting", &self.bench.binary))?;
         Ok(Replica {
             name: name.to_owned(),
             child,
