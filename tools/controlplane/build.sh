@@ -5,17 +5,36 @@
 # Binaries land in $REWIND_CACHE/bin/<component>-<version>-<pin hash>/ (default
 # ~/.cache/rewind), outside the repo, so a warm run only checks they exist.
 # Prints the directory holding all binaries (a stable symlink farm) on stdout.
+#
+# REWIND_K8S_MINOR picks the Kubernetes minor (1.34 to 1.37, one pinned module
+# each in kubernetes-<minor>/); the default is the newest, which the full test
+# suite runs on. `make test-compat` runs the compatibility subset on the others.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${REWIND_CACHE:-$HOME/.cache/rewind}
 KWOK_VERSION=v0.8.0
+minor=${REWIND_K8S_MINOR:-1.37}
+k8s_mod="$here/kubernetes-$minor"
+if [ ! -f "$k8s_mod/go.mod" ]; then
+  echo "controlplane: no pinned Kubernetes $minor; REWIND_K8S_MINOR must be one of:" \
+    "$(cd "$here" && ls -d kubernetes-* | sed 's/kubernetes-//' | tr '\n' ' ')" >&2
+  exit 2
+fi
 
 gover=$(go env GOVERSION)
 pin_hash() { cat "$@" | { cat; echo "$gover"; } | sha256sum | cut -c1-12; }
-k8s_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/kubernetes/go.mod")
+k8s_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$k8s_mod/go.mod")
 etcd_version=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
-k8s_dir="$cache/bin/kubernetes-$k8s_version-$(pin_hash "$here/kubernetes/go.mod" "$here/kubernetes/go.sum")"
+# The version the binaries report (`kubectl version`, the server's /version,
+# Helm's .Capabilities.KubeVersion), set as Kubernetes' own release build sets
+# it (hack/lib/version.sh); built from a module they would say v0.0.0.
+k8s_ldflags="-s"
+for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor#1.}"
+  k8s_ldflags+=" -X $pkg.gitTreeState=clean"
+done
+k8s_dir="$cache/bin/kubernetes-$k8s_version-$(pin_hash "$k8s_mod/go.mod" "$k8s_mod/go.sum" <(echo "$k8s_ldflags"))"
 etcd_dir="$cache/bin/etcd-$etcd_version-$(pin_hash "$here/etcd/go.mod" "$here/etcd/go.sum")"
 kwok_dir="$cache/bin/kwok-$KWOK_VERSION-$(echo "$KWOK_VERSION $gover" | sha256sum | cut -c1-12)"
 
@@ -35,9 +54,9 @@ build_into() {
 }
 
 build_k8s() {
-  (cd "$here/kubernetes" && for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  (cd "$k8s_mod" && for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     log "go build k8s.io/kubernetes/cmd/$cmd@$k8s_version"
-    go build -trimpath -ldflags=-s -o "$1/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+    go build -trimpath -ldflags="$k8s_ldflags" -o "$1/$cmd" "k8s.io/kubernetes/cmd/$cmd"
   done)
 }
 build_etcd() {
@@ -50,7 +69,7 @@ build_kwok() {
 }
 
 mkdir -p "$cache/bin"
-command -v go >/dev/null || { log "go is not on PATH; install Go 1.25+ to build the control plane"; exit 1; }
+command -v go >/dev/null || { log "go is not on PATH; install Go 1.26+ to build the control plane"; exit 1; }
 build_into "$etcd_dir" build_etcd
 build_into "$kwok_dir" build_kwok
 build_into "$k8s_dir" build_k8s
