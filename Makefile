@@ -4,7 +4,7 @@
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: demo test test-ui controlplane
+.PHONY: demo test test-ui test-compat controlplane
 
 # Builds (once) etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl and kwok from Go modules; prints where they are.
@@ -48,6 +48,20 @@ test:
 	tools/dex/build.sh >/dev/null
 	$$(tools/deny/build.sh)/cargo-deny --locked check --hide-inclusion-graph licenses bans sources
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo test --locked --all-targets --features testenv
+
+# The compatibility run on each Kubernetes minor, 1.34 to 1.37 (make test runs
+# the full suite on the newest): each minor's control plane (built once, about
+# ten minutes cold on 2 cores), the cluster tests' compatibility subset and one
+# end-to-end scenario with Argo's workflow-controller; it records each minor's
+# result in tools/compat/results.tsv, from which README.md's table is made.
+# REWIND_K8S_MINORS="1.34" runs one.
+test-compat:
+	tools/db/install.sh
+	tools/argodb/build.sh >/dev/null
+	tools/helm/build.sh >/dev/null
+	tools/argo/build.sh >/dev/null
+	tools/argo/build.sh cli >/dev/null
+	tools/compat/run.sh
 
 # Argo's UI in headless Chromium pressing Retry on a live and an archived
 # workflow served by rewind (tests/e2e, scenarios ui-*). Its own target: Argo's

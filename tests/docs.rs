@@ -1,10 +1,11 @@
 //! The documentation, checked offline: the chart's README is what helm-docs makes of
 //! values.yaml (helm-docs built from its Go module by tools/helmdocs/build.sh, cached under
 //! ~/.cache/rewind; `make test` builds it first), docs/flags.md is the binary's own `--help`,
-//! and every relative link of every Markdown file reaches a file, and a heading where it
-//! names one.
+//! README's table of tested Kubernetes versions is what the last compatibility run recorded
+//! (tools/compat/results.tsv) for every pinned minor, and every relative link of every
+//! Markdown file reaches a file, and a heading where it names one.
 //!
-//! `REWIND_UPDATE_DOCS=1 cargo test --test docs` writes the two generated files again.
+//! `REWIND_UPDATE_DOCS=1 cargo test --test docs` writes the generated files again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -94,6 +95,65 @@ fn the_flag_reference_is_the_binarys_own_help() {
         ));
     }
     check_generated(FLAGS, &md, "`rewind COMMAND --help`");
+}
+
+const TESTED_START: &str = "<!-- tested-kubernetes: made by `tools/compat/run.sh table` -->\n";
+const TESTED_END: &str = "<!-- tested-kubernetes end -->\n";
+
+#[test]
+fn readmes_tested_kubernetes_are_what_the_compatibility_run_recorded_for_each_pin() {
+    let out = Command::new(root().join("tools/compat/run.sh"))
+        .arg("table")
+        .output()
+        .expect("running tools/compat/run.sh table");
+    assert!(out.status.success(), "tools/compat/run.sh table failed");
+    let table = String::from_utf8(out.stdout).unwrap();
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let (before, rest) = readme
+        .split_once(TESTED_START)
+        .expect("README.md marks its table of tested Kubernetes versions");
+    let (_, after) = rest.split_once(TESTED_END).expect("the table's end marker");
+    check_generated(
+        "README.md",
+        &format!("{before}{TESTED_START}{table}{TESTED_END}{after}"),
+        "tools/compat/results.tsv",
+    );
+
+    // Each pinned minor ran at its pinned version: a new pin needs a new run.
+    let results = std::fs::read_to_string(root().join("tools/compat/results.tsv")).unwrap();
+    let recorded: BTreeMap<&str, &str> = results
+        .lines()
+        .skip(1)
+        .map(|row| {
+            let mut cells = row.split('\t');
+            (cells.next().unwrap(), cells.next().unwrap_or_default())
+        })
+        .collect();
+    let planes = root().join("tools/controlplane");
+    let mut pinned = BTreeMap::new();
+    for entry in std::fs::read_dir(&planes).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        let Some(minor) = name.strip_prefix("kubernetes-") else {
+            continue;
+        };
+        let go_mod = std::fs::read_to_string(planes.join(&name).join("go.mod")).unwrap();
+        let version = go_mod
+            .lines()
+            .find_map(|l| l.strip_prefix("require k8s.io/kubernetes "))
+            .unwrap_or_else(|| panic!("{name}/go.mod requires no k8s.io/kubernetes"));
+        pinned.insert(minor.to_string(), version.trim().to_string());
+    }
+    assert!(pinned.len() >= 4, "pinned minors: {pinned:?}");
+    for (minor, version) in &pinned {
+        assert_eq!(
+            recorded.get(minor.as_str()).copied(),
+            Some(version.as_str()),
+            "Kubernetes {minor} is pinned at {version} but the compatibility run recorded \
+             {:?}; run `REWIND_K8S_MINORS={minor} make test-compat` and commit \
+             tools/compat/results.tsv",
+            recorded.get(minor.as_str())
+        );
+    }
 }
 
 /// Every Markdown file of the repository but the build's and the tools' caches.
