@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{StreamExt, future, stream};
+use futures::{StreamExt, TryStreamExt as _, future, stream};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, store::Writer};
@@ -21,11 +21,12 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::argo::workflow::Workflow;
+use crate::argo::workflow::{Workflow, labels};
 use crate::controller::dispatch::{Dispatcher, panic_message};
 use crate::controller::expiry::Expiry;
 use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::request;
+use crate::retry::cache::WorkflowCache;
 use crate::retry::{Context, Scope};
 
 /// How often the cache is walked for pending requests that no task serves.
@@ -61,9 +62,10 @@ pub async fn run(
         .into_iter()
         .zip(writers)
         .map(|(api, writer)| {
-            let store = writer.as_reader();
-            let watched = watcher(api, config.clone()).modify(keep_what_requests_read);
-            reflector::reflector(writer, watched)
+            let (store, mut writer, cache) = (writer.as_reader(), writer, ctx.workflows.clone());
+            watcher(api, config.clone())
+                .modify(keep_what_requests_read)
+                .inspect_ok(move |event| cache_only_requested(&mut writer, &cache, event))
                 .default_backoff()
                 .flat_map(move |event| stream::iter(seen(&store, event)))
                 .boxed()
@@ -213,14 +215,65 @@ where
     }
 }
 
+/// Applies `event` to the cache, which keeps only workflows that carry one of
+/// rewind's annotations or that a request follows (a WorkflowRetry about to
+/// ask): the others, nearly all of a cluster's (100,000 in the largest), are
+/// what no request reads, and would cost their memory for nothing. One that
+/// loses its last annotation leaves the cache.
+fn cache_only_requested(
+    writer: &mut Writer<PartialObjectMeta<Workflow>>,
+    cache: &WorkflowCache,
+    event: &watcher::Event<PartialObjectMeta<Workflow>>,
+) {
+    // `keep_what_requests_read` left only rewind's annotations, or none.
+    let kept = |meta: &PartialObjectMeta<Workflow>| {
+        meta.metadata.annotations.is_some()
+            || cache.followed(
+                meta.metadata.namespace.as_deref().unwrap_or_default(),
+                meta.metadata.name.as_deref().unwrap_or_default(),
+            )
+    };
+    match event {
+        watcher::Event::Apply(meta) if !kept(meta) => {
+            writer.apply_watcher_event(&watcher::Event::Delete(meta.clone()));
+        }
+        watcher::Event::InitApply(meta) if !kept(meta) => {}
+        event => writer.apply_watcher_event(event),
+    }
+}
+
+/// The labels requests read from the cache: whether the workflow runs again,
+/// and which Argo controller it belongs to.
+const KEPT_LABELS: [&str; 3] = [
+    labels::COMPLETED,
+    labels::PHASE,
+    labels::CONTROLLER_INSTANCE_ID,
+];
+
 /// What the cache keeps of a workflow's metadata: what requests read (its
-/// name, UID, labels and rewind's own annotations), not managed fields or
-/// other annotations (`kubectl.kubernetes.io/last-applied-configuration`
-/// alone can be as large as the workflow).
+/// name, UID, version, the labels above and rewind's own annotations). The
+/// rest is dropped: a cluster of 100,000 workflows keeps 100,000 of these,
+/// and other labels, owner references, finalizers and annotations
+/// (`kubectl.kubernetes.io/last-applied-configuration` alone can be as large
+/// as the workflow) would double their size for nothing.
 fn keep_what_requests_read(meta: &mut PartialObjectMeta<Workflow>) {
-    meta.metadata.managed_fields = None;
-    if let Some(annotations) = meta.metadata.annotations.as_mut() {
+    let meta = &mut meta.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.creation_timestamp = None;
+    meta.generate_name = None;
+    meta.generation = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|key, _| KEPT_LABELS.contains(&key.as_str()));
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
         annotations.retain(|key, _| key.starts_with(request::annotations::PREFIX));
+    }
+    for map in [&mut meta.labels, &mut meta.annotations] {
+        if map.as_ref().is_some_and(|m| m.is_empty()) {
+            *map = None;
+        }
     }
 }
 
@@ -279,13 +332,22 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_rewinds_annotations_and_no_managed_fields() {
+    fn the_cache_keeps_what_requests_read_and_nothing_else() {
         let mut meta: PartialObjectMeta<Workflow> = serde_json::from_value(serde_json::json!({
             "apiVersion": "meta.k8s.io/v1",
             "kind": "PartialObjectMetadata",
             "metadata": {
                 "name": "wf",
-                "labels": {"workflows.argoproj.io/phase": "Failed"},
+                "uid": "u",
+                "resourceVersion": "7",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["workflows.argoproj.io/artifact-gc"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "c", "uid": "o"}],
+                "labels": {
+                    "workflows.argoproj.io/phase": "Failed",
+                    "workflows.argoproj.io/completed": "true",
+                    "workflows.argoproj.io/creator": "someone",
+                },
                 "annotations": {
                     request::annotations::RETRY: "1",
                     request::annotations::STATUS: "{}",
@@ -301,7 +363,24 @@ mod tests {
             annotations,
             [request::annotations::RETRY, request::annotations::STATUS]
         );
-        assert!(meta.metadata.managed_fields.is_none());
-        assert_eq!(meta.labels().len(), 1);
+        let labels: Vec<&str> = meta.labels().keys().map(String::as_str).collect();
+        assert_eq!(labels, [labels::COMPLETED, labels::PHASE]);
+        let kept = &meta.metadata;
+        assert_eq!(
+            (kept.uid.as_deref(), kept.resource_version.as_deref()),
+            (Some("u"), Some("7"))
+        );
+        assert!(kept.managed_fields.is_none() && kept.owner_references.is_none());
+        assert!(kept.finalizers.is_none() && kept.creation_timestamp.is_none());
+
+        // A workflow nobody asked to retry keeps no maps at all.
+        let mut plain: PartialObjectMeta<Workflow> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadata",
+            "metadata": {"name": "wf", "annotations": {"a": "b"}, "labels": {"c": "d"}},
+        }))
+        .unwrap();
+        keep_what_requests_read(&mut plain);
+        assert!(plain.metadata.annotations.is_none() && plain.metadata.labels.is_none());
     }
 }

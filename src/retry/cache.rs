@@ -65,6 +65,13 @@ impl WorkflowCache {
         }
     }
 
+    /// Whether a request follows workflow `namespace/name`: the watches keep
+    /// it cached then, asked or not.
+    pub fn followed(&self, namespace: &str, name: &str) -> bool {
+        self.lock()
+            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
     /// The watch saw workflow `namespace/name` change (the cache already has it).
     pub fn changed(&self, namespace: &str, name: &str) {
         let waiters = self.lock();

@@ -17,6 +17,7 @@
 //! last: a later request overwrites those annotations.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::OptionFuture;
@@ -338,15 +339,18 @@ async fn serve_live(
             }
             None => {}
         }
-        let Some(meta) = ctx.workflows.get(&namespace, name) else {
-            // Not cached: out of this controller's scope, not there, or
-            // created a moment ago; one read tells which.
-            let found = workflows
+        let meta = match ctx.workflows.get(&namespace, name) {
+            Some(meta) => meta,
+            // Not cached: not changed since this request began to follow it
+            // (the cache keeps a workflow nobody asked for only once
+            // followed), out of this controller's scope, or not there; one
+            // read tells which.
+            None => match workflows
                 .get_metadata_opt(name)
                 .await
-                .map_err(api(format!("reading workflow {namespace}/{name}")))?;
-            match found {
-                Some(meta) if in_scope(&meta, ctx) => wait(changed, stop).await?,
+                .map_err(api(format!("reading workflow {namespace}/{name}")))?
+            {
+                Some(meta) if in_scope(&meta, ctx) => Arc::new(meta),
                 Some(meta) => {
                     return Err(ServeError::OutOfScope {
                         name: name.to_owned(),
@@ -365,8 +369,7 @@ async fn serve_live(
                         name: name.to_owned(),
                     });
                 }
-            }
-            continue;
+            },
         };
         let uid = meta.uid().unwrap_or_default();
         match &status.status.workflow_uid {
