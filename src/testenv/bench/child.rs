@@ -106,6 +106,25 @@ impl RewindController {
         self.http
     }
 
+    /// The API requests it has sent (`rewind_api_requests_total`, every verb
+    /// and code), from its /metrics.
+    pub async fn api_requests(&self) -> Result<u64, Error> {
+        let http = self.http;
+        let metrics = tokio::task::spawn_blocking(move || get(http, "/metrics"))
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::Timeout {
+                what: "the rewind controller's /metrics".into(),
+                waited: Duration::from_secs(5),
+            })?;
+        Ok(metrics
+            .lines()
+            .filter(|l| l.starts_with("rewind_api_requests_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+
     /// SIGTERM (it shuts down cleanly), then waits.
     pub fn stop(mut self) -> Result<(), Error> {
         // SAFETY: kill(2) on our own child's pid.
@@ -208,18 +227,21 @@ fn free_port() -> Result<SocketAddr, Error> {
 
 /// Whether GET /readyz answers 200.
 fn ready(addr: SocketAddr) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut answer = [0u8; 12];
-    stream.read_exact(&mut answer).is_ok() && &answer[9..12] == b"200"
+    get(addr, "/readyz").is_some()
+}
+
+/// The body of GET `path` if it answers 200: the controller's HTTP endpoints
+/// answer HTTP/1.0 and close, so a plain socket reads them.
+fn get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    (head.get(9..12) == Some("200")).then(|| body.to_owned())
 }
 
 #[cfg(test)]
