@@ -1,7 +1,6 @@
 //! Rule 4 with a real crash: the `rewind` binary killed (SIGKILL) at several points of a retry
 //! and restarted ends with exactly one reset, the token observed, and the planner's workflow.
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -10,10 +9,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
-use rewind::argo::workflow::{Workflow, labels};
+use rewind::argo::workflow::Workflow;
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
-use rewind::testenv::workload::FailedDag;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 
@@ -31,24 +29,12 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
     namespace: String,
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let dag = FailedDag {
-        name: "wf".into(),
-        failed: 120,
-        succeeded: 10,
-    };
-    let created = dag.create(&admin, &namespace, 16, || ()).await?;
-    let plan = ctl::expected_plan(&created)?;
-    let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
-    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
-    let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
-        .await?
-        .into_iter()
-        .collect();
+    let target = ctl::KillTarget::create(&cluster, &namespace).await?;
     let logs = tempfile::tempdir()?;
 
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     let token = "retry-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    ctl::request_retry(&cluster, &namespace, &target.name, token).await?;
     // Plan pods left after each kill, to show the kills fell inside the retry.
     let mut left_after_kill = Vec::new();
     for (run, lifetime) in KILL_AFTER.iter().enumerate() {
@@ -63,13 +49,13 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         }
         child.start_kill()?;
         child.wait().await?;
-        let present = ctl::pod_names(&cluster, &namespace, &selector).await?;
-        left_after_kill.push(present.iter().filter(|p| planned.contains(*p)).count());
+        left_after_kill.push(target.planned_left(&cluster, &namespace).await?);
     }
     let log = logs.path().join("run-last.log");
     let mut child = spawn_controller(&cluster, &namespace, &log)?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await;
+    let finished =
+        ctl::wait_finished(&workflows, &target.name, token, Duration::from_secs(60)).await;
     let to = Timestamp::now() + SignedDuration::from_secs(1);
     let ready = readyz(&log).await;
     child.start_kill()?;
@@ -78,15 +64,17 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         finished.with_context(|| format!("the last controller run's log:\n{}", read(&log)))?;
     tracing::info!(
         ?left_after_kill,
-        planned = planned.len(),
+        planned = target.planned.len(),
         "plan pods left after each kill"
     );
 
     ready.context("the controller's HTTP endpoints on 127.0.0.1:0")?;
     ensure!(
-        left_after_kill.iter().any(|&n| n > 0 && n < planned.len()),
+        left_after_kill
+            .iter()
+            .any(|&n| n > 0 && n < target.planned.len()),
         "no kill fell while pods were being deleted (plan pods left after each kill: {left_after_kill:?} of {}): the test proves nothing",
-        planned.len()
+        target.planned.len()
     );
     ensure!(
         status.phase == RetryPhase::Succeeded,
@@ -98,17 +86,10 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
         annotations::OBSERVED,
         after.annotation(annotations::OBSERVED)
     );
-    ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
-    let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
-        .await?
-        .into_iter()
-        .collect();
-    let expected: BTreeSet<String> = pods_before.difference(&planned).cloned().collect();
-    ensure!(
-        pods_after == expected,
-        "expected only the {} pods outside the plan to remain, found {pods_after:?}",
-        expected.len()
-    );
+    ctl::ensure_reset_as_planned(&after, &target.plan.workflow, from, to)?;
+    target
+        .ensure_only_outsiders_left(&cluster, &namespace)
+        .await?;
 
     let log = ctl::audit_log(&cluster, &namespace)?;
     let updates: Vec<u16> = log
@@ -117,14 +98,14 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
             a.user == CONTROLLER_NAME
                 && a.verb == "update"
                 && a.resource == "workflows"
-                && a.name == dag.name
+                && a.name == target.name
         })
         .map(|a| a.code)
         .collect();
     ensure!(
         updates.iter().filter(|&&code| code == 200).count() == 1,
         "expected exactly one successful update (the reset) of workflow {} by the controller, the audit log has codes {updates:?}",
-        dag.name
+        target.name
     );
     Ok(())
 }

@@ -2,7 +2,6 @@
 //! is ready and says so in /metrics, takes over after a SIGKILL within the lease duration plus a
 //! few seconds (finishing the retry with exactly one reset), and at once after a graceful stop.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -13,10 +12,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
 use kube::config::Kubeconfig;
-use rewind::argo::workflow::{Workflow, labels};
+use rewind::argo::workflow::Workflow;
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
-use rewind::testenv::workload::FailedDag;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -30,19 +28,7 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     namespace: String,
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
-    let dag = FailedDag {
-        name: "wf".into(),
-        failed: 120,
-        succeeded: 10,
-    };
-    let created = dag.create(&admin, &namespace, 16, || ()).await?;
-    let plan = ctl::expected_plan(&created)?;
-    let planned: BTreeSet<String> = plan.pods_to_delete.iter().cloned().collect();
-    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
-    let pods_before: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
-        .await?
-        .into_iter()
-        .collect();
+    let target = ctl::KillTarget::create(&cluster, &namespace).await?;
     let logs = tempfile::tempdir()?;
     let duration = Duration::from_secs(6);
 
@@ -63,13 +49,12 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     let from =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(1);
     let token = "retry-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    ctl::request_retry(&cluster, &namespace, &target.name, token).await?;
     // Kill the leader while it is deleting (10 deletes a second: 120 pods take 12 s).
     let deadline = Instant::now() + Duration::from_secs(20);
     let left_at_kill = loop {
-        let present = ctl::pod_names(&cluster, &namespace, &selector).await?;
-        let left = present.iter().filter(|p| planned.contains(*p)).count();
-        if left <= planned.len() - 20 {
+        let left = target.planned_left(&cluster, &namespace).await?;
+        if left <= target.planned.len() - 20 {
             break left;
         }
         ensure!(
@@ -109,9 +94,10 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     b.wait_http("/metrics", "200", "rewind_leader 1").await?;
 
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let (after, status) = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60))
-        .await
-        .with_context(|| format!("the new leader's log:\n{}", b.log()))?;
+    let (after, status) =
+        ctl::wait_finished(&workflows, &target.name, token, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("the new leader's log:\n{}", b.log()))?;
     let to = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(1);
     b.stop().await?;
     ensure!(
@@ -122,30 +108,24 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
         after.annotation(annotations::OBSERVED) == Some(token),
         "the token was not observed"
     );
-    ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
-    let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
-        .await?
-        .into_iter()
-        .collect();
-    let expected: BTreeSet<String> = pods_before.difference(&planned).cloned().collect();
-    ensure!(
-        pods_after == expected,
-        "expected only the pods outside the plan to remain, found {pods_after:?}"
-    );
+    ctl::ensure_reset_as_planned(&after, &target.plan.workflow, from, to)?;
+    target
+        .ensure_only_outsiders_left(&cluster, &namespace)
+        .await?;
     let updates: Vec<u16> = ctl::audit_log(&cluster, &namespace)?
         .iter()
         .filter(|a| {
             a.user == CONTROLLER_NAME
                 && a.verb == "update"
                 && a.resource == "workflows"
-                && a.name == dag.name
+                && a.name == target.name
         })
         .map(|a| a.code)
         .collect();
     ensure!(
         updates.iter().filter(|&&code| code == 200).count() == 1,
         "expected exactly one successful reset of {}, the audit log has codes {updates:?}",
-        dag.name
+        target.name
     );
     Ok(())
 }

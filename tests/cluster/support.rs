@@ -33,7 +33,7 @@ pub fn namespace_for(test: &str) -> String {
 pub mod controller {
     //! Running the controller in-process, asking for retries, and checking what it did.
 
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::path::Path;
     use std::time::Duration;
 
@@ -48,7 +48,7 @@ pub mod controller {
     use rewind::protocol::request::{self, RetryStatus, annotations};
     use rewind::retry::Scope;
     use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
-    use rewind::testenv::workload::through_transient;
+    use rewind::testenv::workload::{FailedDag, through_transient};
     use serde_json::Value;
     use tokio::task::JoinHandle;
     use tokio_util::sync::CancellationToken;
@@ -282,6 +282,76 @@ pub mod controller {
             },
         }))
         .expect("a valid pod")
+    }
+
+    /// A failed workflow `wf` of 120 failed and 10 succeeded pods, as the tests that kill
+    /// a controller mid-retry start from: its plan, and its pods before the retry.
+    pub struct KillTarget {
+        pub name: String,
+        pub plan: rewind::argo::plan::Plan,
+        /// The plan's pods.
+        pub planned: BTreeSet<String>,
+        /// The label selector of the workflow's pods.
+        pub selector: String,
+        pub pods_before: BTreeSet<String>,
+    }
+
+    impl KillTarget {
+        pub async fn create(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Self> {
+            let dag = FailedDag {
+                name: "wf".into(),
+                failed: 120,
+                succeeded: 10,
+            };
+            let created = dag
+                .create(&cluster.admin_client(), namespace, 16, || ())
+                .await?;
+            let plan = expected_plan(&created)?;
+            let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+            Ok(KillTarget {
+                planned: plan.pods_to_delete.iter().cloned().collect(),
+                pods_before: pod_names(cluster, namespace, &selector)
+                    .await?
+                    .into_iter()
+                    .collect(),
+                name: dag.name,
+                plan,
+                selector,
+            })
+        }
+
+        /// The plan's pods still there.
+        pub async fn planned_left(
+            &self,
+            cluster: &LocalCluster,
+            namespace: &str,
+        ) -> anyhow::Result<usize> {
+            let present = pod_names(cluster, namespace, &self.selector).await?;
+            Ok(present.iter().filter(|p| self.planned.contains(*p)).count())
+        }
+
+        /// Checks that exactly the pods outside the plan remain.
+        pub async fn ensure_only_outsiders_left(
+            &self,
+            cluster: &LocalCluster,
+            namespace: &str,
+        ) -> anyhow::Result<()> {
+            let after: BTreeSet<String> = pod_names(cluster, namespace, &self.selector)
+                .await?
+                .into_iter()
+                .collect();
+            let expected: BTreeSet<String> = self
+                .pods_before
+                .difference(&self.planned)
+                .cloned()
+                .collect();
+            anyhow::ensure!(
+                after == expected,
+                "expected only the {} pods outside the plan to remain, found {after:?}",
+                expected.len()
+            );
+            Ok(())
+        }
     }
 
     /// What the planner says the retry must produce from `before`, with every
