@@ -40,7 +40,9 @@ impl WorkflowCache {
         &self.stores
     }
 
-    /// Workflow `namespace/name` as cached.
+    /// Workflow `namespace/name` as cached; `None` also for one that carries
+    /// none of rewind's annotations and that no request follows (the watches
+    /// keep only those), so a caller that must know reads the API server.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Workflow>>> {
         let reference = ObjectRef::new(name).within(namespace);
         self.stores.iter().find_map(|s| s.get(&reference))

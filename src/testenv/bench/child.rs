@@ -115,7 +115,7 @@ impl RewindController {
             .ok()
             .flatten()
             .ok_or_else(|| Error::Timeout {
-                what: "the rewind controller's /metrics".into(),
+                what: "a 200 answer from the rewind controller's /metrics".into(),
                 waited: Duration::from_secs(5),
             })?;
         Ok(metrics
