@@ -17,7 +17,7 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::budget::{Bucket, BudgetConfig, BudgetObserver, Verb};
 use crate::engine::queue::QueueDepths;
@@ -149,13 +149,88 @@ struct IdentityLabels {
 
 const BUCKETS: [Bucket; 2] = [Bucket::Read, Bucket::Write];
 
-/// Creates the series of `labels` in `family`, at zero.
-fn start_at_zero<S, M, C>(family: &Family<S, M, C>, labels: &S)
+/// The bucket bounds of `rewind_retry_duration_seconds`.
+const RETRY_SECONDS: [f64; 11] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// The bucket bounds of `rewind_retry_step_seconds`.
+const STEP_SECONDS: [f64; 13] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Registers `metric` and returns it: its clones share its value, so the
+/// returned one is the handle `Metrics` updates.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// `family`, with the series of `labels` created at zero.
+fn at_zero<'l, S, M, C>(
+    family: Family<S, M, C>,
+    labels: impl IntoIterator<Item = &'l S>,
+) -> Family<S, M, C>
 where
-    S: Clone + std::hash::Hash + Eq,
+    S: Clone + std::hash::Hash + Eq + 'l,
     C: MetricConstructor<M>,
 {
-    drop(family.get_or_create(labels));
+    for labels in labels {
+        drop(family.get_or_create(labels));
+    }
+    family
+}
+
+/// Registers the budget's settings: what each bucket refills and holds.
+fn register_budget(registry: &mut Registry, budget: &BudgetConfig) {
+    let qps = register(
+        registry,
+        "api_budget_qps",
+        "Tokens each budget bucket refills per second (--qps, --read-qps)",
+        Family::<BucketLabels, Gauge>::default(),
+    );
+    let burst = register(
+        registry,
+        "api_budget_burst",
+        "Tokens each budget bucket holds at most (--burst, --read-burst)",
+        Family::<BucketLabels, Gauge>::default(),
+    );
+    for (bucket, rate) in [(Bucket::Read, budget.reads), (Bucket::Write, budget.writes)] {
+        let labels = BucketLabels {
+            bucket: bucket.as_str(),
+        };
+        qps.get_or_create(&labels).set(rate.qps.get().into());
+        burst.get_or_create(&labels).set(rate.burst.get().into());
+    }
+}
+
+/// Registers who the replica is and, where known, its container's limits.
+fn register_replica(registry: &mut Registry, identity: &str, limits: ContainerLimits) {
+    registry.register(
+        "replica",
+        "This replica's identity (its name in the Lease); rewind_leader says whether it leads",
+        Info::new(IdentityLabels {
+            identity: identity.to_owned(),
+        }),
+    );
+    if let Some(bytes) = limits.memory_bytes {
+        let limit = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        limit.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        registry.register(
+            "memory_limit_bytes",
+            "The container's memory limit (--memory-limit; the chart sets it from the downward API)",
+            limit,
+        );
+    }
+    if let Some(cores) = limits.cpu_cores {
+        let limit = Gauge::<f64, AtomicU64>::default();
+        limit.set(cores);
+        registry.register(
+            "cpu_limit_cores",
+            "The container's CPU limit in cores (--cpu-limit; the chart sets it from the downward API)",
+            limit,
+        );
+    }
 }
 
 /// A bucket's place in per-bucket arrays.
@@ -267,176 +342,135 @@ impl Metrics {
         // The process metrics keep the names every Prometheus client gives them.
         root.register_collector(Box::new(ProcessCollector));
         let registry = root.sub_registry_with_prefix("rewind");
-        let queue_depth = Family::<QueueLabels, Gauge>::default();
-        registry.register(
+        // By area, in the order /metrics lists them; `at_zero` creates the
+        // series the module doc says are there from the start.
+
+        // The delete queue; `encode` sets its depths at each scrape.
+        let queue_depth = register(
+            registry,
             "queue_depth",
             "Delete work items in the queue, by priority class and state",
-            queue_depth.clone(),
+            Family::default(),
         );
-        let api_requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+
+        // API requests and the budget that paces them.
+        let buckets = BUCKETS.map(|bucket| BucketLabels {
+            bucket: bucket.as_str(),
+        });
+        let api_requests = register(
+            registry,
             "api_requests",
             "Kubernetes API requests sent, by verb and HTTP response code (error: no response)",
-            api_requests.clone(),
+            Family::default(),
         );
-        let token_wait = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
-        registry.register(
+        let token_wait = register(
+            registry,
             "api_token_wait_seconds",
             "Seconds API requests spent waiting for a budget token, by bucket (read or write)",
-            token_wait.clone(),
+            at_zero(Family::default(), &buckets),
         );
-        let tokens = Family::<BucketLabels, Counter>::default();
-        registry.register(
+        let tokens = register(
+            registry,
             "api_tokens",
             "Tokens taken from each budget bucket (one per API request sent), by bucket",
-            tokens.clone(),
+            at_zero(Family::default(), &buckets),
         );
-        let busiest_second = Family::<BucketLabels, Gauge>::default();
-        registry.register(
+        let busiest_second = register(
+            registry,
             "api_tokens_busiest_second",
             "The most tokens taken from a budget bucket within one second, over the last minute (at most qps + burst)",
-            busiest_second.clone(),
+            at_zero(Family::default(), &buckets),
         );
-        let qps = Family::<BucketLabels, Gauge>::default();
-        registry.register(
-            "api_budget_qps",
-            "Tokens each budget bucket refills per second (--qps, --read-qps)",
-            qps.clone(),
-        );
-        let burst = Family::<BucketLabels, Gauge>::default();
-        registry.register(
-            "api_budget_burst",
-            "Tokens each budget bucket holds at most (--burst, --read-burst)",
-            burst.clone(),
-        );
-        for (bucket, rate) in [(Bucket::Read, budget.reads), (Bucket::Write, budget.writes)] {
-            let labels = BucketLabels {
-                bucket: bucket.as_str(),
-            };
-            qps.get_or_create(&labels).set(rate.qps.get().into());
-            burst.get_or_create(&labels).set(rate.burst.get().into());
-        }
-        let pauses = Family::<BucketLabels, Counter>::default();
-        registry.register(
+        register_budget(registry, budget);
+        let pauses = register(
+            registry,
             "api_pauses",
             "Pauses of a budget bucket ordered by the API server (429 or 503 with Retry-After)",
-            pauses.clone(),
+            at_zero(Family::default(), &buckets),
         );
-        let pause_seconds = Family::<BucketLabels, Counter<f64, AtomicU64>>::default();
-        registry.register(
+        let pause_seconds = register(
+            registry,
             "api_pause_seconds",
             "Seconds of the pauses the API server ordered with Retry-After, by bucket",
-            pause_seconds.clone(),
+            at_zero(Family::default(), &buckets),
         );
-        for bucket in BUCKETS {
-            let labels = BucketLabels {
-                bucket: bucket.as_str(),
-            };
-            start_at_zero(&token_wait, &labels);
-            start_at_zero(&tokens, &labels);
-            start_at_zero(&busiest_second, &labels);
-            start_at_zero(&pauses, &labels);
-            start_at_zero(&pause_seconds, &labels);
-        }
-        let in_flight = Gauge::default();
-        registry.register(
+        let in_flight = register(
+            registry,
             "api_requests_in_flight",
             "Kubernetes API requests in flight (watches excluded)",
-            in_flight.clone(),
+            Gauge::default(),
         );
-        let pods_deleted = Counter::default();
-        registry.register(
+
+        // Retries: the pods they delete, how they end, and their steps.
+        let pods_deleted = register(
+            registry,
             "pods_deleted",
             "Pods deleted (or released from Argo's finalizer) for retries and pod GC",
-            pods_deleted.clone(),
+            Counter::default(),
         );
-        let retry_duration = Family::<ResultLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-            ])
-        });
-        registry.register(
+        let retry_duration: Family<ResultLabels, Histogram> = register(
+            registry,
             "retry_duration_seconds",
             "Seconds from picking up a retry request to its end, by result",
-            retry_duration.clone(),
+            at_zero(
+                Family::new_with_constructor(|| Histogram::new(RETRY_SECONDS)),
+                &RESULTS.map(|result| ResultLabels { result }),
+            ),
         );
-        for result in RESULTS {
-            start_at_zero(&retry_duration, &ResultLabels { result });
-        }
-        let step_seconds = Family::<StepLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-            ])
-        });
-        registry.register(
-            "retry_step_seconds",
-            "Seconds each step of a retry took, by kind (live, archived) and step (read, plan, delete, confirm, commit, create)",
-            step_seconds.clone(),
-        );
-        let in_progress = Family::<StepLabels, Gauge>::default();
-        registry.register(
-            "retries_in_progress",
-            "Retries in progress, by kind (live, archived) and the step each is in (read, plan, delete, commit, create; delete includes its confirming list)",
-            in_progress.clone(),
-        );
-        for kind in [RetryKind::Live, RetryKind::Archived] {
-            for step in kind.steps() {
-                let labels = StepLabels {
+        let steps: Vec<StepLabels> = [RetryKind::Live, RetryKind::Archived]
+            .into_iter()
+            .flat_map(|kind| {
+                kind.steps().map(|step| StepLabels {
                     kind: kind.as_str(),
                     step: step.as_str(),
-                };
-                start_at_zero(&step_seconds, &labels);
-                if step != Step::Confirm {
-                    start_at_zero(&in_progress, &labels);
-                }
-            }
-        }
-        let leader = Gauge::default();
-        registry.register(
+                })
+            })
+            .collect();
+        let step_seconds: Family<StepLabels, Histogram> = register(
+            registry,
+            "retry_step_seconds",
+            "Seconds each step of a retry took, by kind (live, archived) and step (read, plan, delete, confirm, commit, create)",
+            at_zero(
+                Family::new_with_constructor(|| Histogram::new(STEP_SECONDS)),
+                &steps,
+            ),
+        );
+        // The confirming list is in progress as part of the delete step.
+        let in_progress = register(
+            registry,
+            "retries_in_progress",
+            "Retries in progress, by kind (live, archived) and the step each is in (read, plan, delete, commit, create; delete includes its confirming list)",
+            at_zero(
+                Family::default(),
+                steps.iter().filter(|l| l.step != Step::Confirm.as_str()),
+            ),
+        );
+
+        // This replica: whether it leads, who it is, what it may use.
+        let leader = register(
+            registry,
             "leader",
             "1 while this replica works (holds the lease, or runs without leader election), 0 while it stands by",
-            leader.clone(),
+            Gauge::default(),
         );
-        let leader_changes = Counter::default();
-        registry.register(
+        let leader_changes = register(
+            registry,
             "leader_changes",
             "Times this replica started or stopped working as the leader",
-            leader_changes.clone(),
+            Counter::default(),
         );
-        registry.register(
-            "replica",
-            "This replica's identity (its name in the Lease); rewind_leader says whether it leads",
-            Info::new(IdentityLabels {
-                identity: identity.to_owned(),
-            }),
-        );
-        if let Some(bytes) = limits.memory_bytes {
-            let limit = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
-            limit.set(i64::try_from(bytes).unwrap_or(i64::MAX));
-            registry.register(
-                "memory_limit_bytes",
-                "The container's memory limit (--memory-limit; the chart sets it from the downward API)",
-                limit,
-            );
-        }
-        if let Some(cores) = limits.cpu_cores {
-            let limit = Gauge::<f64, AtomicU64>::default();
-            limit.set(cores);
-            registry.register(
-                "cpu_limit_cores",
-                "The container's CPU limit in cores (--cpu-limit; the chart sets it from the downward API)",
-                limit,
-            );
-        }
-        let panics = Family::<KindLabels, Counter>::default();
-        registry.register(
+        register_replica(registry, identity, limits);
+
+        // Bugs: requests that panicked.
+        let panics = register(
+            registry,
             "request_panics",
             "Requests that panicked and were ended Failed, by kind (workflow, workflowretry); each is a bug to report",
-            panics.clone(),
+            at_zero(
+                Family::default(),
+                &["workflow", "workflowretry"].map(|kind| KindLabels { kind }),
+            ),
         );
-        for kind in ["workflow", "workflowretry"] {
-            start_at_zero(&panics, &KindLabels { kind });
-        }
         Metrics {
             registry: root,
             panics,
@@ -764,6 +798,92 @@ mod tests {
         drop(deleting);
         let text = m.encode(QueueDepths::default());
         assert!(text.contains(r#"rewind_retries_in_progress{kind="live",step="delete"} 0"#));
+    }
+
+    /// Dashboards, alerts and docs name these families: each keeps its
+    /// name, help and type, /metrics lists them in this order, and each
+    /// histogram keeps its bucket bounds.
+    #[test]
+    fn every_family_keeps_its_name_help_type_and_buckets() {
+        let m = metrics(ContainerLimits {
+            memory_bytes: Some(1),
+            cpu_cores: Some(1.0),
+        });
+        // A family is listed once it has a series; this one starts with none.
+        m.response(Verb::Get, Some(StatusCode::OK));
+        let text = m.encode(QueueDepths::default());
+        let described: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# HELP rewind_") || l.starts_with("# TYPE rewind_"))
+            .collect();
+        assert_eq!(
+            described,
+            [
+                "# HELP rewind_queue_depth Delete work items in the queue, by priority class and state.",
+                "# TYPE rewind_queue_depth gauge",
+                "# HELP rewind_api_requests Kubernetes API requests sent, by verb and HTTP response code (error: no response).",
+                "# TYPE rewind_api_requests counter",
+                "# HELP rewind_api_token_wait_seconds Seconds API requests spent waiting for a budget token, by bucket (read or write).",
+                "# TYPE rewind_api_token_wait_seconds counter",
+                "# HELP rewind_api_tokens Tokens taken from each budget bucket (one per API request sent), by bucket.",
+                "# TYPE rewind_api_tokens counter",
+                "# HELP rewind_api_tokens_busiest_second The most tokens taken from a budget bucket within one second, over the last minute (at most qps + burst).",
+                "# TYPE rewind_api_tokens_busiest_second gauge",
+                "# HELP rewind_api_budget_qps Tokens each budget bucket refills per second (--qps, --read-qps).",
+                "# TYPE rewind_api_budget_qps gauge",
+                "# HELP rewind_api_budget_burst Tokens each budget bucket holds at most (--burst, --read-burst).",
+                "# TYPE rewind_api_budget_burst gauge",
+                "# HELP rewind_api_pauses Pauses of a budget bucket ordered by the API server (429 or 503 with Retry-After).",
+                "# TYPE rewind_api_pauses counter",
+                "# HELP rewind_api_pause_seconds Seconds of the pauses the API server ordered with Retry-After, by bucket.",
+                "# TYPE rewind_api_pause_seconds counter",
+                "# HELP rewind_api_requests_in_flight Kubernetes API requests in flight (watches excluded).",
+                "# TYPE rewind_api_requests_in_flight gauge",
+                "# HELP rewind_pods_deleted Pods deleted (or released from Argo's finalizer) for retries and pod GC.",
+                "# TYPE rewind_pods_deleted counter",
+                "# HELP rewind_retry_duration_seconds Seconds from picking up a retry request to its end, by result.",
+                "# TYPE rewind_retry_duration_seconds histogram",
+                "# HELP rewind_retry_step_seconds Seconds each step of a retry took, by kind (live, archived) and step (read, plan, delete, confirm, commit, create).",
+                "# TYPE rewind_retry_step_seconds histogram",
+                "# HELP rewind_retries_in_progress Retries in progress, by kind (live, archived) and the step each is in (read, plan, delete, commit, create; delete includes its confirming list).",
+                "# TYPE rewind_retries_in_progress gauge",
+                "# HELP rewind_leader 1 while this replica works (holds the lease, or runs without leader election), 0 while it stands by.",
+                "# TYPE rewind_leader gauge",
+                "# HELP rewind_leader_changes Times this replica started or stopped working as the leader.",
+                "# TYPE rewind_leader_changes counter",
+                "# HELP rewind_replica This replica's identity (its name in the Lease); rewind_leader says whether it leads.",
+                "# TYPE rewind_replica info",
+                "# HELP rewind_memory_limit_bytes The container's memory limit (--memory-limit; the chart sets it from the downward API).",
+                "# TYPE rewind_memory_limit_bytes gauge",
+                "# HELP rewind_cpu_limit_cores The container's CPU limit in cores (--cpu-limit; the chart sets it from the downward API).",
+                "# TYPE rewind_cpu_limit_cores gauge",
+                "# HELP rewind_request_panics Requests that panicked and were ended Failed, by kind (workflow, workflowretry); each is a bug to report.",
+                "# TYPE rewind_request_panics counter",
+            ]
+        );
+        // One series of each histogram: its bucket bounds, in order.
+        let bounds = |series: &str, labels: &str| -> Vec<&str> {
+            let prefix = format!("{series}_bucket{{le=\"");
+            text.lines()
+                .filter_map(|l| l.strip_prefix(&prefix)?.split_once("\","))
+                .filter(|(_, rest)| rest.starts_with(labels))
+                .map(|(le, _)| le)
+                .collect()
+        };
+        assert_eq!(
+            bounds("rewind_retry_duration_seconds", r#"result="failed"}"#),
+            [
+                "0.5", "1.0", "2.0", "5.0", "10.0", "20.0", "30.0", "60.0", "120.0", "300.0",
+                "600.0", "+Inf"
+            ]
+        );
+        assert_eq!(
+            bounds("rewind_retry_step_seconds", r#"kind="live",step="read"}"#),
+            [
+                "0.01", "0.05", "0.1", "0.5", "1.0", "2.0", "5.0", "10.0", "20.0", "30.0", "60.0",
+                "120.0", "300.0", "+Inf"
+            ]
+        );
     }
 
     #[test]
