@@ -10,6 +10,8 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::drive::DeleteError;
+
 /// Planned pods in deletion at once by default: what the chart's memory
 /// limit leaves room for (docs/operating.md, "Memory sizing").
 pub const DEFAULT_MAX_PODS: usize = 50_000;
@@ -88,6 +90,27 @@ impl Admission {
         }
     }
 
+    /// Plans `retry` and takes the plan's share of the bound. When there is
+    /// no room, the plan is dropped (a retry waits holding nothing of its
+    /// workflow), its status says why, and once admitted it reads and plans
+    /// again: the workflow may have changed meanwhile. That second plan runs
+    /// whatever its size, as the wait was for the first.
+    pub(crate) async fn plan_admitted<R: Planning>(
+        &self,
+        retry: &mut R,
+        stop: &CancellationToken,
+    ) -> Result<(R::Planned, Admitted), R::Error> {
+        let planned = retry.read_and_plan().await?;
+        let pods = R::pods(&planned);
+        if let Some(admitted) = self.try_admit(pods) {
+            return Ok((planned, admitted));
+        }
+        drop(planned);
+        retry.waiting(&self.waiting_message(pods)).await?;
+        let admitted = self.wait(pods, stop).await.ok_or(DeleteError::Stopped)?;
+        Ok((retry.read_and_plan().await?, admitted))
+    }
+
     /// Why a retry of `pods` waits: for its status.
     pub fn waiting_message(&self, pods: usize) -> String {
         format!(
@@ -101,6 +124,22 @@ impl Admission {
     pub fn in_use(&self) -> usize {
         self.limit - self.permits.available_permits()
     }
+}
+
+/// A retry's own steps around [`Admission::plan_admitted`]: the live and the
+/// archived flows read, plan and report each in their own way.
+pub(crate) trait Planning {
+    type Planned;
+    type Error: From<DeleteError>;
+
+    /// Reads the workflow and plans its retry.
+    async fn read_and_plan(&mut self) -> Result<Self::Planned, Self::Error>;
+
+    /// The pods the plan deletes: its weight in the bound.
+    fn pods(planned: &Self::Planned) -> usize;
+
+    /// Tells the user (the request's status) why the retry waits.
+    async fn waiting(&mut self, message: &str) -> Result<(), Self::Error>;
 }
 
 #[cfg(test)]
@@ -133,5 +172,78 @@ mod tests {
         let huge = admission.try_admit(1_000).expect("alone, it runs");
         assert_eq!(admission.in_use(), 100);
         drop(huge);
+    }
+
+    /// A retry whose workflow grows by one pod at each read, and which
+    /// records what its status was told.
+    struct Growing {
+        pods: usize,
+        reads: usize,
+        told: Vec<String>,
+    }
+
+    impl Planning for Growing {
+        type Planned = usize;
+        type Error = DeleteError;
+
+        async fn read_and_plan(&mut self) -> Result<usize, DeleteError> {
+            self.reads += 1;
+            self.pods += 1;
+            Ok(self.pods)
+        }
+
+        fn pods(planned: &usize) -> usize {
+            *planned
+        }
+
+        async fn waiting(&mut self, message: &str) -> Result<(), DeleteError> {
+            self.told.push(message.to_owned());
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plan_without_room_says_why_waits_then_reads_and_plans_again() {
+        let admission = Admission::new(10);
+        let stop = CancellationToken::new();
+        let mut retry = Growing {
+            pods: 0,
+            reads: 0,
+            told: Vec::new(),
+        };
+        let (planned, first) = admission.plan_admitted(&mut retry, &stop).await.unwrap();
+        assert_eq!((planned, retry.reads, retry.told.len()), (1, 1, 0));
+
+        let full = admission.try_admit(9).expect("room for 9 more");
+        let mut waiting = Growing {
+            pods: 4,
+            reads: 0,
+            told: Vec::new(),
+        };
+        let admitted = {
+            let admitted = admission.plan_admitted(&mut waiting, &stop);
+            tokio::pin!(admitted);
+            tokio::select! {
+                _ = &mut admitted => panic!("admitted with no room"),
+                _ = tokio::task::yield_now() => {}
+            }
+            drop(full);
+            admitted.await.unwrap()
+        };
+        // Planned again after the wait: the workflow had grown meanwhile.
+        assert_eq!((admitted.0, waiting.reads), (6, 2));
+        assert_eq!(waiting.told.len(), 1);
+        assert!(waiting.told[0].contains("5 pods"), "{:?}", waiting.told);
+
+        // Stopped while waiting (7 of 10 in use): the request ends Stopped.
+        stop.cancel();
+        let mut stopped = Growing {
+            pods: 20,
+            reads: 0,
+            told: Vec::new(),
+        };
+        let ended = admission.plan_admitted(&mut stopped, &stop).await;
+        assert!(matches!(ended, Err(DeleteError::Stopped)), "{ended:?}");
+        drop((first, admitted));
     }
 }

@@ -33,7 +33,7 @@ use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::CREATED_BY;
 use crate::protocol::request::{DENIED, EXISTS, RetryPhase, workflowretry_token};
-use crate::retry::admission::Admitted;
+use crate::retry::admission::{Admitted, Planning};
 use crate::retry::object::ObjectStatus;
 use crate::retry::report;
 use crate::telemetry::metrics::{RetryKind, Step as Metered};
@@ -166,6 +166,8 @@ struct Job<'r, 'a> {
     namespace: String,
     workflows: Api<Workflow>,
     started: Instant,
+    /// The archived workflow as first read, until it is planned.
+    archived: Option<Workflow>,
 }
 
 impl<'r, 'a> Job<'r, 'a> {
@@ -182,6 +184,7 @@ impl<'r, 'a> Job<'r, 'a> {
             namespace,
             workflows,
             started: Instant::now(),
+            archived: None,
         })
     }
 
@@ -211,38 +214,19 @@ impl<'r, 'a> Job<'r, 'a> {
         Ok(archived)
     }
 
-    /// Plans the retry and takes its share of the bound on pods in deletion:
-    /// when there is no room, it waits holding nothing of the workflow (its
-    /// status says so), then reads and plans again.
+    /// Plans the retry of `archived` and takes its share of the bound on pods
+    /// in deletion (see [`crate::retry::admission::Admission::plan_admitted`]).
     async fn plan(
         &mut self,
         archived: Workflow,
         stop: &CancellationToken,
     ) -> Result<(Plan, Admitted), ArchivedError> {
+        self.archived = Some(archived);
         let ctx = self.status.ctx;
-        let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
-        let options = ctx
-            .config
-            .plan_options(self.status.object.spec.options(), self.database.offloads());
-        let planned = crate::retry::plan_off_thread(archived, options.clone()).await?;
-        Step::Plan.took(self.status, step.done());
-        let pods = planned.pods_to_delete.len();
-        if let Some(admitted) = ctx.admission.try_admit(pods) {
-            return Ok((planned, admitted));
-        }
-        drop(planned);
-        self.status.status.phase = Some(RetryPhase::Pending);
-        self.status.status.message = ctx.admission.waiting_message(pods);
-        write(self.status).await?;
-        let admitted = ctx
-            .admission
-            .wait(pods, stop)
-            .await
-            .ok_or(DeleteError::Stopped)?;
-        let archived = read(self.database, self.uid).await?;
-        let planned = crate::retry::plan_off_thread(archived, options).await?;
+        let admitted = ctx.admission.plan_admitted(self, stop).await?;
+        // A waiting message, if it was written, is over.
         self.status.status.message.clear();
-        Ok((planned, admitted))
+        Ok(admitted)
     }
 
     /// Deletes the plan's pods of the archived workflow `name` (only those
@@ -437,6 +421,37 @@ impl<'r, 'a> Job<'r, 'a> {
         self.status.status.workflow_uid = Some(done);
         self.status.status.message = format!("created workflow {name}");
         Ok(())
+    }
+}
+
+impl Planning for Job<'_, '_> {
+    type Planned = Plan;
+    type Error = ArchivedError;
+
+    /// Plans the workflow as first read; after a wait for room, reads it again.
+    async fn read_and_plan(&mut self) -> Result<Plan, ArchivedError> {
+        let archived = match self.archived.take() {
+            Some(archived) => archived,
+            None => read(self.database, self.uid).await?,
+        };
+        let ctx = self.status.ctx;
+        let step = ctx.metrics.step(RetryKind::Archived, Metered::Plan);
+        let options = ctx
+            .config
+            .plan_options(self.status.object.spec.options(), self.database.offloads());
+        let planned = crate::retry::plan_off_thread(archived, options).await?;
+        Step::Plan.took(self.status, step.done());
+        Ok(planned)
+    }
+
+    fn pods(planned: &Plan) -> usize {
+        planned.pods_to_delete.len()
+    }
+
+    async fn waiting(&mut self, message: &str) -> Result<(), ArchivedError> {
+        self.status.status.phase = Some(RetryPhase::Pending);
+        self.status.status.message = message.to_owned();
+        write(self.status).await
     }
 }
 

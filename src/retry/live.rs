@@ -29,7 +29,7 @@ use crate::engine::workers::RequestKey;
 use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
-use crate::retry::admission::Admitted;
+use crate::retry::admission::{Admitted, Planning};
 use crate::retry::progress::{End, Seen};
 use crate::retry::report::{self, Ending, Events, Report};
 use crate::telemetry::metrics::{RetryKind, Step};
@@ -333,59 +333,16 @@ impl<'a> Job<'a> {
     /// request is already answered.
     async fn prepare(&mut self, shutdown: &CancellationToken) -> Result<Option<Plan>, RetryError> {
         let metrics = &self.ctx.metrics;
-        let mut read_at = None;
-        let plan = loop {
-            let read = metrics.step(RetryKind::Live, Step::Read);
-            let Some(mut wf) = self.status.read().await? else {
-                return Ok(None);
-            };
-            offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
-            read.done();
-            read_at.clone_from(&wf.metadata.resource_version);
-            // Announced once the workflow confirms the request is pending: a
-            // late watch event about a finished request says nothing.
-            if self.announcing.is_none() {
-                info!(
-                    workflow = self.target.name,
-                    namespace = self.target.namespace,
-                    token = self.target.token,
-                    "retry started"
-                );
-                // Off the retry's path; the request's last Event waits for it.
-                // Its write is the asker's too: a task of its own would lose
-                // the asker and wait in the namespace's line once per Event,
-                // ahead of other askers (200 of a batch's did, before a
-                // second user's retry).
-                self.announcing = Some(tokio::spawn(on_behalf_of(
-                    self.target.key().asker().into(),
-                    self.status.events.publish(
-                        kube::runtime::events::EventType::Normal,
-                        report::reasons::STARTED,
-                        format!("rewind started retry request {}", self.target.token),
-                    ),
-                )));
-            }
-            // The workflow as read is not kept: the plan holds the one copy of its nodes.
-            let planning = metrics.step(RetryKind::Live, Step::Plan);
-            let plan = self.plan(wf).await?;
-            planning.done();
-            if self.admitted.is_some() {
-                break plan;
-            }
-            let pods = plan.pods_to_delete.len();
-            let admission = &self.ctx.admission;
-            if let Some(admitted) = admission.try_admit(pods) {
-                self.admitted = Some(admitted);
-                break plan;
-            }
-            // Wait holding nothing of the workflow, then read and plan it again: it may
-            // have changed meanwhile.
-            drop(plan);
-            self.status
-                .waiting(&admission.waiting_message(pods))
-                .await?;
-            let admitted = admission.wait(pods, shutdown).await;
-            self.admitted = Some(admitted.ok_or(DeleteError::Stopped)?);
+        let read = if self.admitted.is_some() {
+            self.read_and_plan().await?
+        } else {
+            let ctx = self.ctx;
+            let (read, admitted) = ctx.admission.plan_admitted(self, shutdown).await?;
+            self.admitted = Some(admitted);
+            read
+        };
+        let Some(Read { plan, read_at }) = read else {
+            return Ok(None);
         };
         let deletion = self.deletion.get_or_insert_with(|| {
             Deletion::new(
@@ -430,6 +387,65 @@ impl<'a> Job<'a> {
             .config
             .plan_options(request.options, self.ctx.offloading().is_some());
         Ok(crate::retry::plan_off_thread(wf, options).await?)
+    }
+}
+
+/// A workflow as planned, and the resourceVersion it was read at.
+struct Read {
+    plan: Plan,
+    read_at: Option<String>,
+}
+
+impl Planning for Job<'_> {
+    /// `None` when the request is answered already: nothing to admit.
+    type Planned = Option<Read>;
+    type Error = RetryError;
+
+    async fn read_and_plan(&mut self) -> Result<Option<Read>, RetryError> {
+        let metrics = &self.ctx.metrics;
+        let read = metrics.step(RetryKind::Live, Step::Read);
+        let Some(mut wf) = self.status.read().await? else {
+            return Ok(None);
+        };
+        offload::hydrate(self.ctx.database.as_deref(), &mut wf).await?;
+        read.done();
+        let read_at = wf.metadata.resource_version.clone();
+        // Announced once the workflow confirms the request is pending: a
+        // late watch event about a finished request says nothing.
+        if self.announcing.is_none() {
+            info!(
+                workflow = self.target.name,
+                namespace = self.target.namespace,
+                token = self.target.token,
+                "retry started"
+            );
+            // Off the retry's path; the request's last Event waits for it.
+            // Its write is the asker's too: a task of its own would lose
+            // the asker and wait in the namespace's line once per Event,
+            // ahead of other askers (200 of a batch's did, before a
+            // second user's retry).
+            self.announcing = Some(tokio::spawn(on_behalf_of(
+                self.target.key().asker().into(),
+                self.status.events.publish(
+                    kube::runtime::events::EventType::Normal,
+                    report::reasons::STARTED,
+                    format!("rewind started retry request {}", self.target.token),
+                ),
+            )));
+        }
+        // The workflow as read is not kept: the plan holds the one copy of its nodes.
+        let planning = metrics.step(RetryKind::Live, Step::Plan);
+        let plan = self.plan(wf).await?;
+        planning.done();
+        Ok(Some(Read { plan, read_at }))
+    }
+
+    fn pods(read: &Option<Read>) -> usize {
+        read.as_ref().map_or(0, |r| r.plan.pods_to_delete.len())
+    }
+
+    async fn waiting(&mut self, message: &str) -> Result<(), RetryError> {
+        self.status.waiting(message).await
     }
 }
 
