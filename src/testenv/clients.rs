@@ -257,9 +257,18 @@ impl ArgoServer {
             .envs(env.iter().copied());
         let mut process = Process::start("argo server", command)?;
         process.wait_listening(addr).await?;
-        process
-            .wait_answering(&format!("http://{addr}/api/v1/version"))
-            .await?;
+        // The gateway dials the gRPC side once per service, and a dial made
+        // before the port listened backs off for a second or more: each
+        // service the tests call is waited for, not one for all.
+        for path in [
+            "version".to_owned(),
+            format!("workflows/{namespace}"),
+            "archived-workflows".to_owned(),
+        ] {
+            process
+                .wait_answering(&format!("http://{addr}/api/v1/{path}"))
+                .await?;
+        }
         tracing::info!(%addr, auth_mode, log = %process.log.display(), "argo server started");
         Ok(ArgoServer { process, addr })
     }
