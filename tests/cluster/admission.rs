@@ -20,9 +20,9 @@ use rewind::testenv::localcluster::{LocalCluster, USER_NAME};
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
-use crate::install::{CHART, helm};
 use crate::support::grants::{bind_user, grant_user, rule};
-use crate::workflowretry::{archived, live};
+use crate::support::helm::{CHART, helm};
+use crate::support::workflowretry::{archived, live};
 
 /// The release name the chart is rendered under: its policy's name differs from the chart
 /// install test's.

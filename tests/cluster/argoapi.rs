@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -27,140 +26,10 @@ use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role as Clust
 use rewind::testenv::workload::FailedDag;
 use serde_json::{Value, json};
 
+use crate::support::archived::Rows;
+use crate::support::argo_api::{call, free_addr, put};
 use crate::support::controller as ctl;
-use crate::support::grants::{named, rule};
-use crate::workflowretry::Rows;
-
-/// A free port on loopback for the API listener.
-pub fn free_addr() -> anyhow::Result<SocketAddr> {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(probe.local_addr()?)
-}
-
-/// `verbs` on workflows.
-pub fn workflow_verbs(verbs: &[&str]) -> PolicyRule {
-    rule("argoproj.io", "workflows", verbs)
-}
-
-/// Deleting pods, which Argo's server does as the caller in a retry.
-pub fn delete_pods() -> PolicyRule {
-    rule("", "pods", &["delete"])
-}
-
-/// A ServiceAccount `name` in `namespace` holding `rules` there (none: no Role), and a
-/// token of it.
-pub async fn account(
-    admin: &kube::Client,
-    namespace: &str,
-    name: &str,
-    rules: &[PolicyRule],
-) -> anyhow::Result<String> {
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-    accounts
-        .create(
-            &PostParams::default(),
-            &ServiceAccount {
-                metadata: named(name),
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("creating ServiceAccount {name}"))?;
-    if !rules.is_empty() {
-        Api::<Role>::namespaced(admin.clone(), namespace)
-            .create(
-                &PostParams::default(),
-                &Role {
-                    metadata: named(name),
-                    rules: Some(rules.to_vec()),
-                },
-            )
-            .await?;
-        Api::<RoleBinding>::namespaced(admin.clone(), namespace)
-            .create(
-                &PostParams::default(),
-                &RoleBinding {
-                    metadata: named(name),
-                    role_ref: RoleRef {
-                        api_group: "rbac.authorization.k8s.io".into(),
-                        kind: "Role".into(),
-                        name: name.into(),
-                    },
-                    subjects: Some(vec![Subject {
-                        kind: "ServiceAccount".into(),
-                        name: name.into(),
-                        namespace: Some(namespace.into()),
-                        ..Default::default()
-                    }]),
-                },
-            )
-            .await?;
-    }
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token of {name}"))?;
-    Ok(token
-        .status
-        .context("a TokenRequest answers a status")?
-        .token)
-}
-
-/// `PUT url` with `authorization` (the header's whole value) and `body`, as curl sends it;
-/// the HTTP status and the JSON answer.
-pub async fn put(
-    url: &str,
-    authorization: Option<&str>,
-    body: &Value,
-    ca: Option<&Path>,
-) -> anyhow::Result<(u16, Value)> {
-    call("PUT", url, authorization, Some(body), ca).await
-}
-
-/// `method url` with `authorization` and `body` (if any), as curl sends it; the HTTP status
-/// and the JSON answer.
-async fn call(
-    method: &str,
-    url: &str,
-    authorization: Option<&str>,
-    body: Option<&Value>,
-    ca: Option<&Path>,
-) -> anyhow::Result<(u16, Value)> {
-    let mut command = tokio::process::Command::new("curl");
-    command.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
-    if let Some(body) = body {
-        command.args(["-H", "Content-Type: application/json"]);
-        command.args(["--data-binary", &body.to_string()]);
-    }
-    if let Some(value) = authorization {
-        command.args(["-H", &format!("Authorization: {value}")]);
-    }
-    if let Some(ca) = ca {
-        command.arg("--cacert").arg(ca);
-    }
-    let out = command
-        .arg(url)
-        .output()
-        .await
-        .context("running curl (Debian package curl)")?;
-    ensure!(
-        out.status.success(),
-        "curl {url} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    let (json, code) = text.rsplit_once('\n').context("curl printed the status")?;
-    let value = serde_json::from_str(json).with_context(|| format!("the answer {json:?}"))?;
-    Ok((code.trim().parse()?, value))
-}
+use crate::support::grants::{account, delete_pods, named, workflow_verbs};
 
 /// Checks an error answer: grpc-gateway's shape, `http` and `code`, a message holding `words`.
 fn ensure_status(answer: &(u16, Value), http: u16, code: i64, words: &str) -> anyhow::Result<()> {

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
@@ -24,9 +23,9 @@ use rewind::testenv::localcluster::{LocalCluster, Role as ClusterRole, USER_NAME
 use rewind::testenv::workload::FailedDag;
 use serde_json::Value;
 
+use crate::support::archived::{Archive, Archived, Rows};
 use crate::support::controller as ctl;
 use crate::support::grants::{self, rule};
-use crate::workflowretry::{Rows, create_held_pods};
 
 /// What one run of the CLI wrote and how it ended.
 struct Run {
@@ -37,19 +36,18 @@ struct Run {
     timeline: Vec<(Duration, usize)>,
 }
 
-/// The `rewind` binary with the user's kubeconfig and namespace.
-fn rewind(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
-    command
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(cluster.kubeconfig_path(ClusterRole::User))
-        .args(["-n", namespace])
-        .env_remove("RUST_LOG")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("NO_COLOR")
-        .stdin(Stdio::null());
-    command
+impl Run {
+    /// Fails unless the CLI exited 0, showing all it wrote (in a terminal, all in `stdout`).
+    fn ensure_success(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.status.success(),
+            "exit {:?}:\n{}{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        Ok(())
+    }
 }
 
 /// Runs the CLI with pipes: not a terminal.
@@ -66,17 +64,10 @@ async fn run_piped(mut command: Command) -> anyhow::Result<Run> {
 }
 
 /// Runs the CLI with stdin, stdout and stderr on a pseudo-terminal, as in a
-/// person's shell, and returns everything the terminal showed (in `stdout`).
+/// person's shell, and returns everything the terminal showed (in `stdout`),
+/// sending SIGINT (Ctrl-C) after `interrupt` if given.
 /// libc's openpty (libc is already a dependency) keeps this to a few lines.
-async fn run_in_pty(command: Command) -> anyhow::Result<Run> {
-    run_in_pty_interrupted(command, None).await
-}
-
-/// [`run_in_pty`], sending SIGINT (Ctrl-C) after `interrupt` if given.
-async fn run_in_pty_interrupted(
-    mut command: Command,
-    interrupt: Option<Duration>,
-) -> anyhow::Result<Run> {
+async fn run_in_pty(mut command: Command, interrupt: Option<Duration>) -> anyhow::Result<Run> {
     tokio::task::spawn_blocking(move || {
         let (mut master, mut slave) = (0, 0);
         let size = libc::winsize {
@@ -143,29 +134,64 @@ async fn run_in_pty_interrupted(
     .await?
 }
 
-/// Lets the test user ask for retries in `namespace` (annotations and
-/// WorkflowRetry objects, as the chart's `rewind-retry` role does), and read
-/// pods, for the dry run's bulk assessment.
-async fn grant_user(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<()> {
-    grants::grant_user(
-        &cluster.admin_client(),
-        namespace,
-        "rewind-cli-user",
-        vec![
-            rule(
-                "argoproj.io",
-                "workflows",
-                &["get", "list", "watch", "patch"],
-            ),
-            rule("", "pods", &["get", "list"]),
-            rule(
-                "rewind.dev",
-                "workflowretries",
-                &["create", "get", "list", "watch"],
-            ),
-        ],
-    )
-    .await
+/// The `rewind` binary as the test user runs it in one namespace: each test
+/// runs it several times, differing only in its arguments.
+struct Cli<'a> {
+    cluster: &'a LocalCluster,
+    namespace: &'a str,
+}
+
+impl<'a> Cli<'a> {
+    /// Lets the test user ask for retries in `namespace` (annotations and
+    /// WorkflowRetry objects, as the chart's `rewind-retry` role does), and read
+    /// pods, for the dry run's bulk assessment.
+    async fn granted(cluster: &'a LocalCluster, namespace: &'a str) -> anyhow::Result<Self> {
+        grants::grant_user(
+            &cluster.admin_client(),
+            namespace,
+            "rewind-cli-user",
+            vec![
+                rule(
+                    "argoproj.io",
+                    "workflows",
+                    &["get", "list", "watch", "patch"],
+                ),
+                rule("", "pods", &["get", "list"]),
+                rule(
+                    "rewind.dev",
+                    "workflowretries",
+                    &["create", "get", "list", "watch"],
+                ),
+            ],
+        )
+        .await?;
+        Ok(Cli { cluster, namespace })
+    }
+
+    /// The `rewind` binary with `args`, the user's kubeconfig and namespace.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+        command
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig_path(ClusterRole::User))
+            .args(["-n", self.namespace])
+            .env_remove("RUST_LOG")
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("NO_COLOR")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Runs `rewind ARGS` with pipes.
+    async fn piped(&self, args: &[&str]) -> anyhow::Result<Run> {
+        run_piped(self.command(args)).await
+    }
+
+    /// Runs `rewind ARGS` in a pseudo-terminal.
+    async fn in_pty(&self, args: &[&str]) -> anyhow::Result<Run> {
+        run_in_pty(self.command(args), None).await
+    }
 }
 
 async fn failed_workflow(
@@ -203,7 +229,7 @@ pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "big", 150).await?;
     // A succeeded workflow: the controller refuses it (nothing to retry).
     FailedDag {
@@ -217,22 +243,15 @@ pub async fn retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal(
     // Single deletes at 30/s: about 5 s, so the bar shows several states.
     let controller = ctl::start(&cluster, &namespace, ctl::options(30, 5, false)).await?;
 
-    let ok = run_in_pty(rewind(&cluster, &namespace, &["retry", "big"])).await?;
-    let refused = run_in_pty(rewind(&cluster, &namespace, &["retry", "done"])).await?;
-    let bad_selector = run_in_pty(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "big", "--node-field-selector", "oops"],
-    ))
-    .await?;
+    let ok = cli.in_pty(&["retry", "big"]).await?;
+    let refused = cli.in_pty(&["retry", "done"]).await?;
+    let bad_selector = cli
+        .in_pty(&["retry", "big", "--node-field-selector", "oops"])
+        .await?;
     controller.stop().await?;
 
     let shown = &ok.stdout;
-    ensure!(
-        ok.status.success(),
-        "exit {:?}; the terminal showed:\n{shown}",
-        ok.status
-    );
+    ok.ensure_success()?;
     ensure!(
         shown.contains("big") && shown.contains("/150 pods") && shown.contains("pods/s  ETA"),
         "no progress bar in:\n{shown}"
@@ -306,17 +325,12 @@ pub async fn a_bulk_delete_shows_its_count_rising_each_second(
     namespace: String,
 ) -> anyhow::Result<()> {
     const PODS: usize = 3000;
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "bulk", PODS).await?;
     let controller = ctl::start(&cluster, &namespace, ctl::options(20, 30, true)).await?;
-    let run = run_in_pty(rewind(&cluster, &namespace, &["retry", "bulk"])).await?;
+    let run = cli.in_pty(&["retry", "bulk"]).await?;
     controller.stop().await?;
-    ensure!(
-        run.status.success(),
-        "exit {:?}:\n{}",
-        run.status,
-        run.stdout
-    );
+    run.ensure_success()?;
     let counts = counts_shown(&run, PODS);
     // When the count first showed each new value, up to the whole plan.
     let mut rises: Vec<(Duration, usize)> = Vec::new();
@@ -371,24 +385,16 @@ pub async fn dry_run_prints_the_planners_plan_and_changes_nothing(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let dag = failed_workflow(&cluster, &namespace, "wf", 40).await?;
     let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
     let before = workflows.get(&dag.name).await?;
     let plan = ctl::expected_plan(&before)?;
 
-    let run = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "wf", "--dry-run", "-o", "json"],
-    ))
-    .await?;
-    ensure!(
-        run.status.success(),
-        "exit {:?}: {}",
-        run.status,
-        run.stderr
-    );
+    let run = cli
+        .piped(&["retry", "wf", "--dry-run", "-o", "json"])
+        .await?;
+    run.ensure_success()?;
     let printed: Value = serde_json::from_str(&run.stdout)
         .with_context(|| format!("parsing the dry run's JSON:\n{}", run.stdout))?;
     let preview = &printed[0];
@@ -417,8 +423,8 @@ pub async fn dry_run_prints_the_planners_plan_and_changes_nothing(
     );
 
     // The human form tells the same.
-    let human = run_piped(rewind(&cluster, &namespace, &["retry", "wf", "--dry-run"])).await?;
-    ensure!(human.status.success(), "{}", human.stderr);
+    let human = cli.piped(&["retry", "wf", "--dry-run"]).await?;
+    human.ensure_success()?;
     ensure!(
         human.stdout.contains("pods to delete:   40")
             && human
@@ -458,7 +464,7 @@ pub async fn piped_output_json_selector_and_no_wait(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
     for name in ["a", "b", "c"] {
         failed_workflow(&cluster, &namespace, name, 5).await?;
@@ -470,21 +476,13 @@ pub async fn piped_output_json_selector_and_no_wait(
             .await?;
     }
     let controller = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
-    let run = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "-l", "team=ml", "-o", "json"],
-    ))
-    .await?;
-    let no_wait = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "c", "--no-wait", "-o", "name"],
-    ))
-    .await?;
-    let table = run_piped(rewind(&cluster, &namespace, &["status", "b"])).await?;
+    let run = cli.piped(&["retry", "-l", "team=ml", "-o", "json"]).await?;
+    let no_wait = cli
+        .piped(&["retry", "c", "--no-wait", "-o", "name"])
+        .await?;
+    let table = cli.piped(&["status", "b"]).await?;
     // Asking again for a workflow just reset: Argo's words, then rewind's.
-    let again = run_piped(rewind(&cluster, &namespace, &["retry", "a"])).await?;
+    let again = cli.piped(&["retry", "a"]).await?;
     // One workflow named: asked with a WorkflowRetry, which the controller
     // turns into the workflow's request under a token naming its UID.
     let c_retry = workflowretries(&cluster, &namespace)
@@ -504,12 +502,7 @@ pub async fn piped_output_json_selector_and_no_wait(
     .await;
     controller.stop().await?;
 
-    ensure!(
-        run.status.success(),
-        "exit {:?}: {}",
-        run.status,
-        run.stderr
-    );
+    run.ensure_success()?;
     let printed: Value = serde_json::from_str(&run.stdout)
         .with_context(|| format!("parsing -o json:\n{}", run.stdout))?;
     let mut retried: Vec<(String, String)> = printed
@@ -584,7 +577,7 @@ pub async fn piped_output_json_selector_and_no_wait(
         table.stdout
     );
 
-    ensure!(no_wait.status.success(), "{}", no_wait.stderr);
+    no_wait.ensure_success()?;
     ensure!(
         c_retry.as_ref().is_some_and(
             |r| no_wait.stdout.trim() == format!("workflowretry.rewind.dev/{}", r.name_any())
@@ -610,7 +603,7 @@ pub async fn a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end(
     namespace: String,
 ) -> anyhow::Result<()> {
     const WORKFLOWS: usize = 12;
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let workflows: Api<Workflow> = Api::namespaced(cluster.admin_client(), &namespace);
     for i in 0..WORKFLOWS {
         let name = format!("q{i:02}");
@@ -624,10 +617,8 @@ pub async fn a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end(
     options.budget.reads = rewind::engine::budget::Rate::new(2, 1).expect("non-zero rate");
     let controller = ctl::start(&cluster, &namespace, options).await?;
     let started = std::time::Instant::now();
-    let run = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &[
+    let run = cli
+        .piped(&[
             "retry",
             "-l",
             "team=q",
@@ -635,9 +626,8 @@ pub async fn a_batch_waiting_in_the_controllers_queue_is_followed_to_its_end(
             "10s",
             "-o",
             "json",
-        ],
-    ))
-    .await?;
+        ])
+        .await?;
     let took = started.elapsed();
     controller.stop().await?;
     ensure!(
@@ -667,16 +657,13 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "wf", 2).await?;
     unserved(&cluster, &namespace, "wf").await?;
     let started = std::time::Instant::now();
-    let run = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "wf", "--controller-timeout", "2s"],
-    ))
-    .await?;
+    let run = cli
+        .piped(&["retry", "wf", "--controller-timeout", "2s"])
+        .await?;
     ensure!(
         !run.status.success(),
         "should fail:\n{}{}",
@@ -697,8 +684,8 @@ pub async fn without_a_controller_retry_says_so_and_how_to_check(
     );
 
     // `rewind status` shows the request as waiting.
-    let status = run_piped(rewind(&cluster, &namespace, &["status"])).await?;
-    ensure!(status.status.success(), "{}", status.stderr);
+    let status = cli.piped(&["status"]).await?;
+    status.ensure_success()?;
     let row = status
         .stdout
         .lines()
@@ -717,15 +704,11 @@ pub async fn ctrl_c_stops_following_and_leaves_the_request(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     failed_workflow(&cluster, &namespace, "wf", 2).await?;
     unserved(&cluster, &namespace, "wf").await?;
-    let run = run_in_pty_interrupted(
-        rewind(
-            &cluster,
-            &namespace,
-            &["retry", "wf", "--controller-timeout", "60s"],
-        ),
+    let run = run_in_pty(
+        cli.command(&["retry", "wf", "--controller-timeout", "60s"]),
         Some(Duration::from_secs(3)),
     )
     .await?;
@@ -758,34 +741,13 @@ async fn archived_workflow(
     name: &str,
     failed: usize,
 ) -> anyhow::Result<(String, Workflow, usize)> {
-    let admin = cluster.admin_client();
-    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), namespace);
     let dag = FailedDag {
         name: name.into(),
         failed,
         succeeded: 2,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(namespace))
-        .await?;
-    create_held_pods(
-        &Api::<Pod>::namespaced(admin, namespace),
-        dag.pods(&created),
-    )
-    .await?;
-    let row = workflows.get(name).await?;
-    let uid = row.uid().context("a created workflow has a UID")?;
-    workflows.delete(name, &DeleteParams::background()).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while workflows.get_opt(name).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "workflow {name} was not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let planned = ctl::expected_plan(&row)?.pods_to_delete.len();
-    Ok((uid, row, planned))
+    let old = Archived::create(cluster, namespace, dag, Archive::InTest).await?;
+    Ok((old.uid, old.row, old.plan.pods_to_delete.len()))
 }
 
 /// The WorkflowRetry objects in `namespace`.
@@ -809,7 +771,7 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let (uid, row, planned) = archived_workflow(&cluster, &namespace, "wf", 30).await?;
     let (tty_uid, tty_row, tty_planned) =
         archived_workflow(&cluster, &namespace, "tty", 10).await?;
@@ -824,23 +786,12 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
         Some(archive),
     )
     .await?;
-    let run = run_piped(rewind(&cluster, &namespace, &["retry", "--archived", &uid])).await?;
-    let table = run_piped(rewind(&cluster, &namespace, &["status", "wf"])).await?;
-    let tty = run_in_pty(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "--archived", &tty_uid],
-    ))
-    .await?;
+    let run = cli.piped(&["retry", "--archived", &uid]).await?;
+    let table = cli.piped(&["status", "wf"]).await?;
+    let tty = cli.in_pty(&["retry", "--archived", &tty_uid]).await?;
     controller.stop().await?;
 
-    ensure!(
-        run.status.success(),
-        "exit {:?}:\n{}{}",
-        run.status,
-        run.stdout,
-        run.stderr
-    );
+    run.ensure_success()?;
     let retries = workflowretries(&cluster, &namespace).await?;
     let [retry] = retries
         .iter()
@@ -896,7 +847,7 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
         workflow.annotation(CREATED_BY)
     );
 
-    ensure!(table.status.success(), "{}", table.stderr);
+    table.ensure_success()?;
     let row = table
         .stdout
         .lines()
@@ -914,11 +865,7 @@ pub async fn archived_retry_creates_a_workflowretry_and_follows_it_to_the_end(
     );
 
     let shown = &tty.stdout;
-    ensure!(
-        tty.status.success(),
-        "exit {:?}; the terminal showed:\n{shown}",
-        tty.status
-    );
+    tty.ensure_success()?;
     ensure!(
         shown.contains('\x1b')
             && shown.contains(&format!("{tty_planned}/{tty_planned} pods"))
@@ -938,40 +885,24 @@ pub async fn archived_dry_run_is_a_server_side_dry_run_that_creates_nothing(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let uid = "3f1c9a2e-0000-4000-8000-000000000001";
-    let json = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "--archived", uid, "--dry-run", "-o", "json"],
-    ))
-    .await?;
-    let human = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &[
+    let json = cli
+        .piped(&["retry", "--archived", uid, "--dry-run", "-o", "json"])
+        .await?;
+    let human = cli
+        .piped(&[
             "retry",
             "--archived",
             uid,
             "--dry-run",
             "--node-field-selector",
             "templateName=train",
-        ],
-    ))
-    .await?;
-    let misuse = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "wf", "--archived", uid],
-    ))
-    .await?;
+        ])
+        .await?;
+    let misuse = cli.piped(&["retry", "wf", "--archived", uid]).await?;
 
-    ensure!(
-        json.status.success(),
-        "exit {:?}: {}",
-        json.status,
-        json.stderr
-    );
+    json.ensure_success()?;
     let printed: Value = serde_json::from_str(&json.stdout)
         .with_context(|| format!("parsing the dry run's JSON:\n{}", json.stdout))?;
     ensure!(
@@ -1033,15 +964,12 @@ pub async fn archived_retry_without_a_controller_says_so_and_how_to_check(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
-    grant_user(&cluster, &namespace).await?;
+    let cli = Cli::granted(&cluster, &namespace).await?;
     let uid = "3f1c9a2e-0000-4000-8000-000000000002";
     let started = std::time::Instant::now();
-    let run = run_piped(rewind(
-        &cluster,
-        &namespace,
-        &["retry", "--archived", uid, "--controller-timeout", "2s"],
-    ))
-    .await?;
+    let run = cli
+        .piped(&["retry", "--archived", uid, "--controller-timeout", "2s"])
+        .await?;
     ensure!(
         run.status.code() == Some(1),
         "should fail with 1, got {:?}:\n{}{}",
@@ -1081,8 +1009,8 @@ pub async fn archived_retry_without_a_controller_says_so_and_how_to_check(
         ensure!(all.contains(&needle), "{needle:?} missing from:\n{all}");
     }
 
-    let status = run_piped(rewind(&cluster, &namespace, &["status", &name])).await?;
-    ensure!(status.status.success(), "{}", status.stderr);
+    let status = cli.piped(&["status", &name]).await?;
+    status.ensure_success()?;
     let row = status
         .stdout
         .lines()

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt as _;
 use kube::api::{Api, PostParams};
@@ -20,15 +19,14 @@ use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::RetryPhase;
 use rewind::testenv::db::{DbServer, Kind};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
-use rewind::testenv::workload::{FailedDag, delete_workflow};
+use rewind::testenv::workload::FailedDag;
 use serde_json::json;
 
-use crate::argodb;
+use crate::support::archived::{Archive, Archived};
+use crate::support::argodb::{self, argo, argo_db};
+use crate::support::argos_retry::ensure_what_argo_creates;
 use crate::support::controller as ctl;
-use crate::workflowretry::{
-    archived, create_held_pods, ensure_what_argo_creates, phase_and_message, wait_finished,
-};
-use crate::workflowretry_db::{argo, argo_db};
+use crate::support::workflowretry::{archived, phase_and_message, wait_finished};
 
 const REQUEST: &str = "retry-archived";
 const WAIT: Duration = Duration::from_secs(60);
@@ -57,12 +55,12 @@ async fn restart_during_deletes(
     namespace: String,
 ) -> anyhow::Result<()> {
     let mut db = argo_db(kind).await?;
-    let archived_wf = Archived::prepare(&cluster, &namespace, &db, 40).await?;
+    let wf = prepare(&cluster, &namespace, &db, 40).await?;
     let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), &namespace);
     let controller = start(&cluster, &namespace, &db).await?;
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     retries
-        .create(&PostParams::default(), &archived(REQUEST, &archived_wf.uid))
+        .create(&PostParams::default(), &archived(REQUEST, &wf.uid))
         .await?;
 
     // Stop the database once the deletes have begun.
@@ -103,9 +101,7 @@ async fn restart_during_deletes(
         "while the database was down the request should be Pending: {:?}",
         phase_and_message(&during)
     );
-    archived_wf
-        .ensure_created_once(&cluster, &namespace, &db, &finished, from)
-        .await?;
+    ensure_created_once(&wf, &cluster, &namespace, &db, &finished, from).await?;
     db.stop();
     Ok(())
 }
@@ -117,13 +113,13 @@ pub async fn an_archived_retry_waits_for_a_database_down_at_its_start(
     namespace: String,
 ) -> anyhow::Result<()> {
     let mut db = argo_db(Kind::Postgres).await?;
-    let archived_wf = Archived::prepare(&cluster, &namespace, &db, 10).await?;
+    let wf = prepare(&cluster, &namespace, &db, 10).await?;
     let retries: Api<WorkflowRetry> = Api::namespaced(cluster.admin_client(), &namespace);
     let controller = start(&cluster, &namespace, &db).await?;
     let down = halt(&mut db);
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     retries
-        .create(&PostParams::default(), &archived(REQUEST, &archived_wf.uid))
+        .create(&PostParams::default(), &archived(REQUEST, &wf.uid))
         .await?;
     let waiting = wait_for_database_message(&retries).await?;
     tokio::time::sleep(DOWN).await;
@@ -142,9 +138,7 @@ pub async fn an_archived_retry_waits_for_a_database_down_at_its_start(
         status.phase == Some(RetryPhase::Pending) && status.pods_deleted == 0,
         "while the database was down the request should be Pending with nothing deleted: {status:?}"
     );
-    archived_wf
-        .ensure_created_once(&cluster, &namespace, &db, &finished, from)
-        .await?;
+    ensure_created_once(&wf, &cluster, &namespace, &db, &finished, from).await?;
     db.stop();
     Ok(())
 }
@@ -193,134 +187,77 @@ async fn wait_for_database_message(retries: &Api<WorkflowRetry>) -> anyhow::Resu
     }
 }
 
-/// A failed workflow Argo archived, then deleted while its pods (held by Argo's finalizer)
-/// stay.
-struct Archived {
-    name: String,
-    uid: String,
-    /// The workflow as Argo reads its archived row back.
-    row: Workflow,
-    plan_pods: Vec<String>,
-    kept_pods: Vec<String>,
+/// A failed workflow `wf` of `failed` failed and 3 succeeded pods, archived in `db`.
+async fn prepare(
+    cluster: &LocalCluster,
+    namespace: &str,
+    db: &DbServer,
+    failed: usize,
+) -> anyhow::Result<Archived> {
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed,
+        succeeded: 3,
+    };
+    Archived::create(cluster, namespace, dag, Archive::Argo(db)).await
 }
 
-impl Archived {
-    async fn prepare(
-        cluster: &LocalCluster,
-        namespace: &str,
-        db: &DbServer,
-        failed: usize,
-    ) -> anyhow::Result<Archived> {
-        let admin = cluster.admin_client();
-        let workflows: Api<Workflow> = Api::namespaced(admin.clone(), namespace);
-        let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-        let dag = FailedDag {
-            name: "wf".into(),
-            failed,
-            succeeded: 3,
-        };
-        let created = workflows
-            .create(&PostParams::default(), &dag.workflow(namespace))
-            .await?;
-        create_held_pods(&pods, dag.pods(&created)).await?;
-        let live = workflows.get(&dag.name).await?;
-        let uid = live.uid().context("a created workflow has a UID")?;
-        argo(db.archive_request(&live)).await?;
-        let row: Workflow = serde_json::from_str(
-            &argo(argodb::request(db, "getArchived", json!({"uid": uid})))
-                .await?
-                .json,
-        )
-        .context("Argo's read of its archived row")?;
-        ensure!(
-            delete_workflow(&workflows, &dag.name, Duration::from_secs(20)).await?,
-            "workflow {} was not deleted",
-            dag.name
-        );
-        let plan = ctl::expected_plan(&row)?;
-        let kept_pods = dag
-            .pods(&created)
-            .into_iter()
-            .filter_map(|(p, _)| p.metadata.name)
-            .filter(|p| !plan.pods_to_delete.contains(p))
-            .collect();
-        Ok(Archived {
-            name: dag.name,
-            uid,
-            row,
-            plan_pods: plan.pods_to_delete,
-            kept_pods,
+/// The request Succeeded; every plan pod is gone and the others stay; the audit log has
+/// exactly one create of the workflow; its nodes are offloaded under the new UID, and
+/// with the nodes Argo's own code reads back it is what Argo's retry creates.
+async fn ensure_created_once(
+    wf: &Archived,
+    cluster: &LocalCluster,
+    namespace: &str,
+    db: &DbServer,
+    finished: &WorkflowRetry,
+    from: Timestamp,
+) -> anyhow::Result<()> {
+    let (phase, message) = phase_and_message(finished);
+    ensure!(
+        phase == Some(RetryPhase::Succeeded),
+        "the archived retry should succeed: {phase:?} {message}"
+    );
+    let admin = cluster.admin_client();
+    wf.ensure_only_leftovers_deleted(&Api::namespaced(admin.clone(), namespace))
+        .await?;
+    let creates: Vec<u16> = ctl::audit_log(cluster, namespace)?
+        .iter()
+        .filter(|a| {
+            a.user == CONTROLLER_NAME
+                && a.verb == "create"
+                && a.resource == "workflows"
+                && !a.dry_run
         })
-    }
-
-    /// The request Succeeded; every plan pod is gone and the others stay; the audit log has
-    /// exactly one create of the workflow; its nodes are offloaded under the new UID, and
-    /// with the nodes Argo's own code reads back it is what Argo's retry creates.
-    async fn ensure_created_once(
-        &self,
-        cluster: &LocalCluster,
-        namespace: &str,
-        db: &DbServer,
-        finished: &WorkflowRetry,
-        from: Timestamp,
-    ) -> anyhow::Result<()> {
-        let (phase, message) = phase_and_message(finished);
-        ensure!(
-            phase == Some(RetryPhase::Succeeded),
-            "the archived retry should succeed: {phase:?} {message}"
-        );
-        let admin = cluster.admin_client();
-        let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-        for pod in &self.plan_pods {
-            ensure!(
-                pods.get_opt(pod).await?.is_none(),
-                "plan pod {pod} was left behind"
-            );
-        }
-        for pod in &self.kept_pods {
-            ensure!(
-                pods.get_opt(pod).await?.is_some(),
-                "pod {pod} outside the plan was deleted"
-            );
-        }
-        let creates: Vec<u16> = ctl::audit_log(cluster, namespace)?
-            .iter()
-            .filter(|a| {
-                a.user == CONTROLLER_NAME
-                    && a.verb == "create"
-                    && a.resource == "workflows"
-                    && !a.dry_run
-            })
-            .map(|a| a.code)
-            .collect();
-        ensure!(
-            creates == [201],
-            "expected exactly one create of workflow {} (201), the audit log has {creates:?}",
-            self.name
-        );
-        let workflows: Api<Workflow> = Api::namespaced(admin, namespace);
-        let after = workflows.get(&self.name).await?;
-        let new_uid = after.uid().context("a workflow has a UID")?;
-        ensure!(new_uid != self.uid, "a new workflow was expected");
-        let version = after
-            .status
-            .offload_node_status_version
-            .clone()
-            .context("the created workflow's nodes should be offloaded")?;
-        ensure!(
-            after.status.nodes.is_none() && after.status.compressed_nodes.is_none(),
-            "offloaded nodes are not kept in the workflow too"
-        );
-        let argos_read = argo(argodb::request(
-            db,
-            "get",
-            json!({"uid": new_uid, "version": version}),
-        ))
-        .await
-        .context("Argo reading the offloaded nodes under the new UID")?;
-        let mut hydrated = after.clone();
-        hydrated.status.nodes = Some(serde_json::from_str(&argos_read.json)?);
-        hydrated.status.offload_node_status_version = None;
-        ensure_what_argo_creates(&hydrated, &self.row, from).await
-    }
+        .map(|a| a.code)
+        .collect();
+    ensure!(
+        creates == [201],
+        "expected exactly one create of workflow {} (201), the audit log has {creates:?}",
+        wf.name
+    );
+    let workflows: Api<Workflow> = Api::namespaced(admin, namespace);
+    let after = workflows.get(&wf.name).await?;
+    let new_uid = after.uid().context("a workflow has a UID")?;
+    ensure!(new_uid != wf.uid, "a new workflow was expected");
+    let version = after
+        .status
+        .offload_node_status_version
+        .clone()
+        .context("the created workflow's nodes should be offloaded")?;
+    ensure!(
+        after.status.nodes.is_none() && after.status.compressed_nodes.is_none(),
+        "offloaded nodes are not kept in the workflow too"
+    );
+    let argos_read = argo(argodb::request(
+        db,
+        "get",
+        json!({"uid": new_uid, "version": version}),
+    ))
+    .await
+    .context("Argo reading the offloaded nodes under the new UID")?;
+    let mut hydrated = after.clone();
+    hydrated.status.nodes = Some(serde_json::from_str(&argos_read.json)?);
+    hydrated.status.offload_node_status_version = None;
+    ensure_what_argo_creates(&hydrated, &wf.row, from).await
 }

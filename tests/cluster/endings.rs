@@ -3,23 +3,22 @@
 //! while the request waits, then ends it Failed, without a reset, giving back its share of the
 //! bound on pods in deletion. Each wait here is bounded, so "never ends" is a failure.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use rewind::argo::db::ArgoDatabase;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
 use rewind::protocol::request::RetryPhase;
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
 
+use crate::support::archived::{Archive, Archived};
 use crate::support::controller as ctl;
-use crate::workflowretry::{Rows, archived, create_held_pods, live, phase_and_message};
+use crate::support::workflowretry::{archived, live, phase_and_message};
 
 const CONCURRENCY: usize = 16;
 
@@ -72,47 +71,19 @@ pub async fn two_workflowretries_of_one_archived_workflow_both_end(
         failed: 20,
         succeeded: 4,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(&namespace))
-        .await?;
-    create_held_pods(&pods, dag.pods(&created)).await?;
-    let row = workflows.get(&dag.name).await?;
-    let old_uid = row.uid().context("a created workflow has a UID")?;
-    workflows
-        .delete(&dag.name, &DeleteParams::background())
-        .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while workflows.get_opt(&dag.name).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "workflow wf was not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let plan = ctl::expected_plan(&row)?;
-    let kept: Vec<String> = dag
-        .pods(&created)
-        .into_iter()
-        .filter_map(|(p, _)| p.metadata.name)
-        .filter(|p| !plan.pods_to_delete.contains(p))
-        .collect();
-    ensure!(
-        !kept.is_empty(),
-        "the fixture keeps some pods out of the plan"
-    );
+    let old = Archived::create(&cluster, &namespace, dag, Archive::InTest).await?;
 
-    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
     // Single deletes at 10 a second: the plan's 40 writes (a delete and a finalizer release
     // per pod) take seconds, so both requests' items meet in the queue.
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
         ctl::options(10, 1, false),
-        Some(archive),
+        Some(old.rows()),
     )
     .await?;
     let params = PostParams::default();
-    let (first, second) = (archived("first", &old_uid), archived("second", &old_uid));
+    let (first, second) = (archived("first", &old.uid), archived("second", &old.uid));
     let (first, second) = tokio::join!(
         retries.create(&params, &first),
         retries.create(&params, &second),
@@ -134,26 +105,14 @@ pub async fn two_workflowretries_of_one_archived_workflow_both_end(
         ends[loser].0 == Some(RetryPhase::Failed) && ends[loser].1.contains("already exists"),
         "expected the other request to fail saying the workflow already exists: {ends:?}"
     );
-    let after = workflows.get(&dag.name).await?;
+    let after = workflows.get(&old.name).await?;
     ensure!(
         after.annotation(CREATED_BY) == uids[winner].as_deref(),
         "the workflow should be the succeeded request's ({:?}), found {CREATED_BY}={:?}",
         uids[winner],
         after.annotation(CREATED_BY)
     );
-    for pod in &plan.pods_to_delete {
-        ensure!(
-            pods.get_opt(pod).await?.is_none(),
-            "plan pod {pod} was left behind"
-        );
-    }
-    for pod in &kept {
-        ensure!(
-            pods.get_opt(pod).await?.is_some(),
-            "pod {pod} is outside the plan but was deleted"
-        );
-    }
-    Ok(())
+    old.ensure_only_leftovers_deleted(&pods).await
 }
 
 /// Waits until `read` gives a status whose phase is `phase` and whose message has each of

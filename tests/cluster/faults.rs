@@ -23,9 +23,10 @@ use rewind::testenv::workload::{FailedDag, through_transient};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::archived::Rows;
 use crate::support::controller as ctl;
 use crate::support::invariants;
-use crate::workflowretry::{Rows, archived};
+use crate::support::workflowretry::archived;
 
 /// The API server's `--request-timeout` in the timeout tests: short, so that one
 /// DeleteCollection of a few thousand pods outlasts it.

@@ -7,7 +7,6 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,13 +17,13 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::{RetryPhase, annotations};
-use rewind::testenv::localcluster::{self, LocalCluster, Role};
+use rewind::testenv::localcluster::{LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
 use serde_json::json;
-use tokio::process::Command;
 
 use crate::support::controller as ctl;
-use crate::workflowretry::phase_and_message;
+use crate::support::process::{self, peak_rss_kib, wait_ready};
+use crate::support::workflowretry::phase_and_message;
 
 /// A second namespace beside the test's, where a normal retry must go on.
 async fn other_namespace(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<String> {
@@ -398,62 +397,7 @@ fn spawn_controller(
     namespaces: &[&str],
     log: &Path,
 ) -> anyhow::Result<tokio::process::Child> {
-    spawn_controller_with(cluster, namespaces, log, &[])
-}
-
-/// The real binary, serving `namespaces` with `extra` flags, logging to `log`.
-pub fn spawn_controller_with(
-    cluster: &LocalCluster,
-    namespaces: &[&str],
-    log: &Path,
-    extra: &[&str],
-) -> anyhow::Result<tokio::process::Child> {
-    let out = std::fs::File::create(log)?;
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args([
-            "--log-format",
-            "json",
-            "controller",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--namespace", &namespaces.join(","), "--argo-configmap", ""])
-        .args(extra)
-        .env(
-            "KUBECONFIG",
-            cluster.kubeconfig_path(localcluster::Role::Controller),
-        )
-        .env("RUST_LOG", "info,kube=warn")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the rewind binary")
-}
-
-/// Waits until the controller logged that its cache synced.
-pub async fn wait_ready(log: &Path) -> anyhow::Result<()> {
-    for _ in 0..600 {
-        if std::fs::read_to_string(log)?.contains("workflow metadata cache synced") {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!(
-        "the controller did not sync within 30s:\n{}",
-        std::fs::read_to_string(log)?
-    )
-}
-
-/// The process's peak resident memory (VmHWM), in KiB.
-pub fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmHWM in /proc/PID/status")
+    process::spawn_controller(cluster, namespaces, log, &["--argo-configmap", ""])
 }
 
 /// A thousand WorkflowRetries naming one live workflow, created at once in one namespace,

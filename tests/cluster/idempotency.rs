@@ -2,7 +2,6 @@
 //! and restarted ends with exactly one reset, the token observed, and the planner's workflow.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,11 +10,12 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::request::{RetryPhase, annotations};
-use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use crate::support::controller as ctl;
+use crate::support::process::{self, read};
 
 /// How long each run lives before it is killed; a last run finishes the retry.
 const KILL_AFTER: [Duration; 3] = [
@@ -113,40 +113,7 @@ pub async fn a_controller_killed_mid_retry_resumes_and_resets_exactly_once(
 fn spawn_controller(cluster: &LocalCluster, namespace: &str, log: &Path) -> anyhow::Result<Child> {
     // Slow enough that the retry spans the kills: 10 single deletes a second.
     let tuning = ["--qps", "10", "--burst", "10", "--no-bulk"];
-    spawn_tuned(cluster, namespace, log, &tuning)
-}
-
-/// The real binary serving `namespace`, logging JSON to `log`, with `tuning` (budget flags).
-pub fn spawn_tuned(
-    cluster: &LocalCluster,
-    namespace: &str,
-    log: &Path,
-    tuning: &[&str],
-) -> anyhow::Result<Child> {
-    let out = std::fs::File::create(log)?;
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args([
-            "--log-format",
-            "json",
-            "controller",
-            "--namespace",
-            namespace,
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(tuning)
-        .env("KUBECONFIG", cluster.kubeconfig_path(Role::Controller))
-        .env("RUST_LOG", "info,kube=warn")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the rewind binary")
-}
-
-pub fn read(log: &Path) -> String {
-    std::fs::read_to_string(log).unwrap_or_else(|e| format!("(cannot read {}: {e})", log.display()))
+    process::spawn_controller(cluster, &[namespace], log, &tuning)
 }
 
 /// Finds the address the controller bound (it was given port 0) in its log and asks /readyz.

@@ -34,10 +34,10 @@ use rewind::testenv::workload::FailedDag;
 use tokio::process::Command;
 
 use crate::support::controller as ctl;
+use crate::support::helm::{CHART, helm};
 use crate::support::pod_policy;
 
 const RELEASE: &str = "rewind";
-pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/helm/rewind");
 
 pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     cluster: Arc<LocalCluster>,
@@ -560,37 +560,6 @@ async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     let config =
         kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(config)?)
-}
-
-/// Runs the Helm CLI built by tools/helm/build.sh against the cluster as its admin.
-pub async fn helm(cluster: &LocalCluster, dir: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let build = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/helm/build.sh");
-    let out = Command::new(build)
-        .output()
-        .await
-        .context("running tools/helm/build.sh")?;
-    ensure!(
-        out.status.success(),
-        "tools/helm/build.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let helm = PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("helm");
-    let out = Command::new(&helm)
-        .args(args)
-        .env("KUBECONFIG", cluster.kubeconfig_path(Role::Admin))
-        .env("HELM_CACHE_HOME", dir.join("helm/cache"))
-        .env("HELM_CONFIG_HOME", dir.join("helm/config"))
-        .env("HELM_DATA_HOME", dir.join("helm/data"))
-        .output()
-        .await
-        .context("running helm")?;
-    ensure!(
-        out.status.success(),
-        "helm {args:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// A memory quantity in bytes (the forms the chart uses: plain, Ki, Mi, Gi).

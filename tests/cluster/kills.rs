@@ -12,7 +12,7 @@ use rewind::testenv::db::argodb::{ArgoDbTool, ArgoLine};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::trials::{Bench, Target, kill_moment};
 
-use crate::workflowretry_db::argo_db;
+use crate::support::argodb::argo_db;
 
 pub async fn a_live_retry_killed_at_random_moments_resets_once_as_planned(
     cluster: Arc<LocalCluster>,

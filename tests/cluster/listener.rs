@@ -15,8 +15,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
-use crate::argoapi::{account, delete_pods, free_addr, put, workflow_verbs};
-use crate::hostile::{peak_rss_kib, spawn_controller_with, wait_ready};
+use crate::support::argo_api::{free_addr, put};
+use crate::support::grants::{account, delete_pods, workflow_verbs};
+use crate::support::process::{peak_rss_kib, spawn_controller, wait_ready};
 
 /// The process's peak resident memory may not pass this (KiB): the chart's limit is 320 Mi,
 /// and the engine needs the rest.
@@ -182,11 +183,13 @@ pub async fn argos_retry_api_stays_small_and_answers_a_real_caller_under_attack(
     let addr = free_addr()?;
     let log = cluster.dir().join(format!("{namespace}-controller.log"));
     let timeout = format!("{}s", TIMEOUT.as_secs());
-    let mut child = spawn_controller_with(
+    let mut child = spawn_controller(
         &cluster,
         &[&namespace],
         &log,
         &[
+            "--argo-configmap",
+            "",
             "--argo-api-addr",
             &addr.to_string(),
             "--argo-api-plaintext=true",

@@ -4,18 +4,13 @@
 //! test gets a fresh namespace. The control plane is stopped when the tests are done. If it
 //! cannot be built or started, every test fails: these tests are never skipped.
 
-// Argo's own database code (tools/argodb), shared with the archive tests.
 mod admission;
 mod argoapi;
-#[allow(dead_code)]
-#[path = "../archive/argodb.rs"]
-mod argodb;
 mod budget;
 mod bulk;
 mod bulk_parallel;
 mod cli;
 mod concurrency;
-mod dashboard_png;
 mod db_restart;
 mod endings;
 mod faultproxy;
@@ -29,14 +24,6 @@ mod lifecycle;
 mod listener;
 mod mixed;
 mod monitoring;
-// The chart's dashboard and alerts as files, shared with tests/monitoring.rs.
-#[allow(dead_code)]
-#[path = "../support/monitoring.rs"]
-mod monitoring_files;
-// Argo's retry code as an oracle, shared with the planner's differential test.
-#[allow(dead_code)]
-#[path = "../support/oracle.rs"]
-mod oracle;
 mod permissions;
 mod pods;
 mod races;

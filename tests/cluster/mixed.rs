@@ -14,7 +14,7 @@ use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::mixed::Mixed;
 use rewind::testenv::trials::{Bench, Target};
 
-use crate::workflowretry_db::argo_db;
+use crate::support::argodb::argo_db;
 
 pub async fn randomized_requests_faults_and_kills_keep_every_invariant(
     cluster: Arc<LocalCluster>,

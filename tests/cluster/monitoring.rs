@@ -23,9 +23,9 @@ use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::prometheus::{Config, Prometheus, Series};
 use rewind::testenv::workload::FailedDag;
 
-use crate::dashboard_png::{self, Answered};
-use crate::monitoring_files::{ALERTS, alerts, dashboard, path, resolve};
 use crate::support::controller as ctl;
+use crate::support::dashboard_png::{self, Answered};
+use crate::support::monitoring_files::{ALERTS, alerts, dashboard, path, resolve};
 
 /// Grafana's `$__rate_interval` for a scrape a second: four scrapes, and then some.
 const RATE_INTERVAL: &str = "5s";

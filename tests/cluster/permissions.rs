@@ -16,7 +16,7 @@ use rewind::testenv::localcluster::{LocalCluster, Role, controller_cluster_role}
 use rewind::testenv::workload::FailedDag;
 
 use crate::support::controller as ctl;
-use crate::workflowretry::{phase_and_message, wait_finished};
+use crate::support::workflowretry::{phase_and_message, wait_finished};
 
 /// The identity the controller runs as here, impersonated by the admin.
 const RESTRICTED: &str = "rewind-without-pod-delete";

@@ -22,10 +22,10 @@ use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
 use serde_json::json;
 
-use crate::idempotency::{read, spawn_tuned};
 use crate::support::controller as ctl;
-use crate::workflowretry::live;
-use crate::workflowretry_kill::{install_refusal, remove_refusal, wait_refusal};
+use crate::support::process::{read, spawn_controller};
+use crate::support::refusal::{install_refusal, remove_refusal, wait_refusal};
+use crate::support::workflowretry::live;
 
 /// Workflows besides the one retried: seven pages of the watch's initial list.
 const OTHERS: usize = 3_000;
@@ -72,7 +72,7 @@ pub async fn a_live_workflowretry_resumed_during_a_slow_initial_list_ends(
     // second.
     let deleting = ["--qps", "5", "--burst", "1", "--no-bulk"];
     let log = logs.path().join("run-1.log");
-    let mut child = spawn_tuned(&cluster, &namespace, &log, &deleting)?;
+    let mut child = spawn_controller(&cluster, &[&namespace], &log, &deleting)?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !read(&log).contains("workflow metadata cache synced") {
         ensure!(
@@ -114,7 +114,7 @@ pub async fn a_live_workflowretry_resumed_during_a_slow_initial_list_ends(
     // Restarted reading at one request a second: the initial list is slow.
     let slow = [&deleting[..], &["--read-qps", "1", "--read-burst", "1"]].concat();
     let log = logs.path().join("run-2.log");
-    let mut child = spawn_tuned(&cluster, &namespace, &log, &slow)?;
+    let mut child = spawn_controller(&cluster, &[&namespace], &log, &slow)?;
     let deadline = tokio::time::Instant::now() + END_WITHIN;
     let finished = loop {
         if let Some(exit) = child.try_wait()? {

@@ -12,14 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource as _, ResourceExt as _};
-use rewind::argo::db::{ArgoDatabase, DbError};
-use rewind::argo::plan::compress::Nodes;
+use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::workflowretry_token;
@@ -27,99 +25,13 @@ use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
 
+use crate::support::archived::{Archive, Archived, Rows, create_held_pods};
+use crate::support::argos_retry::ensure_what_argo_creates;
 use crate::support::controller as ctl;
+use crate::support::workflowretry::{archived, live, phase_and_message, wait_finished};
 
 const CONCURRENCY: usize = 16;
 const FINISH: Duration = Duration::from_secs(60);
-
-/// Archived rows by UID.
-pub struct Rows(pub BTreeMap<String, Workflow>);
-
-impl ArgoDatabase for Rows {
-    fn archives(&self) -> bool {
-        true
-    }
-
-    fn offloads(&self) -> bool {
-        false
-    }
-
-    fn archived_workflow<'a>(
-        &'a self,
-        uid: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Workflow>, DbError>> {
-        Box::pin(async move { Ok(self.0.get(uid).cloned()) })
-    }
-
-    fn offloaded_nodes<'a>(
-        &'a self,
-        _uid: &'a str,
-        _version: &'a str,
-    ) -> BoxFuture<'a, Result<Nodes, DbError>> {
-        Box::pin(async { Err(no_offload_table()) })
-    }
-
-    fn offload_nodes<'a>(
-        &'a self,
-        _uid: &'a str,
-        _namespace: &'a str,
-        _nodes: &'a Nodes,
-    ) -> BoxFuture<'a, Result<String, DbError>> {
-        Box::pin(async { Err(no_offload_table()) })
-    }
-}
-
-/// These tests' workflows are small: nothing is offloaded.
-fn no_offload_table() -> DbError {
-    DbError::Config {
-        configmap: "none".into(),
-        problem: "the test's archive has no offload table".into(),
-    }
-}
-
-pub fn live(name: &str, workflow: &str, ttl: Option<i64>) -> WorkflowRetry {
-    WorkflowRetry::new(
-        name,
-        WorkflowRetrySpec {
-            workflow_name: Some(workflow.into()),
-            ttl_seconds_after_finished: ttl,
-            ..Default::default()
-        },
-    )
-}
-
-pub fn archived(name: &str, uid: &str) -> WorkflowRetry {
-    WorkflowRetry::new(
-        name,
-        WorkflowRetrySpec {
-            archived_workflow_uid: Some(uid.into()),
-            ..Default::default()
-        },
-    )
-}
-
-/// Waits until WorkflowRetry `name` reports a final phase.
-pub async fn wait_finished(api: &Api<WorkflowRetry>, name: &str) -> anyhow::Result<WorkflowRetry> {
-    let deadline = tokio::time::Instant::now() + FINISH;
-    loop {
-        let object = api.get(name).await?;
-        if object.is_finished() {
-            return Ok(object);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!(
-                "WorkflowRetry {name} did not finish within {FINISH:?}; its status: {:?}",
-                object.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub fn phase_and_message(object: &WorkflowRetry) -> (Option<RetryPhase>, String) {
-    let status = object.status.clone().unwrap_or_default();
-    (status.phase, status.message)
-}
 
 /// Both targets, or none, are refused at create; a spec cannot change once created.
 pub async fn the_api_server_refuses_both_or_neither_target_and_a_changed_spec(
@@ -232,144 +144,6 @@ pub async fn a_live_workflowretry_resets_the_workflow_reports_and_expires(
     controller.stop().await
 }
 
-/// Checks that `created` is what Argo's own retry makes of `row` (its server's hydrate,
-/// `FormulateRetryWorkflow` and dehydrate, run by the v4 oracle; for an archived retry the
-/// UID and resourceVersion are then cleared), apart from what the API server sets, rewind's
-/// annotations, Go's empty values (`omitempty`), and the times each sets to "now" (both
-/// after `from`).
-pub async fn ensure_what_argo_creates(
-    created: &Workflow,
-    row: &Workflow,
-    from: Timestamp,
-) -> anyhow::Result<()> {
-    let case = crate::oracle::OracleCase {
-        id: "archived".into(),
-        workflow: serde_json::to_value(row)?,
-        restart_successful: false,
-        node_field_selector: String::new(),
-        parameters: None,
-        max_workflow_size: None,
-        ..Default::default()
-    };
-    let result = tokio::task::spawn_blocking(move || {
-        crate::oracle::run_oracle(crate::oracle::ArgoLine::V4, &[case])
-    })
-    .await?
-    .pop()
-    .context("the oracle answers each case")?;
-    let to = Timestamp::now() + SignedDuration::from_secs(1);
-    let mut argo = match (result.workflow, result.error) {
-        (Some(workflow), None) => workflow,
-        (_, error) => bail!("Argo's retry of the archived row failed: {error:?}"),
-    };
-    let mut ours = serde_json::to_value(created)?;
-    for value in [&mut ours, &mut argo] {
-        let meta = value["metadata"]
-            .as_object_mut()
-            .context("a workflow has metadata")?;
-        for set_by_server in [
-            "uid",
-            "resourceVersion",
-            "creationTimestamp",
-            "generation",
-            "managedFields",
-        ] {
-            meta.remove(set_by_server);
-        }
-        if let Some(annotations) = meta
-            .get_mut("annotations")
-            .and_then(serde_json::Value::as_object_mut)
-        {
-            annotations.retain(|k, _| !k.starts_with("rewind.dev/"));
-        }
-        prune_empty(value);
-    }
-    let mut differences = Vec::new();
-    differ(&ours, &argo, (from, to), "", &mut differences);
-    ensure!(
-        differences.is_empty(),
-        "the created workflow differs from Argo's archived retry at {} places: {:?}",
-        differences.len(),
-        differences.iter().take(10).collect::<Vec<_>>()
-    );
-    Ok(())
-}
-
-/// Removes nulls, empty strings, objects and lists: Go omits them or writes them as its zero
-/// values (e.g. a container's `name: ""`).
-fn prune_empty(value: &mut serde_json::Value) {
-    use serde_json::Value;
-    let empty = |v: &Value| {
-        v.is_null()
-            || v.as_str() == Some("")
-            || v.as_object().is_some_and(|o| o.is_empty())
-            || v.as_array().is_some_and(|a| a.is_empty())
-    };
-    match value {
-        Value::Object(map) => {
-            map.values_mut().for_each(prune_empty);
-            map.retain(|_, v| !empty(v));
-        }
-        Value::Array(items) => items.iter_mut().for_each(prune_empty),
-        _ => {}
-    }
-}
-
-/// Where `a` and `b` differ, but for two times both within `window`.
-fn differ(
-    a: &serde_json::Value,
-    b: &serde_json::Value,
-    window: (Timestamp, Timestamp),
-    path: &str,
-    out: &mut Vec<String>,
-) {
-    use serde_json::Value;
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
-                match (x.get(k), y.get(k)) {
-                    (Some(xv), Some(yv)) => differ(xv, yv, window, &format!("{path}/{k}"), out),
-                    (xv, yv) => out.push(format!("{path}/{k}: rewind {xv:?}, Argo {yv:?}")),
-                }
-            }
-        }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            for (i, (xv, yv)) in x.iter().zip(y).enumerate() {
-                differ(xv, yv, window, &format!("{path}/{i}"), out);
-            }
-        }
-        (Value::String(x), Value::String(y)) if x != y => {
-            let now = |s: &str| {
-                s.parse::<Timestamp>()
-                    .is_ok_and(|t| t >= window.0 && t <= window.1)
-            };
-            if !(now(x) && now(y)) {
-                out.push(format!("{path}: rewind {x:?}, Argo {y:?}"));
-            }
-        }
-        (x, y) if x != y => out.push(format!("{path}: rewind {x}, Argo {y}")),
-        _ => {}
-    }
-}
-
-/// Creates `pods` with Argo's pod finalizer and sets each pod's phase.
-pub async fn create_held_pods(
-    pods: &Api<Pod>,
-    items: Vec<(Pod, &'static str)>,
-) -> anyhow::Result<()> {
-    for (mut pod, phase) in items {
-        pod.metadata.finalizers = Some(vec![labels::POD_STATUS_FINALIZER.into()]);
-        let name = pod.name_any();
-        pods.create(&PostParams::default(), &pod)
-            .await
-            .with_context(|| format!("creating pod {name}"))?;
-        let status = serde_json::json!({"status": {"phase": phase}});
-        pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await?;
-    }
-    Ok(())
-}
-
 /// The workflow was archived and deleted while its pods, held by Argo's finalizer, remain.
 /// The retry deletes exactly the plan's leftovers, never a pod of another workflow labelled
 /// with the same name, creates the workflow the planner formulates (new UID, annotated with
@@ -387,10 +161,7 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         failed: 20,
         succeeded: 5,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(&namespace))
-        .await?;
-    create_held_pods(&pods, dag.pods(&created)).await?;
+    let old = Archived::create(&cluster, &namespace, dag, Archive::InTest).await?;
     // A pod labelled with the same workflow name but owned by another workflow.
     let other = FailedDag {
         name: "wf-other".into(),
@@ -410,45 +181,18 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
     }]);
     create_held_pods(&pods, vec![(decoy, "Failed")]).await?;
 
-    let row = workflows.get(&dag.name).await?;
-    let old_uid = row.uid().context("a created workflow has a UID")?;
-    workflows
-        .delete(&dag.name, &DeleteParams::background())
-        .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while workflows.get_opt(&dag.name).await?.is_some() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "workflow wf was not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let plan = ctl::expected_plan(&row)?;
-    let kept: Vec<String> = dag
-        .pods(&created)
-        .into_iter()
-        .filter_map(|(p, _)| p.metadata.name)
-        .filter(|p| !plan.pods_to_delete.contains(p))
-        .collect();
-    ensure!(
-        !kept.is_empty(),
-        "the fixture keeps some pods out of the plan"
-    );
-
-    let archive: Arc<dyn ArgoDatabase> =
-        Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row.clone())])));
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
         ctl::options(50, 50, true),
-        Some(archive.clone()),
+        Some(old.rows()),
     )
     .await?;
     let from = Timestamp::now() - SignedDuration::from_secs(1);
     let request = retries
         .create(
             &PostParams::default(),
-            &archived("retry-archived", &old_uid),
+            &archived("retry-archived", &old.uid),
         )
         .await?;
     let finished = wait_finished(&retries, "retry-archived").await?;
@@ -459,12 +203,13 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         status.phase == Some(RetryPhase::Succeeded),
         "expected the archived retry to succeed: {status:?}"
     );
-    let after = workflows.get(&dag.name).await?;
+    let after = workflows.get(&old.name).await?;
     let new_uid = after.uid().unwrap_or_default();
     let request_uid = request.uid().unwrap_or_default();
     ensure!(
-        new_uid != old_uid && status.workflow_uid.as_deref() == Some(new_uid.as_str()),
-        "expected a new workflow (UID other than {old_uid}) named in the status: {status:?}"
+        new_uid != old.uid && status.workflow_uid.as_deref() == Some(new_uid.as_str()),
+        "expected a new workflow (UID other than {}) named in the status: {status:?}",
+        old.uid
     );
     ensure!(
         after.annotation(CREATED_BY) == Some(request_uid.as_str()),
@@ -472,7 +217,7 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         after.annotation(CREATED_BY)
     );
     // Argo clears the UID and resourceVersion; the API server sets a new creation time.
-    let mut expected = plan.workflow.clone();
+    let mut expected = old.plan.workflow.clone();
     let mut actual = after.clone();
     for wf in [&mut expected, &mut actual] {
         wf.metadata.uid = None;
@@ -480,25 +225,12 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         wf.metadata.creation_timestamp = None;
     }
     ctl::ensure_reset_as_planned(&actual, &expected, from, to)?;
-    ensure_what_argo_creates(&after, &row, from).await?;
-    for pod in &plan.pods_to_delete {
-        ensure!(
-            pods.get_opt(pod).await?.is_none(),
-            "plan pod {pod} was left behind"
-        );
-    }
-    for pod in kept.iter().map(String::as_str).chain(["wf-decoy"]) {
-        ensure!(
-            pods.get_opt(pod).await?.is_some(),
-            "pod {pod} is outside the plan but was deleted"
-        );
-    }
+    ensure_what_argo_creates(&after, &old.row, from).await?;
+    old.ensure_only_leftovers_deleted(&pods).await?;
     ensure!(
-        pods.get("wf-decoy")
+        pods.get_opt("wf-decoy")
             .await?
-            .metadata
-            .deletion_timestamp
-            .is_none(),
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
         "the decoy of another workflow was deleted"
     );
 
@@ -516,7 +248,7 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         &cluster,
         &namespace,
         ctl::options(50, 50, true),
-        Some(archive),
+        Some(old.rows()),
     )
     .await?;
     let again = wait_finished(&retries, "retry-archived").await?;
@@ -526,7 +258,7 @@ pub async fn an_archived_workflowretry_deletes_only_leftovers_and_creates_the_wo
         phase == Some(RetryPhase::Succeeded),
         "the resumed request should succeed: {message}"
     );
-    let now = workflows.get(&dag.name).await?;
+    let now = workflows.get(&old.name).await?;
     ensure!(
         now.uid().as_deref() == Some(new_uid.as_str()),
         "the resumed request created the workflow again"
@@ -625,30 +357,21 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
         failed: 20,
         succeeded: 2,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(&namespace))
-        .await?;
-    create_held_pods(&pods, dag.pods(&created)).await?;
-    let row = workflows.get(&dag.name).await?;
-    let old_uid = row.uid().context("a created workflow has a UID")?;
-    workflows
-        .delete(&dag.name, &DeleteParams::background())
-        .await?;
-    let plan = ctl::expected_plan(&row)?;
-    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
+    let old = Archived::create(&cluster, &namespace, dag, Archive::InTest).await?;
+    let plan = &old.plan;
 
     // Five writes a second, pod by pod: the leftovers take seconds.
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
         ctl::options(5, 1, false),
-        Some(archive.clone()),
+        Some(old.rows()),
     )
     .await?;
     retries
         .create(
             &PostParams::default(),
-            &archived("retry-archived", &old_uid),
+            &archived("retry-archived", &old.uid),
         )
         .await?;
     // Stopped once the first leftover is gone, however long the start took.
@@ -675,7 +398,7 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
         plan.pods_to_delete.len()
     );
     ensure!(
-        workflows.get_opt(&dag.name).await?.is_none(),
+        workflows.get_opt(&old.name).await?.is_none(),
         "the workflow was created before every leftover was gone"
     );
 
@@ -683,7 +406,7 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
         &cluster,
         &namespace,
         ctl::options(50, 50, true),
-        Some(archive),
+        Some(old.rows()),
     )
     .await?;
     let finished = wait_finished(&retries, "retry-archived").await?;
@@ -699,7 +422,7 @@ pub async fn an_archived_retry_stopped_before_the_create_resumes_and_creates_onc
             "plan pod {pod} was left behind"
         );
     }
-    let after = workflows.get(&dag.name).await?;
+    let after = workflows.get(&old.name).await?;
     ensure!(
         after.annotation(CREATED_BY) == finished.uid().as_deref()
             && finished.status.and_then(|s| s.workflow_uid) == after.uid(),

@@ -20,29 +20,16 @@ use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::RetryPhase;
 use rewind::testenv::db::{DbServer, Kind};
 use rewind::testenv::localcluster::LocalCluster;
-use rewind::testenv::workload::{FailedDag, delete_workflow};
+use rewind::testenv::workload::FailedDag;
 use serde_json::json;
 
-use crate::argodb::{self, Line};
+use crate::support::archived::{Archive, Archived};
+use crate::support::argodb::{self, argo, argo_db};
+use crate::support::argos_retry::ensure_what_argo_creates;
 use crate::support::controller as ctl;
-use crate::workflowretry::{
-    archived, create_held_pods, ensure_what_argo_creates, phase_and_message, wait_finished,
-};
+use crate::support::workflowretry::{archived, phase_and_message, wait_finished};
 
 const FINISH: Duration = Duration::from_secs(60);
-
-/// A database server with Argo's schema, made by Argo's own migration.
-pub async fn argo_db(kind: Kind) -> anyhow::Result<DbServer> {
-    let db = DbServer::start(kind).await?;
-    let migrate = argodb::request(&db, "migrate", json!({}));
-    tokio::task::spawn_blocking(move || argodb::one(Line::V4, migrate)).await??;
-    Ok(db)
-}
-
-/// One request to Argo's database code (v4.1.4).
-pub async fn argo(request: serde_json::Value) -> anyhow::Result<argodb::Answer> {
-    tokio::task::spawn_blocking(move || argodb::one(Line::V4, request)).await?
-}
 
 pub async fn an_archived_retry_on_postgresql(
     cluster: Arc<LocalCluster>,
@@ -93,21 +80,13 @@ async fn archived_retry_on(
         failed: 20,
         succeeded: 5,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(&namespace))
-        .await?;
-    create_held_pods(&pods, dag.pods(&created)).await?;
-    let live = workflows.get(&dag.name).await?;
-    let uid = live.uid().context("a created workflow has a UID")?;
-    argo(db.archive_request(&live)).await?;
-    let row: Workflow = serde_json::from_str(
-        &argo(argodb::request(&db, "getArchived", json!({"uid": uid})))
-            .await?
-            .json,
-    )
-    .context("Argo's read of its archived row")?;
-    delete_and_wait(&workflows, &dag.name).await?;
-    let plan = ctl::expected_plan(&row)?;
+    let Archived {
+        name,
+        uid,
+        row,
+        plan,
+        ..
+    } = Archived::create(&cluster, &namespace, dag, Archive::Argo(&db)).await?;
 
     // The database is down: a port nobody listens on.
     let mut down = db.persistence();
@@ -188,7 +167,8 @@ async fn archived_retry_on(
         .all(|t| t.is_some_and(|t| t >= 0.0)),
         "every step's time should be in the status: {timings:?}"
     );
-    let corrupt = a_corrupt_row_fails_clearly(&db, &workflows, &pods, &retries, &namespace).await;
+    let corrupt =
+        a_corrupt_row_fails_clearly(&cluster, &db, &workflows, &pods, &retries, &namespace).await;
     controller.stop().await?;
     corrupt?;
     for pod in &plan.pods_to_delete {
@@ -197,7 +177,7 @@ async fn archived_retry_on(
             "plan pod {pod} was left behind"
         );
     }
-    let after = workflows.get(&dag.name).await?;
+    let after = workflows.get(&name).await?;
     ensure!(
         after.uid().as_deref() != Some(uid.as_str()),
         "a new workflow was expected"
@@ -207,19 +187,11 @@ async fn archived_retry_on(
     Ok(())
 }
 
-/// Deletes workflow `name` and waits until it is gone; its pods stay.
-async fn delete_and_wait(workflows: &Api<Workflow>, name: &str) -> anyhow::Result<()> {
-    ensure!(
-        delete_workflow(workflows, name, Duration::from_secs(20)).await?,
-        "workflow {name} was not deleted"
-    );
-    Ok(())
-}
-
 /// With a controller running on `db`: a workflow Argo archived, whose row then holds valid
 /// JSON that is no workflow, is deleted live; its retry fails saying the row is not a valid
 /// workflow, and its leftover pods are untouched.
 async fn a_corrupt_row_fails_clearly(
+    cluster: &LocalCluster,
     db: &DbServer,
     workflows: &Api<Workflow>,
     pods: &Api<Pod>,
@@ -231,14 +203,8 @@ async fn a_corrupt_row_fails_clearly(
         failed: 4,
         succeeded: 1,
     };
-    let created = workflows
-        .create(&PostParams::default(), &dag.workflow(namespace))
-        .await?;
-    create_held_pods(pods, dag.pods(&created)).await?;
-    let live = workflows.get(&dag.name).await?;
-    let uid = live.uid().context("a created workflow has a UID")?;
-    argo(db.archive_request(&live)).await?;
-    delete_and_wait(workflows, &dag.name).await?;
+    let Archived { name, uid, .. } =
+        Archived::create(cluster, namespace, dag, Archive::Argo(db)).await?;
     // A name must be a string: valid JSON, no workflow.
     let corrupted = db
         .execute(&format!(
@@ -249,7 +215,7 @@ async fn a_corrupt_row_fails_clearly(
         corrupted == 1,
         "expected to corrupt one row, changed {corrupted}"
     );
-    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let selector = format!("{}={}", labels::WORKFLOW, name);
     let before = pods
         .list(&ListParams::default().labels(&selector))
         .await?
@@ -285,7 +251,7 @@ async fn a_corrupt_row_fails_clearly(
         after.iter().filter(|p| held(p)).count()
     );
     ensure!(
-        workflows.get_opt(&dag.name).await?.is_none(),
+        workflows.get_opt(&name).await?.is_none(),
         "a workflow was created from a corrupt row"
     );
     Ok(())

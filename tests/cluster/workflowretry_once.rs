@@ -26,9 +26,10 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::archived::Rows;
 use crate::support::controller as ctl;
-use crate::workflowretry::{Rows, archived, live, phase_and_message, wait_finished};
-use crate::workflowretry_kill::{StatusRefusal, refused_status_writes};
+use crate::support::refusal::{StatusRefusal, refused_status_writes};
+use crate::support::workflowretry::{archived, live, phase_and_message, wait_finished};
 
 const WAIT: Duration = Duration::from_secs(60);
 

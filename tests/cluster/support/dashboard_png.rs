@@ -10,10 +10,10 @@ use anyhow::Context as _;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::monitoring_files::{Panel, Query};
+use super::monitoring_files::{Panel, Query};
 use rewind::testenv::prometheus::Series;
 
-#[path = "../support/font.rs"]
+#[path = "../../support/font.rs"]
 mod font;
 
 /// Pixels per grid column, and per grid row (Grafana's row is 30 px).
