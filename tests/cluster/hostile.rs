@@ -401,7 +401,7 @@ fn spawn_controller(
 }
 
 /// A thousand WorkflowRetries naming one live workflow, created at once in one namespace,
-/// while a retry in another namespace keeps its pace (within 1.5x of the same retry alone).
+/// while a retry in another namespace keeps its pace (within 3x of the same retry alone).
 pub async fn a_thousand_workflowretries_in_one_namespace_do_not_slow_another(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -459,8 +459,13 @@ pub async fn a_thousand_workflowretries_in_one_namespace_do_not_slow_another(
     let up = controller.is_up();
     controller.stop().await?;
     ensure!(up, "the controller stopped");
+    // What this catches is starvation: served behind the flood's writes (at
+    // least one each, 50 s at 20 a second), the retry would take several
+    // times its time alone (3-9 s). Fair, it measured 1.14x to 1.6x on a
+    // loaded 2-core machine (the flood's own work shares the API server); a
+    // tighter bound times the machine, not rewind.
     ensure!(
-        ratio <= 1.5,
+        ratio <= 3.0,
         "beside {FLOOD} WorkflowRetries in another namespace, a retry took {during:?} against {alone:?} alone ({ratio:.2}x)"
     );
     Ok(())
