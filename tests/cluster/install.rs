@@ -7,18 +7,15 @@
 //! releasing it from Argo's finalizer (the chart's pod policy), as it does in the retry.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt as _;
@@ -26,18 +23,16 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
 };
-use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::request::{RetryPhase, annotations};
-use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
-use tokio::process::Command;
 
+use crate::support::chart::{Deployed, RELEASE, kubeconfig_for};
 use crate::support::controller as ctl;
 use crate::support::helm::{CHART, helm};
 use crate::support::pod_policy;
-
-const RELEASE: &str = "rewind";
 
 pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     cluster: Arc<LocalCluster>,
@@ -67,97 +62,16 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     )
     .await?;
 
-    let deployment = Api::<Deployment>::namespaced(admin.clone(), &namespace)
-        .get(RELEASE)
-        .await
-        .context("the chart's Deployment")?;
-    let pod = deployment
-        .spec
-        .and_then(|s| s.template.spec)
-        .context("the Deployment has no pod spec")?;
-    let sa_name = pod
-        .service_account_name
-        .clone()
-        .context("the Deployment names no ServiceAccount")?;
-    let container = pod.containers.into_iter().next().context("no container")?;
-    let pod_name = "rewind-0";
-    // The certificate the chart generated for Argo's retry API, where the
-    // mounted Secret would put it.
-    let tls = Api::<Secret>::namespaced(admin.clone(), &namespace)
-        .get(&format!("{RELEASE}-argo-api-tls"))
-        .await
-        .context("the chart's Secret for Argo's retry API")?;
-    let mut written = Vec::new();
-    for key in ["tls.crt", "tls.key"] {
-        let data = tls
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .with_context(|| format!("the Secret has no {key}"))?;
-        let path = work.path().join(key);
-        std::fs::write(&path, &data.0)?;
-        written.push(path.display().to_string());
-    }
-    let (cert_file, key_file) = (&written[0], &written[1]);
-    // The installed arguments, except that tests listen on loopback only and
-    // read the certificate from where this test wrote it.
-    let args: Vec<String> = container
-        .args
-        .unwrap_or_default()
-        .into_iter()
-        .map(|a| match a.split_once('=') {
-            Some(("--http-addr", _)) => "--http-addr=127.0.0.1:0".to_owned(),
-            Some(("--argo-api-addr", _)) => "--argo-api-addr=127.0.0.1:0".to_owned(),
-            Some(("--argo-api-tls-cert", _)) => format!("--argo-api-tls-cert={cert_file}"),
-            Some(("--argo-api-tls-key", _)) => format!("--argo-api-tls-key={key_file}"),
-            _ => a,
-        })
-        .collect();
+    // How the Deployment runs the controller: the test runs it so, below, as pod rewind-0.
+    let deployed = Deployed::read(&cluster, &namespace, work.path()).await?;
+    let args = &deployed.args;
     ensure!(
         args.contains(&format!("--namespace={namespace}")),
         "the Deployment does not scope the controller to {namespace}: {args:?}"
     );
-    let mut env = Vec::new();
-    let limits = container
-        .resources
-        .as_ref()
-        .and_then(|r| r.limits.clone())
-        .unwrap_or_default();
-    for var in container.env.unwrap_or_default() {
-        let from = var.value_from.unwrap_or_default();
-        let value = match (var.value, from.field_ref, from.resource_field_ref) {
-            (Some(value), _, _) => value,
-            (None, Some(field), _) => match field.field_path.as_str() {
-                "metadata.name" => pod_name.to_owned(),
-                "metadata.namespace" => namespace.clone(),
-                other => bail!(
-                    "env {} refers to {other}, which this test cannot stand in for",
-                    var.name
-                ),
-            },
-            // As the kubelet gives it: the limit in bytes, or in millicores.
-            (None, None, Some(field)) => {
-                let limit = |name: &str| {
-                    limits
-                        .get(name)
-                        .map(|q| q.0.clone())
-                        .with_context(|| format!("env {} needs a {name} limit", var.name))
-                };
-                match field.resource.as_str() {
-                    "limits.memory" => bytes(&limit("memory")?)?.to_string(),
-                    "limits.cpu" => millicores(&limit("cpu")?)?.to_string(),
-                    other => bail!(
-                        "env {} refers to {other}, which this test cannot stand in for",
-                        var.name
-                    ),
-                }
-            }
-            (None, None, None) => String::new(),
-        };
-        env.push((var.name, value));
-    }
 
-    let sa_kubeconfig = kubeconfig_for(&cluster, &namespace, &sa_name, work.path()).await?;
+    let sa_kubeconfig =
+        kubeconfig_for(&cluster, &namespace, &deployed.service_account, work.path()).await?;
     let user_kubeconfig = {
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
         let alice = ServiceAccount {
@@ -290,20 +204,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         .into_iter()
         .collect();
 
-    let log = work.path().join("controller.log");
-    let out = std::fs::File::create(&log)?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args(&args)
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("KUBECONFIG", &sa_kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the rewind binary")?;
-    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut rewind = deployed.start("rewind-0", &sa_kubeconfig, work.path())?;
 
     // alice starts the retry with the annotation, the only thing she may do to a workflow.
     let from =
@@ -317,17 +218,17 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
     let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await;
     let to = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(1);
-    if let Some(exit) = child.try_wait()? {
-        bail!("the controller exited ({exit}):\n{}", read_log());
+    if let Some(exit) = rewind.child.try_wait()? {
+        bail!("the controller exited ({exit}):\n{}", rewind.log());
     }
-    child.start_kill()?;
-    child.wait().await?;
+    rewind.child.start_kill()?;
+    rewind.child.wait().await?;
     let (after, status) =
-        finished.with_context(|| format!("the controller's log:\n{}", read_log()))?;
+        finished.with_context(|| format!("the controller's log:\n{}", rewind.log()))?;
     ensure!(
         status.phase == RetryPhase::Succeeded,
         "the retry ended {status:?}:\n{}",
-        read_log()
+        rewind.log()
     );
     ctl::ensure_reset_as_planned(&after, &plan.workflow, from, to)?;
     let pods_after: BTreeSet<String> = ctl::pod_names(&cluster, &namespace, &selector)
@@ -340,7 +241,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         pods_after == expected,
         "pods left {pods_after:?}, expected {expected:?}"
     );
-    let log_text = read_log();
+    let log_text = rewind.log();
     ensure!(
         log_text.contains("acquired the lease"),
         "the controller never led (the chart turns leader election on):\n{log_text}"
@@ -521,67 +422,9 @@ fn forbidden(result: Result<(), kube::Error>, what: &str) -> anyhow::Result<()> 
     }
 }
 
-/// A kubeconfig for the cluster signed in as ServiceAccount `name` with a TokenRequest token.
-async fn kubeconfig_for(
-    cluster: &LocalCluster,
-    namespace: &str,
-    name: &str,
-    dir: &Path,
-) -> anyhow::Result<PathBuf> {
-    let sas: Api<ServiceAccount> = Api::namespaced(cluster.admin_client(), namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("a TokenRequest for ServiceAccount {namespace}/{name}"))?
-        .status
-        .context("the TokenRequest has no status")?
-        .token;
-    let mut config = Kubeconfig::read_from(cluster.kubeconfig_path(Role::Controller))?;
-    for auth in &mut config.auth_infos {
-        auth.auth_info = Some(AuthInfo {
-            token: Some(token.clone().into()),
-            ..Default::default()
-        });
-    }
-    let path = dir.join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
-    Ok(path)
-}
-
 async fn client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     let config = Kubeconfig::read_from(kubeconfig)?;
     let config =
         kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await?;
     Ok(kube::Client::try_from(config)?)
-}
-
-/// A memory quantity in bytes (the forms the chart uses: plain, Ki, Mi, Gi).
-fn bytes(quantity: &str) -> anyhow::Result<u64> {
-    let (number, unit) = match quantity.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => quantity.split_at(at),
-        None => (quantity, ""),
-    };
-    let scale = match unit {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        other => bail!("memory quantity {quantity}: unit {other} not handled here"),
-    };
-    Ok(number.parse::<u64>()? * scale)
-}
-
-/// A CPU quantity in millicores ("1", "500m").
-fn millicores(quantity: &str) -> anyhow::Result<u64> {
-    Ok(match quantity.strip_suffix('m') {
-        Some(milli) => milli.parse()?,
-        None => quantity.parse::<u64>()? * 1000,
-    })
 }

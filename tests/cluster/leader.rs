@@ -2,12 +2,11 @@
 //! is ready and says so in /metrics, takes over after a SIGKILL within the lease duration plus a
 //! few seconds (finishing the retry with exactly one reset), and at once after a graceful stop.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::Api;
@@ -15,13 +14,15 @@ use kube::config::Kubeconfig;
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::support::controller as ctl;
+use crate::support::replica::{self, Replica};
 
 const LEASE: &str = "rewind";
+/// How long a replica has to answer over HTTP as a step expects.
+const HTTP_WAIT: Duration = Duration::from_secs(20);
 
 pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     cluster: Arc<LocalCluster>,
@@ -32,19 +33,14 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     let logs = tempfile::tempdir()?;
     let duration = Duration::from_secs(6);
 
-    let mut a = Replica::spawn(&cluster, &namespace, "rewind-a", duration, logs.path())?;
-    wait_holder(
-        &cluster,
-        &namespace,
-        Some("rewind-a"),
-        Duration::from_secs(20),
-        &mut [&mut a],
-    )
-    .await?;
-    let mut b = Replica::spawn(&cluster, &namespace, "rewind-b", duration, logs.path())?;
-    b.wait_http("/readyz", "200", "standby").await?;
-    b.wait_http("/metrics", "200", "rewind_leader 0").await?;
-    a.wait_http("/metrics", "200", "rewind_leader 1").await?;
+    let mut a = spawn(&cluster, &namespace, "rewind-a", duration, logs.path())?;
+    wait_holder(&cluster, &namespace, Duration::from_secs(20), &mut a).await?;
+    let mut b = spawn(&cluster, &namespace, "rewind-b", duration, logs.path())?;
+    b.wait_http("/readyz", "200", "standby", HTTP_WAIT).await?;
+    b.wait_http("/metrics", "200", "rewind_leader 0", HTTP_WAIT)
+        .await?;
+    a.wait_http("/metrics", "200", "rewind_leader 1", HTTP_WAIT)
+        .await?;
 
     let from =
         k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(1);
@@ -80,9 +76,8 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
     wait_holder(
         &cluster,
         &namespace,
-        Some("rewind-b"),
         duration + Duration::from_secs(5),
-        &mut [&mut b],
+        &mut b,
     )
     .await?;
     let takeover = killed.elapsed();
@@ -91,7 +86,8 @@ pub async fn a_killed_leader_is_replaced_and_the_retry_resets_exactly_once(
         takeover <= duration + Duration::from_secs(3),
         "the standby took over {takeover:?} after the kill; the lease lasts {duration:?}"
     );
-    b.wait_http("/metrics", "200", "rewind_leader 1").await?;
+    b.wait_http("/metrics", "200", "rewind_leader 1", HTTP_WAIT)
+        .await?;
 
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
     let (after, status) =
@@ -137,17 +133,10 @@ pub async fn a_graceful_stop_releases_the_lease_at_once(
     let logs = tempfile::tempdir()?;
     // Long enough that a takeover by expiry would fail the test.
     let duration = Duration::from_secs(30);
-    let mut a = Replica::spawn(&cluster, &namespace, "rewind-a", duration, logs.path())?;
-    wait_holder(
-        &cluster,
-        &namespace,
-        Some("rewind-a"),
-        Duration::from_secs(20),
-        &mut [&mut a],
-    )
-    .await?;
-    let mut b = Replica::spawn(&cluster, &namespace, "rewind-b", duration, logs.path())?;
-    b.wait_http("/readyz", "200", "standby").await?;
+    let mut a = spawn(&cluster, &namespace, "rewind-a", duration, logs.path())?;
+    wait_holder(&cluster, &namespace, Duration::from_secs(20), &mut a).await?;
+    let mut b = spawn(&cluster, &namespace, "rewind-b", duration, logs.path())?;
+    b.wait_http("/readyz", "200", "standby", HTTP_WAIT).await?;
 
     let stopping = Instant::now();
     a.stop().await?;
@@ -157,14 +146,7 @@ pub async fn a_graceful_stop_releases_the_lease_at_once(
         after_stop.as_deref() != Some("rewind-a"),
         "rewind-a still holds the lease after a graceful stop"
     );
-    wait_holder(
-        &cluster,
-        &namespace,
-        Some("rewind-b"),
-        Duration::from_secs(5),
-        &mut [&mut b],
-    )
-    .await?;
+    wait_holder(&cluster, &namespace, Duration::from_secs(5), &mut b).await?;
     let takeover = stopping.elapsed();
     tracing::info!(?stopped, ?takeover, "graceful handover");
     b.stop().await?;
@@ -192,15 +174,8 @@ pub async fn a_leader_that_cannot_renew_stops_before_its_lease_expires(
     }
     let kubeconfig = logs.path().join("through-proxy.kubeconfig");
     std::fs::write(&kubeconfig, serde_yaml_ng::to_string(&config)?)?;
-    let mut a = Replica::spawn_with(&kubeconfig, &namespace, "rewind-a", duration, logs.path())?;
-    wait_holder(
-        &cluster,
-        &namespace,
-        Some("rewind-a"),
-        Duration::from_secs(20),
-        &mut [&mut a],
-    )
-    .await?;
+    let mut a = spawn_with(&kubeconfig, &namespace, "rewind-a", duration, logs.path())?;
+    wait_holder(&cluster, &namespace, Duration::from_secs(20), &mut a).await?;
     // Let it renew at least once through the proxy first.
     tokio::time::sleep(duration).await;
     ensure!(
@@ -303,34 +278,27 @@ impl Drop for Proxy {
     }
 }
 
-struct Replica {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
+fn spawn(
+    cluster: &LocalCluster,
+    namespace: &str,
+    name: &str,
+    duration: Duration,
+    dir: &Path,
+) -> anyhow::Result<Replica> {
+    let kubeconfig = cluster.kubeconfig_path(Role::Controller);
+    spawn_with(&kubeconfig, namespace, name, duration, dir)
 }
 
-impl Replica {
-    fn spawn(
-        cluster: &LocalCluster,
-        namespace: &str,
-        name: &'static str,
-        duration: Duration,
-        dir: &Path,
-    ) -> anyhow::Result<Replica> {
-        let kubeconfig = cluster.kubeconfig_path(Role::Controller);
-        Self::spawn_with(&kubeconfig, namespace, name, duration, dir)
-    }
-
-    fn spawn_with(
-        kubeconfig: &Path,
-        namespace: &str,
-        name: &'static str,
-        duration: Duration,
-        dir: &Path,
-    ) -> anyhow::Result<Replica> {
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_rewind"))
+fn spawn_with(
+    kubeconfig: &Path,
+    namespace: &str,
+    name: &str,
+    duration: Duration,
+    dir: &Path,
+) -> anyhow::Result<Replica> {
+    Replica::spawn(
+        name,
+        Command::new(env!("CARGO_BIN_EXE_rewind"))
             .args([
                 "--log-format",
                 "json",
@@ -345,117 +313,26 @@ impl Replica {
             .args(["--qps", "10", "--burst", "10", "--no-bulk"])
             .env("POD_NAME", name)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting the rewind binary")?;
-        Ok(Replica { name, child, log })
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()))
-    }
-
-    /// SIGTERM, as Kubernetes stops a pod; the process must exit 0 within 10 s.
-    async fn stop(&mut self) -> anyhow::Result<()> {
-        let pid = self.child.id().context("the replica already exited")?;
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        let sent = unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        ensure!(sent == 0, "kill -TERM {pid} failed");
-        let exit = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .with_context(|| format!("{} did not stop within 10 s of SIGTERM", self.name))??;
-        ensure!(
-            exit.success(),
-            "{} exited {exit} on SIGTERM:\n{}",
-            self.name,
-            self.log()
-        );
-        Ok(())
-    }
-
-    /// Polls `path` on the replica's HTTP port until it answers `code` with `needle` in the body.
-    async fn wait_http(&mut self, path: &str, code: &str, needle: &str) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut last = String::new();
-        while Instant::now() < deadline {
-            if let Some(exit) = self.child.try_wait()? {
-                bail!("{} exited ({exit}):\n{}", self.name, self.log());
-            }
-            if let Some(addr) = self.addr() {
-                last = get(addr, path).await.unwrap_or_else(|e| e.to_string());
-                let status = format!("HTTP/1.1 {code}");
-                if last.starts_with(&status) && last.contains(needle) {
-                    return Ok(());
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        bail!(
-            "GET {path} on {} never answered {code} with {needle:?}; last answer:\n{last}\nlog:\n{}",
-            self.name,
-            self.log()
-        )
-    }
-
-    /// The address the replica bound (it was given port 0), from its log.
-    fn addr(&self) -> Option<std::net::SocketAddr> {
-        self.log()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find_map(|l| l["fields"]["addr"].as_str().and_then(|a| a.parse().ok()))
-    }
-}
-
-async fn get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: rewind\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
-    Ok(answer)
+            .env("RUST_LOG", "info,kube=warn"),
+        dir,
+    )
 }
 
 async fn holder(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Option<String>> {
-    let leases: Api<Lease> = Api::namespaced(cluster.admin_client(), namespace);
-    Ok(leases
-        .get_opt(LEASE)
-        .await?
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity))
+    replica::holder(cluster, namespace, LEASE).await
 }
 
-/// Waits until the Lease names `expected`, failing early if a replica exits.
+/// Waits until `replica` holds the lease, failing early if it exits.
 async fn wait_holder(
     cluster: &LocalCluster,
     namespace: &str,
-    expected: Option<&str>,
     within: Duration,
-    replicas: &mut [&mut Replica],
+    replica: &mut Replica,
 ) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        let found = holder(cluster, namespace).await?;
-        if found.as_deref() == expected {
-            return Ok(());
-        }
-        for r in replicas.iter_mut() {
-            if let Some(exit) = r.child.try_wait()? {
-                bail!("{} exited ({exit}):\n{}", r.name, r.log());
-            }
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the lease holder is {found:?}, not {expected:?}, after {within:?}; logs:\n{}",
-            replicas
-                .iter()
-                .map(|r| format!("--- {}\n{}", r.name, r.log()))
-                .collect::<String>()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let expected = Some(replica.name.clone());
+    replica::wait_holder(cluster, namespace, LEASE, within, &mut [replica], |found| {
+        format!("the lease holder is {found:?}, not {expected:?}, after {within:?}")
+    })
+    .await?;
+    Ok(())
 }

@@ -33,6 +33,7 @@ mod retry;
 mod scheduling;
 mod support;
 mod throttle;
+mod upgrade;
 mod workflow_roundtrip;
 mod workflowretry;
 mod workflowretry_db;
@@ -54,6 +55,9 @@ const ALONE: &[&str] = &[
     "hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another",
     "cli::a_bulk_delete_shows_its_count_rising_each_second",
     "listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack",
+    // Sets the cluster's CRD back to the previous chart's, and installs the chart's
+    // cluster-wide user roles, named as install::'s, for its duration.
+    "upgrade::the_previous_chart_upgraded_mid_retry_ends_the_request_once_and_keeps_its_objects",
 ];
 
 /// The compatibility subset, what differs between Kubernetes minors: the chart
@@ -144,6 +148,7 @@ fn main() -> ExitCode {
         leader::a_graceful_stop_releases_the_lease_at_once,
         leader::a_leader_that_cannot_renew_stops_before_its_lease_expires,
         install::the_chart_installs_and_its_service_account_serves_a_users_retry,
+        upgrade::the_previous_chart_upgraded_mid_retry_ends_the_request_once_and_keeps_its_objects,
         admission::a_workflowretry_needs_what_argo_would_need_of_the_same_user,
         argoapi::argos_retry_call_is_authorized_like_argos_and_answers_the_reset_workflow,
         argoapi::argos_archived_retry_call_creates_the_workflow,

@@ -5,6 +5,7 @@ pub mod archived;
 pub mod argo_api;
 pub mod argodb;
 pub mod argos_retry;
+pub mod chart;
 pub mod controller;
 pub mod dashboard_png;
 pub mod grants;
@@ -17,6 +18,7 @@ pub mod monitoring_files;
 pub mod pod_policy;
 pub mod process;
 pub mod refusal;
+pub mod replica;
 pub mod workflowretry;
 
 use std::sync::Arc;
