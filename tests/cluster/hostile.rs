@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::{RetryPhase, annotations};
@@ -30,20 +29,6 @@ async fn other_namespace(cluster: &LocalCluster, namespace: &str) -> anyhow::Res
     let other: String = format!("{}-b", &namespace[..namespace.len().min(60)]);
     cluster.create_namespace(&other).await?;
     Ok(other)
-}
-
-/// The names of every pod in `namespace`, sorted.
-async fn pods_in(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Vec<String>> {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin_client(), namespace);
-    let mut names: Vec<String> = pods
-        .list_metadata(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    names.sort();
-    Ok(names)
 }
 
 /// Bad annotations, each on a workflow of its own: each request ends Failed with a message
@@ -104,7 +89,7 @@ pub async fn malformed_and_oversize_annotations_each_fail_clearly_and_delete_not
         .create(&admin, &namespace, 4, || ())
         .await?;
     }
-    let before = pods_in(&cluster, &namespace).await?;
+    let before = ctl::pod_names(&cluster, &namespace, "").await?;
     let (controller, _) = ctl::start_serving(
         cluster.config(Role::Controller).await?,
         &[&namespace, &other],
@@ -157,7 +142,7 @@ pub async fn malformed_and_oversize_annotations_each_fail_clearly_and_delete_not
         );
     }
     ensure!(
-        pods_in(&cluster, &namespace).await? == before,
+        ctl::pod_names(&cluster, &namespace, "").await? == before,
         "a pod was deleted for a refused request"
     );
     ensure!(controller.is_up(), "the controller stopped");
@@ -337,7 +322,7 @@ pub async fn a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_
         .await
         .context("writing the bomb into the workflow's status")?;
     let blob = blob.len();
-    let before = pods_in(&cluster, &namespace).await?;
+    let before = ctl::pod_names(&cluster, &namespace, "").await?;
 
     let log = cluster.dir().join(format!("{namespace}-controller.log"));
     let mut child = spawn_controller(&cluster, &[&namespace, &other], &log)?;
@@ -366,7 +351,7 @@ pub async fn a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_
         "the controller's peak RSS reached {peak} KiB (idle {idle} KiB)"
     );
     ensure!(
-        pods_in(&cluster, &namespace).await? == before,
+        ctl::pod_names(&cluster, &namespace, "").await? == before,
         "a pod was deleted for the bomb's request"
     );
     ensure!(

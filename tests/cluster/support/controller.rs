@@ -193,7 +193,7 @@ pub async fn wait_finished(
     }
 }
 
-/// Names of the pods labelled with `workflow`.
+/// Names of the pods `selector` picks (all with an empty one).
 pub async fn pod_names(
     cluster: &LocalCluster,
     namespace: &str,
