@@ -26,6 +26,13 @@ pub const MAX_TTL_SECONDS: i64 = 365 * 24 * 3600;
 /// knows the create happened and marks the request done (exactly once).
 pub const CREATED_BY: &str = "rewind.dev/workflowretry-uid";
 
+/// Finalizer on a workflow created by an archived retry, removed once the
+/// `WorkflowRetry`'s status names the created UID: until then the workflow
+/// cannot vanish (deleted by its TTL, say), so a restarted controller that
+/// finds neither the UID in the status nor the workflow knows it was never
+/// created, and creates it (exactly once).
+pub const CREATING: &str = "rewind.dev/creating";
+
 /// Annotation on a `WorkflowRetry` that rewind's Argo API created for a
 /// caller: who asked ([`AskedBy`], JSON). The API server's audit log names
 /// rewind's ServiceAccount as the creator of such an object, so the caller is

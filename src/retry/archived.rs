@@ -8,21 +8,21 @@
 //!   leftovers: a pod of another workflow of the same name is never touched.
 //! - The workflow is created only once every plan pod is gone (rule 2:
 //!   Argo's controller would adopt a stale pod of the same name).
-//! - At most one create (rule 4): the status says Committing, naming the
+//! - Exactly one create (rule 4): the status says Committing, naming the
 //!   workflow, before the create is sent, and names the created workflow's
 //!   UID as soon as it answers; the created workflow carries [`CREATED_BY`]
-//!   naming the WorkflowRetry's UID. A request whose status says either is
-//!   never created again, even once its workflow is gone (deleted by its
-//!   TTL, say): it ends from what the cluster and its status say (see
-//!   [`resume`]).
+//!   naming the WorkflowRetry's UID, and the finalizer [`CREATING`] until that
+//!   UID is recorded, so it cannot vanish before. A request resumed in
+//!   Committing ends from what the cluster and its status say, and creates
+//!   only a workflow that was never created (see [`Job::resume`]).
 
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::argo::db::{ArgoDatabase, DbError};
 use crate::argo::offload::{self, OffloadError};
@@ -31,7 +31,7 @@ use crate::argo::workflow::Workflow;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
 use crate::engine::workers::RequestKey;
-use crate::protocol::crd::CREATED_BY;
+use crate::protocol::crd::{CREATED_BY, CREATING};
 use crate::protocol::request::{DENIED, EXISTS, RetryPhase, workflowretry_token};
 use crate::retry::admission::{Admitted, Planning};
 use crate::retry::object::ObjectStatus;
@@ -70,10 +70,17 @@ pub enum ArchivedError {
     /// Argo's message (its server prints the placeholder literally; rewind names the workflow).
     #[error("{EXISTS}, use argo retry {name} instead")]
     ExistsLive { name: String },
+    /// Always worth trying again: the workflow keeps [`CREATING`] until then.
     #[error(
-        "rewind stopped while it created workflow {name}, and {now}: it cannot tell whether it created workflow {name} (which may have run and been deleted since, by its TTL say) or not, and it never creates a workflow twice; if the workflow did not run, create a new WorkflowRetry"
+        "recording the created workflow {name} (UID {uid}) in the WorkflowRetry's status failed: {}; the workflow keeps finalizer {CREATING} until it is recorded",
+        fault::explain(.source)
     )]
-    CreateUnknown { name: String, now: &'static str },
+    Record {
+        name: String,
+        uid: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
@@ -98,6 +105,7 @@ impl ArchivedError {
             ArchivedError::Offload(e) => e.is_transient(),
             ArchivedError::Delete(e) => e.is_transient(),
             ArchivedError::Api { source, .. } => fault::is_transient(source),
+            ArchivedError::Record { .. } => true,
             _ => false,
         }
     }
@@ -142,8 +150,10 @@ pub async fn run(
     stop: &CancellationToken,
 ) -> Result<(), ArchivedError> {
     let mut job = Job::new(status, uid).ok_or(ArchivedError::NoArchive)?;
-    if let Some(name) = creating(job.status) {
-        return job.resume(&name).await;
+    if let Some(name) = creating(job.status)
+        && job.resume(&name).await? == Resumed::Ended
+    {
+        return Ok(());
     }
     let archived = job.read().await?;
     let name = archived.name().to_owned();
@@ -156,6 +166,18 @@ pub async fn run(
     job.finish(&name, created);
     Ok(())
 }
+
+/// What a request that may have created its workflow found when resumed.
+#[derive(Debug, PartialEq)]
+enum Resumed {
+    Ended,
+    /// The workflow was never created: the request goes on to create it.
+    NotCreated,
+}
+
+/// Tries at removing [`CREATING`] while others change the workflow's
+/// finalizers (Argo's controller adds its own).
+const RELEASE_ATTEMPTS: u32 = 5;
 
 /// One archived retry, a method per step.
 struct Job<'r, 'a> {
@@ -283,6 +305,11 @@ impl<'r, 'a> Job<'r, 'a> {
             .annotations
             .get_or_insert_with(Default::default)
             .insert(CREATED_BY.into(), self.status.uid());
+        workflow
+            .metadata
+            .finalizers
+            .get_or_insert_default()
+            .push(CREATING.into());
         // From this status on, the request never sends a create again.
         let before = self.status.status.phase;
         self.status.status.phase = Some(RetryPhase::Committing);
@@ -317,19 +344,7 @@ impl<'r, 'a> Job<'r, 'a> {
                 return Err(api(format!("creating workflow {namespace}/{name}"))(e));
             }
         };
-        // Said at once: from here the request never creates again, even if the
-        // workflow goes before the request ends. The end says it too, and is
-        // kept until written, so a write refused here is only logged.
-        self.status.status.workflow_uid = Some(created.clone());
-        if let Err(e) = report::record(
-            self.status,
-            RetryPhase::Committing,
-            &format!("created workflow {name} (UID {created})"),
-        )
-        .await
-        {
-            warn!(workflowretry = self.status.name(), workflow = name, error = %e, "could not record the created workflow's UID; the request's end names it");
-        }
+        self.settle(name, &created).await?;
         if let Some(version) = offload::offloaded_version(&workflow) {
             copy_offloaded(self.database, self.uid, &created, &namespace, version).await?;
         }
@@ -359,12 +374,82 @@ impl<'r, 'a> Job<'r, 'a> {
         );
     }
 
+    /// Records the UID of workflow `name` it created, then removes
+    /// [`CREATING`] from it: in that order, so that a request whose status
+    /// does not name the UID never lost a workflow it created.
+    async fn settle(&mut self, name: &str, created: &str) -> Result<(), ArchivedError> {
+        self.status.status.workflow_uid = Some(created.to_owned());
+        let recorded = report::record(
+            self.status,
+            RetryPhase::Committing,
+            &format!("created workflow {name} (UID {created})"),
+        )
+        .await;
+        if let Err(source) = recorded {
+            // The WorkflowRetry is gone: no one resumes it, so none creates again.
+            if api_code(&source) == Some(404) {
+                self.release(name, created).await?;
+            }
+            return Err(ArchivedError::Record {
+                name: name.to_owned(),
+                uid: created.to_owned(),
+                source,
+            });
+        }
+        self.release(name, created).await
+    }
+
+    /// Removes [`CREATING`] from workflow `name` if it is still workflow
+    /// `uid`. The JSON patch's `test` ops make it exact (only that workflow,
+    /// only that finalizer) when others change the finalizers meanwhile.
+    async fn release(&self, name: &str, uid: &str) -> Result<(), ArchivedError> {
+        let what = || {
+            format!(
+                "removing finalizer {CREATING} from workflow {}/{name}",
+                self.namespace
+            )
+        };
+        let mut attempt = 1;
+        loop {
+            let Some(live) = self
+                .workflows
+                .get_metadata_opt(name)
+                .await
+                .map_err(api(what()))?
+            else {
+                return Ok(());
+            };
+            let held = live.finalizers().iter().position(|f| f == CREATING);
+            let Some(index) = held.filter(|_| live.uid().as_deref() == Some(uid)) else {
+                return Ok(());
+            };
+            let path = format!("/metadata/finalizers/{index}");
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": path, "value": CREATING},
+                {"op": "remove", "path": path},
+            ]))
+            .expect("a well-formed JSON patch");
+            let sent = self
+                .workflows
+                .patch_metadata(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await;
+            match sent.as_ref().map_err(api_code) {
+                Ok(_) | Err(Some(404)) => return Ok(()),
+                // A `test` failed: the finalizers changed since the read.
+                Err(Some(422)) if attempt < RELEASE_ATTEMPTS => attempt += 1,
+                Err(_) => return sent.map(drop).map_err(api(what())),
+            }
+        }
+    }
+
     /// Ends a request that may have created workflow `name` without creating
-    /// it again: done if the workflow it created is there (after the copy of
+    /// it twice: done if the workflow it created is there (after the copy of
     /// its offloaded nodes, which may not have happened); Succeeded saying so if
-    /// its status names the created workflow, now gone; otherwise it cannot
-    /// tell, and fails saying so.
-    async fn resume(&mut self, name: &str) -> Result<(), ArchivedError> {
+    /// its status names the created workflow, now gone. Otherwise the workflow
+    /// was never created: [`CREATING`] keeps a created one until its UID is
+    /// recorded.
+    async fn resume(&mut self, name: &str) -> Result<Resumed, ArchivedError> {
         let live = self
             .workflows
             .get_metadata_opt(name)
@@ -374,19 +459,19 @@ impl<'r, 'a> Job<'r, 'a> {
         let other = match live {
             Some(w) if w.annotations().get(CREATED_BY) == Some(&request) => {
                 let done = w.uid().unwrap_or_default();
-                return self.found(name, done).await;
+                self.found(name, done).await?;
+                return Ok(Resumed::Ended);
             }
             Some(w) => Some(w.uid().unwrap_or_default()),
             None => None,
         };
         let Some(created) = self.status.status.workflow_uid.clone() else {
-            return Err(ArchivedError::CreateUnknown {
-                name: name.to_owned(),
-                now: match other {
-                    Some(_) => "the workflow of that name in the cluster is not one it created",
-                    None => "the workflow is not in the cluster",
-                },
-            });
+            info!(
+                workflowretry = self.status.name(),
+                workflow = name,
+                "the workflow this request was creating was never created; going on to create it"
+            );
+            return Ok(Resumed::NotCreated);
         };
         info!(
             workflowretry = self.status.name(),
@@ -401,13 +486,14 @@ impl<'r, 'a> Job<'r, 'a> {
                 None => String::new(),
             }
         );
-        Ok(())
+        Ok(Resumed::Ended)
     }
 
     /// Ends a request whose workflow `name` (UID `done`) is found created:
-    /// copies its offloaded nodes (the copy after the create may not have
-    /// happened) and names it.
+    /// settles it, copies its offloaded nodes (the copy after the create may
+    /// not have happened) and names it.
     async fn found(&mut self, name: &str, done: String) -> Result<(), ArchivedError> {
+        self.settle(name, &done).await?;
         let namespace = &self.namespace;
         let created = self
             .workflows

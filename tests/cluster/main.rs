@@ -131,7 +131,7 @@ fn main() -> ExitCode {
         workflowretry_db::an_offloaded_live_retry_on_mariadb,
         workflowretry_kill::an_archived_retry_killed_before_and_after_the_create_creates_the_workflow_once,
         workflowretry_once::an_archived_retry_whose_end_is_not_recorded_never_creates_again,
-        workflowretry_once::an_archived_retry_resumed_after_its_create_never_creates_again,
+        workflowretry_once::an_archived_retry_resumed_in_its_create_creates_exactly_once,
         workflowretry_once::a_resumed_live_workflowretry_never_asks_twice,
         workflowretry_once::a_workflowretry_never_overwrites_a_users_request_asked_meanwhile,
         cli::retry_in_a_terminal_shows_progress_then_the_summary_or_the_refusal,

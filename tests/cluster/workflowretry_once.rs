@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use rewind::argo::db::ArgoDatabase;
 use rewind::argo::workflow::Workflow;
 use rewind::argoapi::tls::{CertFiles, server_config};
-use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
+use rewind::protocol::crd::{CREATED_BY, CREATING, WorkflowRetry};
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
@@ -51,6 +51,11 @@ async fn archived_row(
 
 async fn delete_and_wait(workflows: &Api<Workflow>, name: &str) -> anyhow::Result<()> {
     workflows.delete(name, &DeleteParams::background()).await?;
+    wait_gone(workflows, name).await
+}
+
+/// Waits until workflow `name`, whose deletion was asked, is gone.
+async fn wait_gone(workflows: &Api<Workflow>, name: &str) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while workflows.get_opt(name).await?.is_some() {
         ensure!(
@@ -84,9 +89,10 @@ fn controller_writes(
 
 /// Finding 4: the status saying an archived retry created its workflow is refused (a
 /// ValidatingAdmissionPolicy), and the created workflow is then deleted (as its TTL would
-/// after a fast failure). The controller, serving the unfinished request again, must never
-/// create the workflow a second time; once the status can be written, the request ends
-/// Succeeded naming the workflow it created.
+/// after a fast failure). The workflow stays, held by rewind's finalizer, until its UID is
+/// recorded; the controller, serving the unfinished request again, must never create it a
+/// second time; once the status can be written, the request ends Succeeded naming the
+/// workflow it created, and the deletion completes.
 pub async fn an_archived_retry_whose_end_is_not_recorded_never_creates_again(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -132,14 +138,24 @@ pub async fn an_archived_retry_whose_end_is_not_recorded_never_creates_again(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    delete_and_wait(&workflows, &dag.name).await?;
+    workflows
+        .delete(&dag.name, &DeleteParams::background())
+        .await?;
     // The controller tries the unfinished request again 1, 2 and 4 s later (its backoff).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
     while tokio::time::Instant::now() < deadline {
         let creates = controller_writes(&cluster, &namespace, "create", &dag.name)?;
         ensure!(
             creates.len() == 1,
-            "the request whose end was not recorded created workflow {} again once it was gone: the controller's creates answered {creates:?}",
+            "the request whose end was not recorded created workflow {} again: the controller's creates answered {creates:?}",
+            dag.name
+        );
+        let held = workflows.get_metadata_opt(&dag.name).await?;
+        ensure!(
+            held.as_ref()
+                .is_some_and(|w| w.uid().as_deref() == Some(first.as_str())
+                    && w.finalizers().iter().any(|f| f == CREATING)),
+            "the created workflow {} went before its UID was recorded: {held:?}",
             dag.name
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -159,48 +175,44 @@ pub async fn an_archived_retry_whose_end_is_not_recorded_never_creates_again(
         "expected exactly one create of workflow {}, the controller's creates answered {creates:?}",
         dag.name
     );
-    ensure!(
-        workflows.get_opt(&dag.name).await?.is_none(),
-        "workflow {} was created again",
-        dag.name
-    );
+    // Recorded, the workflow is released and its deletion completes.
+    wait_gone(&workflows, &dag.name).await?;
     Ok(())
 }
 
-/// Finding 4, after a crash: two archived requests whose controller stopped during the
-/// create, their created workflow since deleted. One stopped after its status said
-/// Committing (so the create may or may not have been sent): it must not create again, and
-/// says it cannot tell. One stopped after its status named the created workflow: it ends
-/// Succeeded, saying the workflow is gone. Neither creates anything.
-pub async fn an_archived_retry_resumed_after_its_create_never_creates_again(
+/// Finding 4, after a crash: three archived requests whose controller stopped during the
+/// create, each on a workflow of its own. One stopped after its status said Committing and
+/// before the create: its workflow is not there, so it was never created (a created one is
+/// held by rewind's finalizer until its UID is recorded), and it is created once. One
+/// stopped after the create and before recording it: its workflow is there, held, though
+/// deleted meanwhile (by its TTL, say); it ends Succeeded naming it, creates nothing, and
+/// releases it. One stopped after its status named the created workflow, since gone: it ends
+/// Succeeded saying so, and creates nothing.
+pub async fn an_archived_retry_resumed_in_its_create_creates_exactly_once(
     cluster: Arc<LocalCluster>,
     namespace: String,
 ) -> anyhow::Result<()> {
     let admin = cluster.admin_client();
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
     let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
-    let dag = FailedDag {
-        name: "wf".into(),
-        failed: 6,
-        succeeded: 1,
-    };
-    let (row, old_uid) = archived_row(&workflows, &dag, &namespace).await?;
-    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(BTreeMap::from([(old_uid.clone(), row)])));
-    let left = [
-        (
-            "stopped-in-create",
-            json!({"phase": "Committing", "workflowName": dag.name}),
-        ),
-        (
-            "stopped-after-create",
-            json!({"phase": "Committing", "workflowName": dag.name,
-                   "workflowUID": "0b5c6f9e-1d2a-4c3b-9e8f-7a6b5c4d3e2f"}),
-        ),
-    ];
-    for (name, status) in &left {
-        retries
+    let [before, unrecorded, after] = ["before-create", "unrecorded", "after-create"];
+    let mut rows = BTreeMap::new();
+    let mut requests = BTreeMap::new();
+    for name in [before, unrecorded, after] {
+        let dag = FailedDag {
+            name: name.into(),
+            failed: 3,
+            succeeded: 1,
+        };
+        let (row, old_uid) = archived_row(&workflows, &dag, &namespace).await?;
+        rows.insert(old_uid.clone(), row);
+        let request = retries
             .create(&PostParams::default(), &archived(name, &old_uid))
             .await?;
+        let mut status = json!({"phase": "Committing", "workflowName": name});
+        if name == after {
+            status["workflowUID"] = json!("0b5c6f9e-1d2a-4c3b-9e8f-7a6b5c4d3e2f");
+        }
         retries
             .patch_status(
                 name,
@@ -208,7 +220,30 @@ pub async fn an_archived_retry_resumed_after_its_create_never_creates_again(
                 &Patch::Merge(&json!({ "status": status })),
             )
             .await?;
+        requests.insert(name, request.uid().unwrap_or_default());
     }
+    // What the create of `unrecorded` left: its workflow, held, then deleted.
+    let mut held = FailedDag {
+        name: unrecorded.into(),
+        failed: 3,
+        succeeded: 1,
+    }
+    .workflow(&namespace);
+    held.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(CREATED_BY.into(), requests[unrecorded].clone());
+    held.metadata.finalizers = Some(vec![CREATING.into()]);
+    let held_uid = workflows
+        .create(&PostParams::default(), &held)
+        .await?
+        .uid()
+        .unwrap_or_default();
+    workflows
+        .delete(unrecorded, &DeleteParams::background())
+        .await?;
+
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(rows));
     let controller = ctl::start_with_archive(
         &cluster,
         &namespace,
@@ -216,27 +251,43 @@ pub async fn an_archived_retry_resumed_after_its_create_never_creates_again(
         Some(archive),
     )
     .await?;
-    let unknown = wait_finished(&retries, "stopped-in-create").await;
-    let gone = wait_finished(&retries, "stopped-after-create").await;
+    let ended: Vec<_> = futures::future::join_all(
+        [before, unrecorded, after].map(|name| wait_finished(&retries, name)),
+    )
+    .await;
     controller.stop().await?;
-    let creates = controller_writes(&cluster, &namespace, "create", &dag.name)?;
-    ensure!(
-        creates.is_empty(),
-        "a request that may have created workflow {} created it again: the controller's creates answered {creates:?}",
-        dag.name
-    );
-    let (phase, message) = phase_and_message(&unknown?);
-    ensure!(
-        phase == Some(RetryPhase::Failed)
-            && message.contains("cannot tell whether it created workflow wf"),
-        "the request stopped in its create should end Failed saying it cannot tell: {phase:?} {message:?}"
-    );
-    let (phase, message) = phase_and_message(&gone?);
+    let [ended_before, ended_unrecorded, ended_after] =
+        <[_; 3]>::try_from(ended).map_err(|_| anyhow::anyhow!("three requests"))?;
+
+    let (phase, message) = phase_and_message(&ended_before?);
+    let created = workflows.get_metadata_opt(before).await?;
     ensure!(
         phase == Some(RetryPhase::Succeeded)
-            && message.contains("created workflow wf")
-            && message.contains("no longer in the cluster"),
-        "the request stopped after its create should end Succeeded saying the workflow is gone: {phase:?} {message:?}"
+            && controller_writes(&cluster, &namespace, "create", before)? == [201]
+            && created.as_ref().is_some_and(|w| {
+                w.annotations().get(CREATED_BY) == Some(&requests[before])
+                    && !w.finalizers().iter().any(|f| f == CREATING)
+            }),
+        "the request stopped before its create should create its workflow once, released: {phase:?} {message:?}, {created:?}"
+    );
+
+    let status = ended_unrecorded?.status.unwrap_or_default();
+    let creates = controller_writes(&cluster, &namespace, "create", unrecorded)?;
+    ensure!(
+        status.phase == Some(RetryPhase::Succeeded)
+            && status.workflow_uid.as_deref() == Some(held_uid.as_str())
+            && creates.is_empty(),
+        "the request stopped before recording its create should end Succeeded naming workflow {held_uid}, creating nothing: {status:?}, creates {creates:?}"
+    );
+    wait_gone(&workflows, unrecorded).await?;
+
+    let (phase, message) = phase_and_message(&ended_after?);
+    let creates = controller_writes(&cluster, &namespace, "create", after)?;
+    ensure!(
+        phase == Some(RetryPhase::Succeeded)
+            && message.contains("no longer in the cluster")
+            && creates.is_empty(),
+        "the request stopped after recording its create should end Succeeded saying the workflow is gone, creating nothing: {phase:?} {message:?}, creates {creates:?}"
     );
     Ok(())
 }
