@@ -14,10 +14,10 @@ use kube::config::Kubeconfig;
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
-use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::support::controller as ctl;
+use crate::support::process;
 use crate::support::replica::{self, Replica};
 
 const LEASE: &str = "rewind";
@@ -298,22 +298,13 @@ fn spawn_with(
 ) -> anyhow::Result<Replica> {
     Replica::spawn(
         name,
-        Command::new(env!("CARGO_BIN_EXE_rewind"))
-            .args([
-                "--log-format",
-                "json",
-                "controller",
-                "--namespace",
-                namespace,
-            ])
-            .args(["--http-addr", "127.0.0.1:0", "--leader-elect"])
+        process::controller_command(kubeconfig, namespace)
+            .args(["--leader-elect"])
             .args(["--lease-namespace", namespace, "--lease-name", LEASE])
             .args(["--lease-duration", &format!("{}s", duration.as_secs())])
             // Slow enough that a kill falls inside the retry: 10 single deletes a second.
             .args(["--qps", "10", "--burst", "10", "--no-bulk"])
-            .env("POD_NAME", name)
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn"),
+            .env("POD_NAME", name),
         dir,
     )
 }

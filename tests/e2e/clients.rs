@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use futures::future::BoxFuture;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt as _;
@@ -22,7 +21,7 @@ use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
 use rewind::testenv::clients::{Router, free_port};
-use rewind::testenv::localcluster::CONTROLLER_NAME;
+use rewind::testenv::localcluster::{CONTROLLER_NAME, service_account_token};
 
 use crate::run::{ApiCall, ApiClient, Retry};
 
@@ -153,21 +152,7 @@ pub async fn token(
     Api::<RoleBinding>::namespaced(admin.clone(), namespace)
         .create(&PostParams::default(), &binding)
         .await?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let answer = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await?;
-    Ok(answer
-        .status
-        .context("a TokenRequest answers a status")?
-        .token)
+    Ok(service_account_token(&accounts, name).await?)
 }
 
 /// What one run of a client printed.

@@ -38,7 +38,7 @@ pub use components::Component;
 pub use error::Error;
 pub use kubeconfig::{ADMIN_NAME, CONTROLLER_NAME, USER_NAME};
 pub use kwok::{NODE_COUNT, NODE_LABEL_SELECTOR};
-pub use rbac::controller_cluster_role;
+pub use rbac::{controller_cluster_role, service_account_token};
 
 use kubeconfig::Credential;
 use layout::Layout;

@@ -13,9 +13,11 @@ use k8s_openapi::Resource;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
@@ -36,6 +38,30 @@ const ARGO_API_SSO_RBAC: &str = include_str!("../../../deploy/rbac/argo-api-sso.
 /// TEST SETUP ONLY: what deploy/rbac grants by name in Argo's and the controller's
 /// namespaces, granted in every namespace to the test cluster's controller user.
 const TESTENV_ROLE: &str = "rewind-controller-testenv";
+
+/// An hour's token of ServiceAccount `name` of `accounts`, as a pod running under it holds.
+pub async fn service_account_token(
+    accounts: &Api<ServiceAccount>,
+    name: &str,
+) -> Result<String, Error> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!("requesting a token of ServiceAccount {name}"),
+            source,
+        })?;
+    // The API server answers every TokenRequest it grants with a status.
+    Ok(answer.status.map(|s| s.token).unwrap_or_default())
+}
 
 /// The controller's ClusterRole as deploy/rbac/controller.yaml ships it.
 pub fn controller_cluster_role() -> Result<ClusterRole, Error> {

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{EnvVar, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::config::{AuthInfo, Kubeconfig};
-use rewind::testenv::localcluster::{LocalCluster, Role};
+use rewind::testenv::localcluster::{LocalCluster, Role, service_account_token};
 use tokio::process::Command;
 
 use super::replica::Replica;
@@ -186,20 +185,7 @@ pub async fn kubeconfig_for(
     dir: &Path,
 ) -> anyhow::Result<PathBuf> {
     let sas: Api<ServiceAccount> = Api::namespaced(cluster.admin_client(), namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("a TokenRequest for ServiceAccount {namespace}/{name}"))?
-        .status
-        .context("the TokenRequest has no status")?
-        .token;
+    let token = service_account_token(&sas, name).await?;
     let mut config = Kubeconfig::read_from(cluster.kubeconfig_path(Role::Controller))?;
     for auth in &mut config.auth_infos {
         auth.auth_info = Some(AuthInfo {

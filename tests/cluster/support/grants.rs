@@ -2,11 +2,10 @@
 //! ServiceAccounts that call Argo's retry API with their tokens.
 
 use anyhow::Context as _;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, PostParams};
-use rewind::testenv::localcluster::USER_NAME;
+use rewind::testenv::localcluster::{USER_NAME, service_account_token};
 
 /// `verbs` on `resource` of API group `group`.
 pub fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
@@ -131,20 +130,5 @@ pub async fn account(
             )
             .await?;
     }
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token of {name}"))?;
-    Ok(token
-        .status
-        .context("a TokenRequest answers a status")?
-        .token)
+    Ok(service_account_token(&accounts, name).await?)
 }

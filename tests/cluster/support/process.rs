@@ -9,6 +9,25 @@ use anyhow::{Context as _, bail};
 use rewind::testenv::localcluster::{LocalCluster, Role};
 use tokio::process::{Child, Command};
 
+/// The real binary serving `namespaces` (comma-separated) signed in with `kubeconfig`,
+/// logging JSON, its HTTP server on a free port: what every test that runs the controller
+/// as a process starts from.
+pub fn controller_command(kubeconfig: &Path, namespaces: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rewind"));
+    command
+        .args([
+            "--log-format",
+            "json",
+            "controller",
+            "--namespace",
+            namespaces,
+        ])
+        .args(["--http-addr", "127.0.0.1:0"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn");
+    command
+}
+
 /// The real binary serving `namespaces` with the controller's credentials, logging JSON to
 /// `log`, with `args` (budget flags, Argo's ConfigMap...); killed when dropped.
 pub fn spawn_controller(
@@ -18,25 +37,17 @@ pub fn spawn_controller(
     args: &[&str],
 ) -> anyhow::Result<Child> {
     let out = std::fs::File::create(log)?;
-    Command::new(env!("CARGO_BIN_EXE_rewind"))
-        .args([
-            "--log-format",
-            "json",
-            "controller",
-            "--namespace",
-            &namespaces.join(","),
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env("KUBECONFIG", cluster.kubeconfig_path(Role::Controller))
-        .env("RUST_LOG", "info,kube=warn")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the rewind binary")
+    controller_command(
+        &cluster.kubeconfig_path(Role::Controller),
+        &namespaces.join(","),
+    )
+    .args(args)
+    .stdin(Stdio::null())
+    .stdout(out.try_clone()?)
+    .stderr(out)
+    .kill_on_drop(true)
+    .spawn()
+    .context("starting the rewind binary")
 }
 
 /// The log so far, for a failure message (or why it cannot be read).
