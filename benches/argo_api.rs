@@ -36,7 +36,8 @@ use rewind::protocol::request::{self, RetryPhase, annotations};
 use rewind::testenv::bench::child::RewindController;
 use rewind::testenv::bench::cli;
 use rewind::testenv::bench::stats::Summary;
-use rewind::testenv::clients::{ArgoServer, Router, free_port};
+use rewind::testenv::clients::{ArgoServer, Router};
+use rewind::testenv::free_port;
 use rewind::testenv::localcluster::{LocalCluster, Options};
 use rewind::testenv::workload::FailedDag;
 

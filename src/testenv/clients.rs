@@ -4,12 +4,13 @@
 //! rewind, everything else to argo-server), and Hera's Python (tools/clients/install.sh).
 
 use std::fs::{self, File};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::testenv::argo::{self, CONTROLLER_NAMESPACE, Error, log_tail, spawn_tied};
+use crate::testenv::free_port;
 use crate::testenv::localcluster::{LocalCluster, Role};
 
 const CLIENTS_SCRIPT: &str = "tools/clients/install.sh";
@@ -31,15 +32,6 @@ pub fn retry_paths() -> Vec<String> {
         .filter_map(|l| l.trim().strip_prefix("- "))
         .map(str::to_owned)
         .collect()
-}
-
-/// A free port on loopback (bound and released: the caller binds it next).
-pub fn free_port() -> Result<u16, Error> {
-    let probe = TcpListener::bind("127.0.0.1:0").map_err(io_error("binding", "127.0.0.1:0"))?;
-    Ok(probe
-        .local_addr()
-        .map_err(io_error("reading the address of", "127.0.0.1:0"))?
-        .port())
 }
 
 /// A child process with its log in a directory of its own; killed when dropped.

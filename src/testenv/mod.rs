@@ -22,8 +22,11 @@ pub mod prometheus;
 pub mod trials;
 pub mod workload;
 
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
 
 /// A file, directory or process of the machinery that could not be used: what was done, on
 /// which path, and the system's reason. Every machinery error carries it the same way.
@@ -47,6 +50,38 @@ pub fn io_error(
         path,
         source,
     }
+}
+
+/// A loopback port free now, for a process the machinery starts, taken below
+/// the kernel's ephemeral range. A port from that range (a bind to port 0)
+/// can be taken, between the probe and the process's own bind, as the local
+/// port of any outgoing connection on the machine: an argo server in CI
+/// failed to listen so. Each port is handed out once per process.
+pub fn free_port() -> Result<u16, IoError> {
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    // Above the ports services commonly default to (PostgreSQL 5432, MariaDB 3306, ...).
+    let below = 15000..ephemeral_start().max(15001);
+    for _ in 0..200 {
+        let port = fastrand::u16(below.clone());
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    // The range is crowded: one the kernel picks.
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|probe| probe.local_addr())
+        .map(|addr| addr.port())
+        .map_err(io_error("binding a port on", "127.0.0.1"))
+}
+
+/// The first port of Linux's ephemeral range (its default where unreadable).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
 
 /// Why one of tools/*/build.sh did not give its tools.
@@ -99,4 +134,17 @@ pub fn build_tool(script: &str, args: &[&str]) -> Result<PathBuf, BuildError> {
     Ok(PathBuf::from(
         stdout.lines().last().unwrap_or_default().trim(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn free_ports_are_distinct_and_below_the_ephemeral_range() {
+        let ephemeral = super::ephemeral_start();
+        let mut ports: Vec<u16> = (0..50).map(|_| super::free_port().unwrap()).collect();
+        assert!(ports.iter().all(|&p| p < ephemeral), "{ports:?}");
+        ports.sort();
+        ports.dedup();
+        assert_eq!(ports.len(), 50);
+    }
 }

@@ -90,7 +90,7 @@ impl Prometheus {
         let config_path = dir.path().join("prometheus.yml");
         std::fs::write(&config_path, file.to_string())
             .map_err(io_error("writing", &config_path))?;
-        let addr = free_port().map_err(io_error("binding", "127.0.0.1:0"))?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], crate::testenv::free_port()?));
         let log = dir.path().join("prometheus.log");
         let out = std::fs::File::create(&log).map_err(io_error("creating", &log))?;
         let err = out.try_clone().map_err(io_error("opening", &log))?;
@@ -329,10 +329,6 @@ fn unix(at: SystemTime) -> f64 {
     at.duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64()
-}
-
-fn free_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 #[cfg(test)]

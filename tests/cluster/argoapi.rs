@@ -536,7 +536,7 @@ async fn sso_provider(
         ],
     )
     .await?;
-    let argo_port = clients::free_port()?;
+    let argo_port = rewind::testenv::free_port()?;
     let redirect = format!("http://127.0.0.1:{argo_port}/oauth2/callback");
     let dex = Dex::start("argo-server", &client_secret, &redirect, users).await?;
     let sso = json!({

@@ -20,7 +20,8 @@ use rewind::argo::workflow::labels;
 use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
-use rewind::testenv::clients::{Router, free_port};
+use rewind::testenv::clients::Router;
+use rewind::testenv::free_port;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, service_account_token};
 
 use crate::run::{ApiCall, ApiClient, Retry};

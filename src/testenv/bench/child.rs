@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -219,10 +219,10 @@ pub(crate) fn kill_with_parent(command: &mut Command) {
 }
 
 fn free_port() -> Result<SocketAddr, Error> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("binding", "127.0.0.1:0"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(io_error("binding", "127.0.0.1:0"))?)
+    Ok(SocketAddr::from((
+        [127, 0, 0, 1],
+        crate::testenv::free_port()?,
+    )))
 }
 
 /// Whether GET /readyz answers 200.

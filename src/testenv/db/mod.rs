@@ -11,7 +11,6 @@
 pub mod argodb;
 mod process;
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
 use crate::argo::db::{ConnectionPool, Database, Persistence};
-use crate::testenv::{IoError, io_error};
+use crate::testenv::{IoError, free_port};
 
 use process::{RunAs, Server};
 
@@ -473,13 +472,6 @@ fn mariadb_admin(dir: &Path) -> MySqlConnectOptions {
 }
 
 /// A port free on 127.0.0.1 now (the server binds it a moment later).
-fn free_port() -> Result<u16, DbError> {
-    let addr = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map_err(io_error("binding a port on", "127.0.0.1"))?;
-    Ok(addr.port())
-}
-
 /// Debian installs PostgreSQL's server binaries under
 /// /usr/lib/postgresql/VERSION/bin, not on PATH.
 fn postgres_bin() -> Result<PathBuf, DbError> {
