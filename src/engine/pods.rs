@@ -101,21 +101,10 @@ pub async fn watch_deletions(
 ) -> Result<BoxStream<'static, (String, String)>, kube::Error> {
     let url = Pod::url_path(&(), Some(namespace));
     let params = WatchParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
-    let mut request = kube::core::Request::new(url)
+    let request = kube::core::Request::new(url)
         .watch_metadata(&params, revision)
         .map_err(kube::Error::BuildRequest)?;
-    request.headers_mut().insert(
-        http::header::ACCEPT,
-        http::HeaderValue::from_static(PROTOBUF_METADATA),
-    );
-    let answer = client.send(request.map(Into::into)).await?;
-    let status = answer.status();
-    if !status.is_success() {
-        // The body is a Status in protobuf; its code says enough for a log line.
-        let refused =
-            kube::core::Status::failure("the watch was refused", "").with_code(status.as_u16());
-        return Err(kube::Error::Api(refused.boxed()));
-    }
+    let answer = send_protobuf(client, request, PROTOBUF_METADATA, "the watch").await?;
     let body = StreamReader::new(
         answer
             .into_body()
@@ -161,15 +150,20 @@ fn removal(frame: Bytes) -> Option<Option<(String, String)>> {
         "ERROR" => return None,
         _ => return Some(None),
     }
-    let object = event.object?.raw;
+    let metadata = proto::PartialObjectMetadata::decode(unwrapped(event.object?.raw)?)
+        .ok()?
+        .metadata?;
+    Some(metadata.name.zip(metadata.uid))
+}
+
+/// What a protobuf-encoded object holds: after the magic prefix, a
+/// `runtime.Unknown` envelope; `None` for anything else.
+fn unwrapped(object: Bytes) -> Option<Bytes> {
     if !object.starts_with(PROTOBUF_MAGIC) {
         return None;
     }
     let envelope = proto::Unknown::decode(object.slice(PROTOBUF_MAGIC.len()..)).ok()?;
-    let metadata = proto::PartialObjectMetadata::decode(envelope.raw)
-        .ok()?
-        .metadata?;
-    Some(metadata.name.zip(metadata.uid))
+    Some(envelope.raw)
 }
 
 /// The fields a removal and a re-proof list are read from, as numbered in
@@ -300,29 +294,20 @@ pub async fn selected(
         .limit(PAGE);
     let mut found = Vec::new();
     loop {
-        let mut request = kube::core::Request::new(&url)
+        let request = kube::core::Request::new(&url)
             .list(&page)
             .map_err(kube::Error::BuildRequest)?;
-        request.headers_mut().insert(
-            http::header::ACCEPT,
-            http::HeaderValue::from_static(PROTOBUF_METADATA_LIST),
-        );
-        let answer = client.send(request.map(Into::into)).await?;
-        let status = answer.status();
-        if !status.is_success() {
-            // The body is a Status in protobuf; its code is what callers read.
-            let refused =
-                kube::core::Status::failure("the list was refused", "").with_code(status.as_u16());
-            return Err(kube::Error::Api(refused.boxed()));
-        }
+        let answer = send_protobuf(client, request, PROTOBUF_METADATA_LIST, "the list").await?;
         let body = answer.into_body().collect().await?.to_bytes();
         let list = metadata_list(body).ok_or_else(|| {
             let unread =
                 kube::core::Status::failure("the API server's protobuf list could not be read", "");
             kube::Error::Api(unread.boxed())
         })?;
+        // A pod without a UID (none is) would match no planned UID, so the
+        // send would be refused: the proof errs on the side of not sending.
         let items = list.items.into_iter().filter_map(|p| p.metadata);
-        found.extend(items.filter_map(|m| m.name.zip(m.uid)));
+        found.extend(items.filter_map(|m| Some((m.name?, m.uid.unwrap_or_default()))));
         match list
             .metadata
             .and_then(|m| m.r#continue)
@@ -334,6 +319,28 @@ pub async fn selected(
     }
 }
 
+/// Sends `request` asking for its answer as `accept` (a protobuf media type);
+/// an answer other than success is an error carrying its code, as `what` was
+/// refused (the body is a Status in protobuf; its code is what callers read).
+async fn send_protobuf(
+    client: &Client,
+    mut request: http::Request<Vec<u8>>,
+    accept: &'static str,
+    what: &str,
+) -> Result<http::Response<kube::client::Body>, kube::Error> {
+    request
+        .headers_mut()
+        .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
+    let answer = client.send(request.map(Into::into)).await?;
+    let status = answer.status();
+    if !status.is_success() {
+        let refused = kube::core::Status::failure(&format!("{what} was refused"), "")
+            .with_code(status.as_u16());
+        return Err(kube::Error::Api(refused.boxed()));
+    }
+    Ok(answer)
+}
+
 /// Asks for a list of object metadata in protobuf.
 const PROTOBUF_METADATA_LIST: &str =
     "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
@@ -341,8 +348,7 @@ const PROTOBUF_METADATA_LIST: &str =
 /// A protobuf list answer: the magic prefix, then a `runtime.Unknown`
 /// envelope holding a `PartialObjectMetadataList`.
 fn metadata_list(body: Bytes) -> Option<proto::PartialObjectMetadataList> {
-    let envelope = proto::Unknown::decode(body.strip_prefix(PROTOBUF_MAGIC)?).ok()?;
-    proto::PartialObjectMetadataList::decode(envelope.raw).ok()
+    proto::PartialObjectMetadataList::decode(unwrapped(body)?).ok()
 }
 
 /// Sends one DeleteCollection of the pods in `namespace` that the selectors

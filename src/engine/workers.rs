@@ -526,17 +526,8 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 .or_else(gone_or)
         }
         DeleteWork::Finalizer { name, uid, index } => {
-            // JSON patch `test` ops make this exact: only this pod, and only
-            // Argo's finalizer, even if others were added or removed meanwhile.
-            let path = format!("/metadata/finalizers/{index}");
-            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-                {"op": "test", "path": "/metadata/uid", "value": uid},
-                {"op": "test", "path": path, "value": labels::POD_STATUS_FINALIZER},
-                {"op": "remove", "path": path},
-            ]))
-            .expect("a well-formed JSON patch");
             let params = PatchParams::default();
-            let patch = Patch::<()>::Json(patch);
+            let patch = without_finalizer(uid, *index, labels::POD_STATUS_FINALIZER);
             GATE.scope(gate, pods.patch(name, &params, &patch))
                 .await
                 .map(|_| Done::Deleted(1))
@@ -558,6 +549,21 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
             Ok(Done::Stale)
         }
     }
+}
+
+/// A JSON patch removing `finalizer`, at `index` of the finalizers, from the
+/// object with UID `uid`. Its `test` ops make it exact: only that object, and
+/// only that finalizer, even if others were added or removed meanwhile (the
+/// API server answers 422 then).
+pub fn without_finalizer(uid: &str, index: usize, finalizer: &str) -> Patch<()> {
+    let path = format!("/metadata/finalizers/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": path, "value": finalizer},
+        {"op": "remove", "path": path},
+    ]))
+    .expect("a well-formed JSON patch");
+    Patch::Json(patch)
 }
 
 /// NotFound means done; a failed UID precondition (409) or `test` op (422)

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -30,7 +30,7 @@ use crate::argo::plan::{Plan, PlanError};
 use crate::argo::workflow::Workflow;
 use crate::engine::drive::{Count, DeleteError, Deletion, Sink};
 use crate::engine::fault::{self, api_code};
-use crate::engine::workers::RequestKey;
+use crate::engine::workers::{RequestKey, without_finalizer};
 use crate::protocol::crd::{CREATED_BY, CREATING};
 use crate::protocol::request::{DENIED, EXISTS, RetryPhase, workflowretry_token};
 use crate::retry::admission::{Admitted, Planning};
@@ -400,8 +400,7 @@ impl<'r, 'a> Job<'r, 'a> {
     }
 
     /// Removes [`CREATING`] from workflow `name` if it is still workflow
-    /// `uid`. The JSON patch's `test` ops make it exact (only that workflow,
-    /// only that finalizer) when others change the finalizers meanwhile.
+    /// `uid`, reading it again when others changed its finalizers meanwhile.
     async fn release(&self, name: &str, uid: &str) -> Result<(), ArchivedError> {
         let what = || {
             format!(
@@ -423,16 +422,10 @@ impl<'r, 'a> Job<'r, 'a> {
             let Some(index) = held.filter(|_| live.uid().as_deref() == Some(uid)) else {
                 return Ok(());
             };
-            let path = format!("/metadata/finalizers/{index}");
-            let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
-                {"op": "test", "path": "/metadata/uid", "value": uid},
-                {"op": "test", "path": path, "value": CREATING},
-                {"op": "remove", "path": path},
-            ]))
-            .expect("a well-formed JSON patch");
+            let patch = without_finalizer(uid, index, CREATING);
             let sent = self
                 .workflows
-                .patch_metadata(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .patch_metadata(name, &PatchParams::default(), &patch)
                 .await;
             match sent.as_ref().map_err(api_code) {
                 Ok(_) | Err(Some(404)) => return Ok(()),
