@@ -26,10 +26,11 @@ use kube::api::{
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::request::{RetryPhase, annotations};
+use rewind::testenv::kubelet::{Deployed, service_account_kubeconfig};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
 
-use crate::support::chart::{Deployed, RELEASE, kubeconfig_for};
+use crate::support::chart::{ChartDeployment as _, RELEASE};
 use crate::support::controller as ctl;
 use crate::support::helm::{CHART, helm};
 use crate::support::pod_policy;
@@ -63,7 +64,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     .await?;
 
     // How the Deployment runs the controller: the test runs it so, below, as pod rewind-0.
-    let deployed = Deployed::read(&cluster, &namespace, work.path()).await?;
+    let deployed = Deployed::read(&cluster, &namespace, RELEASE, work.path()).await?;
     let args = &deployed.args;
     ensure!(
         args.contains(&format!("--namespace={namespace}")),
@@ -71,7 +72,8 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
     );
 
     let sa_kubeconfig =
-        kubeconfig_for(&cluster, &namespace, &deployed.service_account, work.path()).await?;
+        service_account_kubeconfig(&cluster, &namespace, &deployed.service_account, work.path())
+            .await?;
     let user_kubeconfig = {
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &namespace);
         let alice = ServiceAccount {
@@ -102,7 +104,7 @@ pub async fn the_chart_installs_and_its_service_account_serves_a_users_retry(
         Api::<RoleBinding>::namespaced(admin.clone(), &namespace)
             .create(&PostParams::default(), &binding)
             .await?;
-        kubeconfig_for(&cluster, &namespace, "alice", work.path()).await?
+        service_account_kubeconfig(&cluster, &namespace, "alice", work.path()).await?
     };
     let alice = client(&user_kubeconfig).await?;
     let controller = client(&sa_kubeconfig).await?;

@@ -29,12 +29,13 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::crd::{CRD_FILE, WorkflowRetry};
 use rewind::protocol::request::{RetryPhase, annotations};
+use rewind::testenv::kubelet::{Deployed, service_account_kubeconfig};
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::support::chart::{Deployed, RELEASE, kubeconfig_for};
+use crate::support::chart::{ChartDeployment as _, RELEASE};
 use crate::support::controller as ctl;
 use crate::support::helm::{CHART, helm};
 use crate::support::replica::{self, Replica, logs};
@@ -111,7 +112,7 @@ async fn upgrade_mid_retry(
     let install: Vec<&str> = install.iter().map(String::as_str).collect();
     helm(cluster, work, &install).await?;
     let old_dir = work.join("old");
-    let old = Deployed::read(cluster, namespace, &old_dir).await?;
+    let old = Deployed::read(cluster, namespace, RELEASE, &old_dir).await?;
     old.ensure_chart(&from_version)?;
 
     let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), namespace);
@@ -129,7 +130,8 @@ async fn upgrade_mid_retry(
         .await?;
     wait_schema(&retries, "early", false).await?;
 
-    let kubeconfig = kubeconfig_for(cluster, namespace, &old.service_account, &old_dir).await?;
+    let kubeconfig =
+        service_account_kubeconfig(cluster, namespace, &old.service_account, &old_dir).await?;
     let lease = old.lease()?;
     let mut old_a = old.start("rewind-old-a", &kubeconfig, &old_dir)?;
     let mut old_b = old.start("rewind-old-b", &kubeconfig, &old_dir)?;
@@ -197,7 +199,7 @@ async fn upgrade_mid_retry(
     )
     .await?;
     let new_dir = work.join("new");
-    let new = Deployed::read(cluster, namespace, &new_dir).await?;
+    let new = Deployed::read(cluster, namespace, RELEASE, &new_dir).await?;
     new.ensure_chart(&to_version)?;
     ensure!(
         new.args.contains(&format!("--namespace={namespace}")),
@@ -227,7 +229,8 @@ async fn upgrade_mid_retry(
     // The rollout, as a Deployment's (maxSurge 1, maxUnavailable 0): a new replica, once
     // ready, replaces an old one, stopped as the kubelet stops a pod (SIGTERM); the leader
     // first, so the retry changes hands mid-flight.
-    let kubeconfig = kubeconfig_for(cluster, namespace, &new.service_account, &new_dir).await?;
+    let kubeconfig =
+        service_account_kubeconfig(cluster, namespace, &new.service_account, &new_dir).await?;
     let lease = new.lease()?;
     let (mut first, mut second) = match leader.as_str() {
         "rewind-old-a" => (old_a, old_b),
