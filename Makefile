@@ -4,7 +4,7 @@
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: demo test test-ui test-compat controlplane
+.PHONY: demo try test test-ui test-compat controlplane
 
 # Builds (once) etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kubectl and kwok from Go modules; prints where they are.
@@ -18,6 +18,16 @@ demo:
 	tools/db/install.sh
 	tools/argodb/build.sh >/dev/null
 	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked --features testenv -- demo $(DEMO_ARGS)
+
+# A local cluster to try rewind on, as README.md walks through it: Argo's
+# workflow-controller runs workflows on fake nodes, and the chart, once installed
+# with Helm, runs its controller here as a process (src/testenv/tryout.rs). It
+# prints the exports to paste (KUBECONFIG, PATH with kubectl, helm, argo and
+# rewind, ARGO_SERVER); Ctrl-C stops it.
+try:
+	tools/helm/build.sh >/dev/null
+	tools/argo/build.sh v4 cli >/dev/null
+	REWIND_BIN_DIR=$$(tools/controlplane/build.sh) cargo run --release --locked --features testenv -- local-cluster --try
 
 # Also installs PostgreSQL and MariaDB (Debian packages) when missing and builds
 # the Argo DB helpers (tools/argodb) that write Argo's own tables for the tests;

@@ -501,9 +501,9 @@ async fn install_credentials(cluster: &LocalCluster) -> Result<(), Error> {
     Ok(())
 }
 
-/// Decides how Argo's pods in a namespace end: the first pod of each node for which the
-/// rule returns true fails, every other pod succeeds. A node's later pods (after a retry,
-/// or a new attempt of a retryStrategy) therefore succeed.
+/// Decides how Argo's pods end (those `pods` reaches: a namespace's, or all): the first pod
+/// of each node for which the rule returns true fails, every other pod succeeds. A node's
+/// later pods (after a retry, or a new attempt of a retryStrategy) therefore succeed.
 pub struct Outcomes {
     task: JoinHandle<()>,
 }
@@ -512,8 +512,7 @@ pub struct Outcomes {
 pub type FailFirst = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 impl Outcomes {
-    pub fn start(client: kube::Client, namespace: &str, fail_first: FailFirst) -> Self {
-        let pods: Api<Pod> = Api::namespaced(client, namespace);
+    pub fn start(pods: Api<Pod>, fail_first: FailFirst) -> Self {
         let task = tokio::spawn(drive(pods, fail_first));
         Outcomes { task }
     }
@@ -527,7 +526,8 @@ impl Drop for Outcomes {
 
 async fn drive(pods: Api<Pod>, fail_first: FailFirst) {
     let config = watcher::Config::default().labels(labels::WORKFLOW);
-    let mut seen_nodes: HashSet<(String, String)> = HashSet::new();
+    // By namespace too: `pods` may reach every namespace, where workflows' names repeat.
+    let mut seen_nodes: HashSet<(String, String, String)> = HashSet::new();
     let mut decided: HashSet<String> = HashSet::new();
     let mut events = std::pin::pin!(watcher(pods.clone(), config));
     while let Some(event) = events.next().await {
@@ -556,7 +556,8 @@ async fn drive(pods: Api<Pod>, fail_first: FailFirst) {
             .get(labels::NODE_NAME)
             .cloned()
             .unwrap_or_default();
-        let first = seen_nodes.insert((workflow.clone(), node.clone()));
+        let namespace = meta.namespace.clone().unwrap_or_default();
+        let first = seen_nodes.insert((namespace.clone(), workflow.clone(), node.clone()));
         let outcome = if first && fail_first(&workflow, &node) {
             "Failed"
         } else {
@@ -564,7 +565,8 @@ async fn drive(pods: Api<Pod>, fail_first: FailFirst) {
         };
         let name = meta.name.clone().unwrap_or_default();
         tracing::debug!(pod = %name, %workflow, %node, first, outcome, "pod outcome");
-        let pods = pods.clone();
+        // The pod's own namespace: `pods` may reach all of them, and patches need one.
+        let pods: Api<Pod> = Api::namespaced(pods.clone().into_client(), &namespace);
         // Concurrent, so a burst of new pods is not served one round trip at a time.
         tokio::spawn(async move {
             let patch =

@@ -6,7 +6,9 @@
 //! measuring ([`bench`]), crash trials ([`trials`]), randomized trials of
 //! overlapping requests under faults ([`mixed`]) with the pod ledger that
 //! witnesses rule 3 ([`ledger`]) and Prometheus on
-//! loopback for the dashboard and alerts ([`prometheus`]). Behind the
+//! loopback for the dashboard and alerts ([`prometheus`]), a stand-in for the
+//! kubelet that runs the chart's Deployment as a process ([`kubelet`]) and
+//! the try-out a new user follows README.md on ([`tryout`]). Behind the
 //! `testenv` feature, so a reader (or a build) of the controller never
 //! wades through it.
 
@@ -15,11 +17,13 @@ pub mod bench;
 pub mod clients;
 pub mod db;
 pub mod faultproxy;
+pub mod kubelet;
 pub mod ledger;
 pub mod localcluster;
 pub mod mixed;
 pub mod prometheus;
 pub mod trials;
+pub mod tryout;
 pub mod workload;
 
 use std::collections::BTreeSet;

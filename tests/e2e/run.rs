@@ -194,8 +194,7 @@ async fn side(cluster: &LocalCluster, scenario: &Scenario, via: Via<'_>) -> anyh
     let name = scenario.name.clone();
     let fails: BTreeSet<String> = scenario.fails.iter().cloned().collect();
     let _outcomes = Outcomes::start(
-        cluster.admin_client(),
-        &namespace,
+        Api::namespaced(cluster.admin_client(), &namespace),
         Arc::new(move |workflow, node| {
             workflow == name
                 && node

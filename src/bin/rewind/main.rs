@@ -494,6 +494,10 @@ struct LocalClusterArgs {
     /// Keep files here instead of a temporary directory.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The try-out README.md follows (`make try`): also run Argo's workflow-controller, and
+    /// the chart's rewind Deployment, once installed, as a process (kwok runs no containers).
+    #[arg(long = "try", conflicts_with = "audit")]
+    try_out: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -637,6 +641,10 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "testenv")]
 async fn local_cluster(args: LocalClusterArgs) -> anyhow::Result<()> {
+    if args.try_out {
+        rewind::testenv::tryout::run(args.dir).await?;
+        return Ok(());
+    }
     let options = rewind::testenv::localcluster::Options {
         scheduling: args.scheduling,
         audit: args.audit,
