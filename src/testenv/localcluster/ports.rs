@@ -4,7 +4,7 @@ use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 
 use super::{Component, Error};
-use crate::testenv::io_error;
+use crate::testenv::{free_port, io_error};
 
 /// The ports each component listens on.
 #[derive(Clone, Copy, Debug)]
@@ -16,27 +16,23 @@ pub(super) struct Ports {
     pub scheduler: u16,
 }
 
-/// Binds every port at once, so no two components get the same one, then releases them for
-/// the components to take. `api`, if given, must be free now.
+/// Distinct free ports from [`free_port`], below the ephemeral range, where no outgoing
+/// connection can take one between this probe and the component's own bind. `api`, if
+/// given, must be free now.
 pub(super) fn reserve(api: Option<u16>) -> Result<Ports, Error> {
-    let listeners = [
-        bind(api.unwrap_or(0), Component::ApiServer)?,
-        bind(0, Component::Etcd)?,
-        bind(0, Component::Etcd)?,
-        bind(0, Component::ControllerManager)?,
-        bind(0, Component::Scheduler)?,
-    ];
-    let mut ports = [0; 5];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = local_port(listener)?;
-    }
-    let [api, etcd_client, etcd_peer, controller_manager, scheduler] = ports;
+    let api = match api {
+        Some(port) => {
+            bind(port, Component::ApiServer)?;
+            port
+        }
+        None => free_port()?,
+    };
     Ok(Ports {
-        etcd_client,
-        etcd_peer,
+        etcd_client: free_port()?,
+        etcd_peer: free_port()?,
         api,
-        controller_manager,
-        scheduler,
+        controller_manager: free_port()?,
+        scheduler: free_port()?,
     })
 }
 
@@ -45,13 +41,6 @@ fn bind(port: u16, component: Component) -> Result<TcpListener, Error> {
         io::ErrorKind::AddrInUse => Error::PortTaken { port, component },
         _ => io_error("binding a port on", "127.0.0.1")(source).into(),
     })
-}
-
-fn local_port(listener: &TcpListener) -> Result<u16, Error> {
-    listener
-        .local_addr()
-        .map(|addr| addr.port())
-        .map_err(|source| io_error("reading the port of a listener on", "127.0.0.1")(source).into())
 }
 
 #[cfg(test)]
