@@ -550,7 +550,7 @@ fn main() -> anyhow::Result<()> {
 /// plan on another leave two arenas' pages resident. Two arenas and a fixed
 /// 128 KiB map threshold (large blocks go back to the kernel when freed) took
 /// a 20,000-pod retry's peak RSS from 83 to 77 MiB live and from 89 to 79 MiB
-/// archived (bench/results/memory.md has the current figures). An operator's
+/// archived (bench/results/memory-20000.md has the current figures). An operator's
 /// own MALLOC_* or GLIBC_TUNABLES settings are left to win.
 fn bound_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
