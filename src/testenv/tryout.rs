@@ -117,7 +117,7 @@ pub async fn run(dir: Option<PathBuf>) -> Result<(), Error> {
          ARGO_INSECURE_SKIP_VERIFY=true"
     );
     println!();
-    println!("Then follow README.md from \"Install\". Press Ctrl-C to stop.");
+    println!("Then follow README.md, \"Try it on your machine\". Press Ctrl-C to stop.");
 
     let mut tick = tokio::time::interval(SYNC);
     loop {
