@@ -180,8 +180,8 @@ impl Deployed {
         program: &Path,
         pod: &str,
         kubeconfig: &Path,
-    ) -> Result<tokio::process::Command, Error> {
-        let mut command = tokio::process::Command::new(program);
+    ) -> Result<std::process::Command, Error> {
+        let mut command = std::process::Command::new(program);
         command
             .args(&self.args)
             .env_clear()

@@ -7,17 +7,16 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams};
-use tokio::process::Child;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::testenv::argo::{self, ArgoController, Outcomes};
+use crate::testenv::argo::{self, ArgoController, Outcomes, spawn_tied};
 use crate::testenv::kubelet::{self, Deployed};
 use crate::testenv::localcluster::{self, Binaries, LocalCluster, Options, Role};
 use crate::testenv::{BuildError, IoError, build_tool, free_port, io_error};
@@ -82,16 +81,15 @@ pub async fn run(dir: Option<PathBuf>) -> Result<(), Error> {
         }),
     );
     let argo_api = free_port()?;
-    let mut kubelet = StandIn::new(&cluster, argo_api)?;
-
-    let bin = |path: &Path| path.display().to_string();
     let rewind = std::env::current_exe().map_err(io_error("finding", "this binary"))?;
+    let bin = |path: &Path| path.display().to_string();
     let path = [
         Binaries::locate(None)?.dir().to_owned(),
         tools[0].clone(),
         tools[1].clone(),
         rewind.parent().map(Path::to_owned).unwrap_or_default(),
     ];
+    let mut kubelet = StandIn::new(&cluster, rewind, argo_api)?;
     println!(
         "Local control plane ready in {:.1?} at {}, with Argo's workflow-controller v4.1.4.",
         started.elapsed(),
@@ -138,6 +136,8 @@ pub async fn run(dir: Option<PathBuf>) -> Result<(), Error> {
 /// process: leader election needs no second one to work).
 struct StandIn {
     dir: PathBuf,
+    /// This binary, which the Deployment's container runs here.
+    rewind: PathBuf,
     /// Given to the first Deployment's Argo retry API.
     argo_api: u16,
     running: BTreeMap<(String, String), Running>,
@@ -156,11 +156,12 @@ struct Running {
 }
 
 impl StandIn {
-    fn new(cluster: &LocalCluster, argo_api: u16) -> Result<Self, Error> {
+    fn new(cluster: &LocalCluster, rewind: PathBuf, argo_api: u16) -> Result<Self, Error> {
         let dir = cluster.dir().join("try");
         std::fs::create_dir_all(&dir).map_err(io_error("creating", &dir))?;
         Ok(StandIn {
             dir,
+            rewind,
             argo_api,
             running: BTreeMap::new(),
             exited: BTreeMap::new(),
@@ -262,18 +263,12 @@ impl StandIn {
             &self.dir,
         )
         .await?;
-        let rewind = std::env::current_exe().map_err(io_error("finding", "this binary"))?;
         let log = self.dir.join(format!("{namespace}-{name}.log"));
         let out = std::fs::File::create(&log).map_err(io_error("creating", &log))?;
         let err = out.try_clone().map_err(io_error("opening", &log))?;
-        let child = deployed
-            .command(&rewind, &format!("{name}-0"), &kubeconfig)?
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(io_error("starting", &rewind))?;
+        let mut command = deployed.command(&self.rewind, &format!("{name}-0"), &kubeconfig)?;
+        command.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = spawn_tied(&mut command).map_err(io_error("starting", &self.rewind))?;
         let api = match api {
             Some(port) => format!("Argo's retry API at https://127.0.0.1:{port}, "),
             None => String::new(),
@@ -281,7 +276,7 @@ impl StandIn {
         println!(
             "{namespace}/{name} runs here (pid {}): {api}metrics at \
              http://127.0.0.1:{http}/metrics, its log: {}",
-            child.id().unwrap_or_default(),
+            child.id(),
             log.display()
         );
         Ok(Running {
@@ -308,17 +303,9 @@ impl StandIn {
     }
 }
 
-/// SIGTERM, as the kubelet stops a pod; SIGKILL after its grace period.
-async fn stop(mut running: Running) {
-    if let Some(pid) = running.child.id() {
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
-    let grace = Duration::from_secs(30);
-    if tokio::time::timeout(grace, running.child.wait())
+/// SIGTERM, as the kubelet stops a pod; SIGKILL if it has not exited 10 s later.
+async fn stop(running: Running) {
+    tokio::task::spawn_blocking(move || argo::stop(running.child))
         .await
-        .is_err()
-    {
-        let _ = running.child.kill().await;
-    }
+        .expect("the stop thread does not panic");
 }

@@ -46,6 +46,7 @@ impl ChartDeployment for Deployed {
 
     fn start(&self, pod: &str, kubeconfig: &Path, dir: &Path) -> anyhow::Result<Replica> {
         let program = Path::new(env!("CARGO_BIN_EXE_rewind"));
-        Replica::spawn(pod, &mut self.command(program, pod, kubeconfig)?, dir)
+        let mut command = tokio::process::Command::from(self.command(program, pod, kubeconfig)?);
+        Replica::spawn(pod, &mut command, dir)
     }
 }
