@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt as _};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, VersionMatch, WatchParams};
+use kube::api::{DeleteParams, ListParams, VersionMatch, WatchParams};
 use kube::{Client, Resource as _};
 use prost::Message as _;
 use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
@@ -25,8 +25,7 @@ use crate::engine::assess::{Listed, SUCCEEDED};
 /// The media type that asks the API server for a list of object metadata only.
 const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
 
-/// Pods per page of a list, as client-go's pager: a page is one read of the
-/// budget and a bounded answer to hold.
+/// Pods per page of a list (see [`protobuf_pages`]).
 const PAGE: u32 = 500;
 
 /// A list's pods, and the revision it was read at.
@@ -59,7 +58,6 @@ pub async fn list_workflow_pods(
     plan: &BTreeSet<String>,
     at: Option<&str>,
 ) -> Result<Snapshot, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut by_workflow = ListParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
     if let Some(revision) = at {
         by_workflow = by_workflow.at(revision).matching(VersionMatch::Exact);
@@ -67,7 +65,7 @@ pub async fn list_workflow_pods(
     let unsucceeded = by_workflow
         .clone()
         .fields(&format!("status.phase!={SUCCEEDED}"));
-    let (mut listed, revision) = list_pages(&pods, unsucceeded, false).await?;
+    let (mut listed, revision) = list_pages(client, namespace, unsucceeded, false).await?;
     let seen: BTreeSet<&str> = listed.iter().map(|p| p.name.as_str()).collect();
     if plan.iter().all(|name| seen.contains(name.as_str())) {
         return Ok(Snapshot {
@@ -79,7 +77,7 @@ pub async fn list_workflow_pods(
     if let (None, Some(rv)) = (at, revision.as_deref()) {
         succeeded = succeeded.at(rv).matching(VersionMatch::NotOlderThan);
     }
-    listed.extend(list_pages(&pods, succeeded, true).await?.0);
+    listed.extend(list_pages(client, namespace, succeeded, true).await?.0);
     Ok(Snapshot {
         pods: listed,
         revision,
@@ -166,13 +164,17 @@ fn unwrapped(object: Bytes) -> Option<Bytes> {
     Some(envelope.raw)
 }
 
-/// The fields a removal and a re-proof list are read from, as numbered in
+/// The fields a removal and a list are read from, as numbered in
 /// Kubernetes' protobuf messages (`k8s.io/apimachinery`'s `generated.proto`);
 /// protobuf skips the others unread. Kubernetes publishes no Rust types for
 /// its protobuf messages short of a generated crate for the whole API, so the
 /// few read here are declared here.
 mod proto {
+    use std::collections::BTreeMap;
+
     use bytes::Bytes;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_openapi::jiff::Timestamp;
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct WatchEvent {
@@ -195,6 +197,14 @@ mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Status {
+        #[prost(string, optional, tag = "3")]
+        pub message: Option<String>,
+        #[prost(string, optional, tag = "4")]
+        pub reason: Option<String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct PartialObjectMetadataList {
         #[prost(message, optional, tag = "1")]
         pub metadata: Option<ListMeta>,
@@ -204,6 +214,8 @@ mod proto {
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ListMeta {
+        #[prost(string, optional, tag = "2")]
+        pub resource_version: Option<String>,
         #[prost(string, optional, tag = "3")]
         pub r#continue: Option<String>,
     }
@@ -220,6 +232,61 @@ mod proto {
         pub name: Option<String>,
         #[prost(string, optional, tag = "5")]
         pub uid: Option<String>,
+        #[prost(message, optional, tag = "9")]
+        pub deletion_timestamp: Option<Time>,
+        #[prost(btree_map = "string, string", tag = "11")]
+        pub labels: BTreeMap<String, String>,
+        #[prost(btree_map = "string, string", tag = "12")]
+        pub annotations: BTreeMap<String, String>,
+        #[prost(message, repeated, tag = "13")]
+        pub owner_references: Vec<OwnerReference>,
+        #[prost(string, repeated, tag = "14")]
+        pub finalizers: Vec<String>,
+    }
+
+    /// To the second: JSON carries no more (its nanoseconds, tag 2, are
+    /// skipped), and what the assessment reads must not depend on the format.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Time {
+        #[prost(int64, optional, tag = "1")]
+        pub seconds: Option<i64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct OwnerReference {
+        #[prost(string, optional, tag = "4")]
+        pub uid: Option<String>,
+    }
+
+    /// The fields read, as kube's own type holds them: what
+    /// [`Listed::new`](crate::engine::assess::Listed::new) takes, from a
+    /// JSON answer or this one.
+    impl From<ObjectMeta> for meta::ObjectMeta {
+        fn from(m: ObjectMeta) -> Self {
+            let some_map = |map: BTreeMap<String, String>| (!map.is_empty()).then_some(map);
+            meta::ObjectMeta {
+                name: m.name,
+                uid: m.uid,
+                deletion_timestamp: m.deletion_timestamp.map(|t| {
+                    meta::Time(
+                        Timestamp::from_second(t.seconds.unwrap_or_default()).unwrap_or_default(),
+                    )
+                }),
+                labels: some_map(m.labels),
+                annotations: some_map(m.annotations),
+                owner_references: (!m.owner_references.is_empty()).then(|| {
+                    m.owner_references
+                        .into_iter()
+                        .map(|o| meta::OwnerReference {
+                            uid: o.uid.unwrap_or_default(),
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
+                finalizers: (!m.finalizers.is_empty()).then_some(m.finalizers),
+                ..Default::default()
+            }
+        }
     }
 }
 
@@ -227,36 +294,17 @@ mod proto {
 /// pins the first page's revision), each pod kept as [`Listed`]; also that
 /// revision.
 async fn list_pages(
-    pods: &Api<Pod>,
+    client: &Client,
+    namespace: &str,
     params: ListParams,
     succeeded: bool,
 ) -> Result<(Vec<Listed>, Option<String>), kube::Error> {
     let mut listed = Vec::new();
-    let mut revision = None;
-    let mut page = params.clone().limit(PAGE);
-    loop {
-        let answer = pods.list_metadata(&page).await?;
-        revision.get_or_insert(answer.metadata.resource_version);
-        listed.extend(
-            answer
-                .items
-                .into_iter()
-                .filter_map(|p| Listed::new(p.metadata, succeeded)),
-        );
-        match answer.metadata.continue_.filter(|c| !c.is_empty()) {
-            // A continued list may not name a revision: its token carries one.
-            Some(token) => {
-                page = ListParams {
-                    resource_version: None,
-                    version_match: None,
-                    ..params.clone()
-                }
-                .limit(PAGE)
-                .continue_token(&token)
-            }
-            None => return Ok((listed, revision.flatten())),
-        }
-    }
+    let revision = protobuf_pages(client, namespace, params, |meta| {
+        listed.extend(Listed::new(meta.into(), succeeded));
+    })
+    .await?;
+    Ok((listed, revision))
 }
 
 /// The part of a DeleteCollection response rewind reads: how many pods it
@@ -277,22 +325,43 @@ impl DeletedPods {
 
 /// The (name, UID) of every pod a DeleteCollection with these selectors
 /// would take now: what a bulk request is re-proved against right before it
-/// is sent. In pages, as every list of a workflow's pods, and in protobuf:
-/// it lies between the request and its send, and the API server encodes a
-/// pod's metadata (its managed fields included) with less CPU than in JSON
-/// (see [`watch_deletions`]), of which only the name and UID are read.
+/// is sent.
 pub async fn selected(
     client: &Client,
     namespace: &str,
     label_selector: &str,
     field_selector: &str,
 ) -> Result<Vec<(String, String)>, kube::Error> {
-    let url = Pod::url_path(&(), Some(namespace));
-    let mut page = ListParams::default()
+    let params = ListParams::default()
         .labels(label_selector)
-        .fields(field_selector)
-        .limit(PAGE);
+        .fields(field_selector);
     let mut found = Vec::new();
+    protobuf_pages(client, namespace, params, |meta| {
+        // A pod without a UID (none is) would match no planned UID, so the
+        // send would be refused: the proof errs on the side of not sending.
+        found.extend(meta.name.map(|name| (name, meta.uid.unwrap_or_default())));
+    })
+    .await?;
+    Ok(found)
+}
+
+/// Every page of a list of the pods in `namespace` that `params` picks, each
+/// pod's metadata handed to `each`; returns the revision of the first page,
+/// which its continue tokens pin. Pages as client-go's pager makes them (a
+/// page is one read of the budget and a bounded answer to hold), and in
+/// protobuf: every list of a workflow's pods lies between a request and its
+/// deletes, and the API server encodes a pod's metadata (its managed fields
+/// included) with less CPU than in JSON (see [`watch_deletions`]), of which
+/// only the fields in `proto::ObjectMeta` are read.
+async fn protobuf_pages(
+    client: &Client,
+    namespace: &str,
+    params: ListParams,
+    mut each: impl FnMut(proto::ObjectMeta),
+) -> Result<Option<String>, kube::Error> {
+    let url = Pod::url_path(&(), Some(namespace));
+    let mut page = params.clone().limit(PAGE);
+    let mut revision = None;
     loop {
         let request = kube::core::Request::new(&url)
             .list(&page)
@@ -304,24 +373,32 @@ pub async fn selected(
                 kube::core::Status::failure("the API server's protobuf list could not be read", "");
             kube::Error::Api(unread.boxed())
         })?;
-        // A pod without a UID (none is) would match no planned UID, so the
-        // send would be refused: the proof errs on the side of not sending.
-        let items = list.items.into_iter().filter_map(|p| p.metadata);
-        found.extend(items.filter_map(|m| Some((m.name?, m.uid.unwrap_or_default()))));
-        match list
-            .metadata
-            .and_then(|m| m.r#continue)
-            .filter(|c| !c.is_empty())
-        {
-            Some(token) => page = page.continue_token(&token),
-            None => return Ok(found),
+        let meta = list.metadata.unwrap_or_default();
+        revision.get_or_insert(meta.resource_version);
+        list.items
+            .into_iter()
+            .filter_map(|p| p.metadata)
+            .for_each(&mut each);
+        match meta.r#continue.filter(|c| !c.is_empty()) {
+            // A continued list may not name a revision: its token carries one.
+            Some(token) => {
+                page = ListParams {
+                    resource_version: None,
+                    version_match: None,
+                    ..params.clone()
+                }
+                .limit(PAGE)
+                .continue_token(&token)
+            }
+            None => return Ok(revision.flatten()),
         }
     }
 }
 
 /// Sends `request` asking for its answer as `accept` (a protobuf media type);
-/// an answer other than success is an error carrying its code, as `what` was
-/// refused (the body is a Status in protobuf; its code is what callers read).
+/// an answer other than success is the API server's Status as an error, as
+/// a JSON answer's would be: its message says what was refused and why (an
+/// RBAC rule missing, say), its code is what callers decide on.
 async fn send_protobuf(
     client: &Client,
     mut request: http::Request<Vec<u8>>,
@@ -332,13 +409,33 @@ async fn send_protobuf(
         .headers_mut()
         .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
     let answer = client.send(request.map(Into::into)).await?;
-    let status = answer.status();
-    if !status.is_success() {
-        let refused = kube::core::Status::failure(&format!("{what} was refused"), "")
-            .with_code(status.as_u16());
-        return Err(kube::Error::Api(refused.boxed()));
+    let code = answer.status();
+    if code.is_success() {
+        return Ok(answer);
     }
-    Ok(answer)
+    let body = answer.into_body().collect().await?.to_bytes();
+    Err(kube::Error::Api(
+        refusal(&body, code.as_u16(), what).boxed(),
+    ))
+}
+
+/// The Status an unsuccessful answer carries, in protobuf or (where the
+/// server would not encode it as asked) JSON; one naming `what` and the
+/// code when it carries none.
+fn refusal(body: &Bytes, code: u16, what: &str) -> kube::core::Status {
+    let from_protobuf = || {
+        let status = proto::Status::decode(unwrapped(body.clone())?).ok()?;
+        let message = status.message.filter(|m| !m.is_empty())?;
+        Some(kube::core::Status::failure(
+            &message,
+            &status.reason.unwrap_or_default(),
+        ))
+    };
+    let from_json = || serde_json::from_slice::<kube::core::Status>(body).ok();
+    from_protobuf()
+        .or_else(from_json)
+        .unwrap_or_else(|| kube::core::Status::failure(&format!("{what} was refused"), ""))
+        .with_code(code)
 }
 
 /// Asks for a list of object metadata in protobuf.
@@ -394,7 +491,8 @@ mod tests {
     use bytes::Bytes;
     use prost::Message as _;
 
-    use super::{PROTOBUF_MAGIC, metadata_list, proto, removal};
+    use super::{PROTOBUF_MAGIC, metadata_list, proto, refusal, removal};
+    use crate::engine::assess::Listed;
 
     #[test]
     fn a_delete_collection_answer_counts_its_items_and_none_when_null() {
@@ -421,6 +519,7 @@ mod tests {
             metadata: Some(proto::ObjectMeta {
                 name: name.map(str::to_owned),
                 uid: uid.map(str::to_owned),
+                ..Default::default()
             }),
         };
         let envelope = proto::Unknown {
@@ -462,10 +561,12 @@ mod tests {
             metadata: Some(proto::ObjectMeta {
                 name: Some(name.to_owned()),
                 uid: Some(uid.to_owned()),
+                ..Default::default()
             }),
         };
         let list = proto::PartialObjectMetadataList {
             metadata: Some(proto::ListMeta {
+                resource_version: Some("7".to_owned()),
                 r#continue: Some("next".to_owned()),
             }),
             items: vec![pod("wf-1", "u-1"), pod("wf-2", "u-2")],
@@ -479,6 +580,88 @@ mod tests {
         // Without the prefix (a JSON answer, say) it is not read as a list.
         let json = Bytes::from_static(b"{\"kind\":\"PartialObjectMetadataList\"}");
         assert_eq!(metadata_list(json), None);
+    }
+
+    /// A pod's metadata read from a protobuf list is what the assessment
+    /// would have read from a JSON one: the same `Listed`, terminating,
+    /// owned and held by Argo's finalizer, or plain.
+    #[test]
+    fn a_protobuf_pod_is_listed_as_its_json_is() {
+        let terminating = serde_json::json!({
+            "name": "wf-1", "uid": "u-1", "resourceVersion": "9",
+            "deletionTimestamp": "2026-12-06T22:00:05Z",
+            "labels": {"workflows.argoproj.io/workflow": "wf", "workflows.argoproj.io/completed": "true"},
+            "annotations": {"workflows.argoproj.io/node-id": "wf-1", "other": "x"},
+            "ownerReferences": [{"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "name": "wf", "uid": "w-1"}],
+            "finalizers": ["example.com/hold", "workflows.argoproj.io/status"],
+            "managedFields": [{"manager": "argo", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}}]
+        });
+        let encoded = proto::ObjectMeta {
+            name: Some("wf-1".into()),
+            uid: Some("u-1".into()),
+            deletion_timestamp: Some(proto::Time {
+                seconds: Some(1_796_594_405),
+            }),
+            labels: [
+                ("workflows.argoproj.io/workflow", "wf"),
+                ("workflows.argoproj.io/completed", "true"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into(),
+            annotations: [("workflows.argoproj.io/node-id", "wf-1"), ("other", "x")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+            owner_references: vec![proto::OwnerReference {
+                uid: Some("w-1".into()),
+            }],
+            finalizers: vec![
+                "example.com/hold".into(),
+                "workflows.argoproj.io/status".into(),
+            ],
+        };
+        let plain = serde_json::json!({"name": "wf-2", "uid": "u-2"});
+        let bare = proto::ObjectMeta {
+            name: Some("wf-2".into()),
+            uid: Some("u-2".into()),
+            ..Default::default()
+        };
+        for (json, encoded) in [(terminating, encoded), (plain, bare)] {
+            let from_json = Listed::new(serde_json::from_value(json).unwrap(), false);
+            // Through the bytes, as the API server sends them.
+            let decoded = proto::ObjectMeta::decode(Bytes::from(encoded.encode_to_vec())).unwrap();
+            assert_eq!(Listed::new(decoded.into(), false), from_json);
+        }
+    }
+
+    #[test]
+    fn a_refusal_says_what_the_server_said_in_either_format() {
+        let forbidden = "pods is forbidden: User \"u\" cannot list resource \"pods\"";
+        let status = proto::Status {
+            message: Some(forbidden.into()),
+            reason: Some("Forbidden".into()),
+        };
+        let envelope = proto::Unknown {
+            raw: status.encode_to_vec().into(),
+        };
+        let mut protobuf = PROTOBUF_MAGIC.to_vec();
+        protobuf.extend(envelope.encode_to_vec());
+        let json = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": forbidden, "reason": "Forbidden", "code": 403
+        });
+        for body in [protobuf, serde_json::to_vec(&json).unwrap()] {
+            let said = refusal(&body.into(), 403, "the list");
+            assert_eq!(
+                (said.message.as_str(), said.reason.as_str(), said.code),
+                (forbidden, "Forbidden", 403)
+            );
+        }
+        // Nothing readable: what was refused, and the code.
+        let said = refusal(&Bytes::from_static(b"<html>"), 503, "the list");
+        assert_eq!(
+            (said.message.as_str(), said.code),
+            ("the list was refused", 503)
+        );
     }
 
     #[test]
