@@ -13,8 +13,9 @@ use crate::client::{Asked, FollowError, Source};
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, RetryPhase, RetryStatus};
 
-/// How often a followed request is read again. The controller writes its
-/// progress every 2 s at most, so reading faster shows nothing new.
+/// How often a followed request is read again. The controller writes a
+/// WorkflowRetry's progress every half second at most (a workflow's
+/// annotation every 2 s), so reading faster shows nothing new.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What a workflow's annotations say about one request.

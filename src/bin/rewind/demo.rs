@@ -461,7 +461,7 @@ mod bench {
     use anyhow::{Context as _, bail, ensure};
     use kube::api::Api;
 
-    use rewind::client::ask;
+    use rewind::client::{ask, follow};
     use rewind::engine::assess::bulk_selectors;
     use rewind::engine::pods::delete_collection;
     use rewind::protocol::crd::WorkflowRetry;
@@ -632,8 +632,8 @@ mod bench {
     }
 
     /// Asks the controller for one retry; returns once it is reported, with the longest
-    /// the count its WorkflowRetry shows (read every 200 ms, as `rewind retry` would show
-    /// it) went without rising once it had started.
+    /// the count its WorkflowRetry shows (read as often as `rewind retry` reads it) went
+    /// without rising once it had started.
     async fn retry(controller: Running, cluster: &LocalCluster) -> anyhow::Result<Option<f64>> {
         // Asked as `rewind retry` asks for one workflow: a WorkflowRetry, whose
         // status counts the pods as the API server deletes them.
@@ -670,7 +670,7 @@ mod bench {
                 Instant::now() < deadline,
                 "the retry did not finish within 10 minutes"
             );
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(follow::POLL_INTERVAL).await;
         };
         controller.stop().await?;
         if status.phase != Some(RetryPhase::Succeeded) {
