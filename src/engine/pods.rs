@@ -148,7 +148,7 @@ fn removal(frame: Bytes) -> Option<Option<(String, String)>> {
         "ERROR" => return None,
         _ => return Some(None),
     }
-    let metadata = proto::PartialObjectMetadata::decode(unwrapped(event.object?.raw)?)
+    let metadata = proto::Removed::decode(unwrapped(event.object?.raw)?)
         .ok()?
         .metadata?;
     Some(metadata.name.zip(metadata.uid))
@@ -224,6 +224,23 @@ mod proto {
     pub struct PartialObjectMetadata {
         #[prost(message, optional, tag = "1")]
         pub metadata: Option<ObjectMeta>,
+    }
+
+    /// A watch event's `PartialObjectMetadata` as a removal reads it: the
+    /// name and UID only, as one arrives per pod a bulk delete removes (the
+    /// other fields are skipped unread, not decoded into maps).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Removed {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<Named>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Named {
+        #[prost(string, optional, tag = "1")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "5")]
+        pub uid: Option<String>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
