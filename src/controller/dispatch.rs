@@ -4,7 +4,7 @@
 //! the next start), and is awaited before the controller returns.
 
 use std::any::Any;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
 use std::panic::AssertUnwindSafe;
@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use kube::ResourceExt;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, error, info_span, warn};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::controller::expiry::Expiry;
-use crate::engine::budget::on_behalf_of;
+use crate::engine::budget::{Priority, on_behalf_of, with_priority};
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, workflowretry_token};
@@ -28,10 +28,62 @@ use crate::retry::Context;
 use crate::retry::live::{self, Target};
 use crate::retry::workflowretry::{self, Served};
 
+/// How long a note that a WorkflowRetry waits its turn may wait for the
+/// write budget before it is dropped (it is best effort, as Events are).
+const NOTE_WAIT: Duration = Duration::from_secs(2);
+
 /// Wait before trying a request again after a transient error, doubling up to
 /// [`RETRY_BACKOFF_MAX`].
 const RETRY_BACKOFF_START: Duration = Duration::from_secs(1);
 const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// WorkflowRetry objects served at once in each namespace; the others wait
+/// their turn here by name and UID alone, in the order they came. A burst of
+/// thousands in one namespace then holds a few tasks, not thousands, and
+/// costs that namespace's turns only (the workflows' own requests are bounded
+/// by the workflows: one task per workflow).
+#[derive(Default)]
+struct Intake(Mutex<HashMap<String, Waiting>>);
+
+#[derive(Default)]
+struct Waiting {
+    open: usize,
+    next: VecDeque<(String, String)>,
+}
+
+impl Intake {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiting>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a request in `namespace` if fewer than `limit` are open there;
+    /// otherwise queues `(name, uid)` and returns how many are open.
+    fn open(&self, namespace: &str, limit: usize, name: &str, uid: &str) -> Result<(), usize> {
+        let mut namespaces = self.lock();
+        let waiting = namespaces.entry(namespace.to_owned()).or_default();
+        if waiting.open < limit {
+            waiting.open += 1;
+            return Ok(());
+        }
+        waiting.next.push_back((name.to_owned(), uid.to_owned()));
+        Err(waiting.open)
+    }
+
+    /// Closes a request in `namespace`: the next waiting one takes its place
+    /// (it stays open), or the namespace has one fewer open.
+    fn close(&self, namespace: &str) -> Option<(String, String)> {
+        let mut namespaces = self.lock();
+        let waiting = namespaces.get_mut(namespace)?;
+        if let Some(next) = waiting.next.pop_front() {
+            return Some(next);
+        }
+        waiting.open -= 1;
+        if waiting.open == 0 {
+            namespaces.remove(namespace);
+        }
+        None
+    }
+}
 
 /// The keys of the requests being served: one task per key at a time.
 struct Active<K>(Mutex<HashSet<K>>);
@@ -53,8 +105,10 @@ pub struct Dispatcher {
     /// Workflows (namespace, UID) whose requests are being served: one at a
     /// time per workflow, as two would wait on the same queued pods.
     workflows: Arc<Active<(String, String)>>,
-    /// WorkflowRetry objects (UID) being served.
+    /// WorkflowRetry objects (UID) being served or waiting in `intake`.
     objects: Arc<Active<String>>,
+    /// Each namespace's open WorkflowRetry objects and those waiting their turn.
+    intake: Arc<Intake>,
     /// Finished objects waiting out their TTL.
     expiry: Arc<Expiry>,
     /// Stops the requests in progress.
@@ -69,6 +123,7 @@ impl Dispatcher {
             ctx,
             workflows: Active::new(),
             objects: Active::new(),
+            intake: Arc::default(),
             expiry,
             shutdown,
             tasks: TaskTracker::new(),
@@ -163,9 +218,10 @@ impl Dispatcher {
     }
 
     /// Starts serving a WorkflowRetry object, unless it is finished (its
-    /// TTL is [`Expiry`]'s) or served already.
+    /// TTL is [`Expiry`]'s) or served already, or, when its namespace has
+    /// `--max-open-per-namespace` open, queues it (see [`Intake`]).
     pub fn object(&self, object: WorkflowRetry) {
-        let Some(uid) = object.uid() else {
+        let (Some(uid), Some(namespace)) = (object.uid(), object.namespace()) else {
             return;
         };
         if object.is_finished() {
@@ -174,16 +230,99 @@ impl Dispatcher {
         if !self.objects.lock().insert(uid.clone()) {
             return;
         }
-        let this = self.clone();
-        self.tasks.spawn(async move {
-            let span = info_span!(
-                "workflowretry",
-                name = object.name_any(),
-                namespace = object.namespace()
-            );
-            this.serve_object(object, &uid).instrument(span).await;
-            this.objects.lock().remove(&uid);
+        let limit = self.ctx.config.max_open_per_namespace;
+        match self
+            .intake
+            .open(&namespace, limit, &object.name_any(), &uid)
+        {
+            Ok(()) => {
+                let this = self.clone();
+                self.tasks
+                    .spawn(async move { this.serve_in_turn(Some(object), namespace).await });
+            }
+            Err(open) => {
+                let this = self.clone();
+                self.tasks
+                    .spawn(async move { this.note_waiting(object, open).await });
+            }
+        }
+    }
+
+    /// Serves `object`, then each WorkflowRetry that waited its turn in the
+    /// namespace, read again as it comes: one task for a namespace's queue.
+    async fn serve_in_turn(&self, mut object: Option<WorkflowRetry>, namespace: String) {
+        loop {
+            if let Some(object) = object.take()
+                && let Some(uid) = object.uid()
+            {
+                let span = info_span!(
+                    "workflowretry",
+                    name = object.name_any(),
+                    namespace = namespace
+                );
+                self.serve_object(object, &uid).instrument(span).await;
+                self.objects.lock().remove(&uid);
+            }
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let Some((name, uid)) = self.intake.close(&namespace) else {
+                return;
+            };
+            object = self.waited(&namespace, &name, &uid).await;
+            if object.is_none() {
+                self.objects.lock().remove(&uid);
+            }
+        }
+    }
+
+    /// A WorkflowRetry that waited its turn, as the API server has it now;
+    /// `None` if it is gone, replaced or finished meanwhile.
+    async fn waited(&self, namespace: &str, name: &str, uid: &str) -> Option<WorkflowRetry> {
+        let api: Api<WorkflowRetry> = Api::namespaced(self.ctx.client(), namespace);
+        let mut delay = RETRY_BACKOFF_START;
+        loop {
+            match api.get_opt(name).await {
+                Ok(found) => {
+                    return found.filter(|o| o.uid().as_deref() == Some(uid) && !o.is_finished());
+                }
+                Err(error) => {
+                    warn!(workflowretry = name, namespace, %error, "reading a WorkflowRetry that waited its turn failed; trying again");
+                    if !self.pause(&mut delay).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tells a WorkflowRetry that waits its turn why, once, as a report: at
+    /// the budget's lowest priority, and dropped when the budget is short.
+    async fn note_waiting(&self, object: WorkflowRetry, open: usize) {
+        let limit = self.ctx.config.max_open_per_namespace;
+        let message = format!(
+            "waiting: {open} WorkflowRetries of this namespace are being served, the most at once (--max-open-per-namespace {limit}); this one starts when one of them ends"
+        );
+        if object.status.as_ref().map(|s| s.message.as_str()) == Some(message.as_str()) {
+            return;
+        }
+        // On the version the watch showed only: once its turn came and it was written to,
+        // this note would be stale (it names no phase, so it never undoes one).
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": object.resource_version()},
+            "status": {"message": message},
         });
+        let api: Api<WorkflowRetry> =
+            Api::namespaced(self.ctx.client(), &object.namespace().unwrap_or_default());
+        let (name, params, patch) = (
+            object.name_any(),
+            PatchParams::default(),
+            Patch::Merge(&patch),
+        );
+        let writing = with_priority(Priority::Report, api.patch_status(&name, &params, &patch));
+        if let Ok(Err(error)) = tokio::time::timeout(NOTE_WAIT, writing).await {
+            debug!(workflowretry = object.name_any(), %error, "could not say why a WorkflowRetry waits");
+        }
     }
 
     /// Serves a WorkflowRetry to its end, then hands it to [`Expiry`]. A

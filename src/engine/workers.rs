@@ -18,10 +18,10 @@ use tracing::{debug, warn};
 use crate::argo::workflow::labels;
 use crate::engine::Observer;
 use crate::engine::assess::DeleteWork;
-use crate::engine::budget::Budget;
+use crate::engine::budget::{Budget, Priority, on_behalf_of, with_priority};
 use crate::engine::fault::{api_code, is_transient};
 use crate::engine::pods::{delete_collection, selected};
-use crate::engine::queue::{Lease, Request, WorkQueue};
+use crate::engine::queue::{Class, Lease, Request, WorkQueue};
 
 /// A queued unit of work: one API request in one namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -160,10 +160,9 @@ impl Outcomes {
 /// Attempts per item before a transient error is reported as a failure.
 const MAX_ATTEMPTS: u32 = 8;
 
-/// Whose turn it is to take an item: one worker at a time leases an item and then waits for
-/// its write token, so an interactive item queued meanwhile waits behind at most that one
-/// item, not one per worker, and other writes (events, status, commits) queue behind at
-/// most one worker in the budget's line.
+/// Whose turn it is to take an item: one worker at a time leases an item and waits for its
+/// bulk slot, so items start in the queue's order. Each then waits for its own write token
+/// in its namespace's flow (see [`Budget::take_write_token`]).
 pub type Turn = Arc<tokio::sync::Mutex<()>>;
 
 /// Queued items per buffer in front of kube's HTTP service, as in [`crate::engine::budget::client`].
@@ -402,12 +401,11 @@ pub async fn run(
     observer: Arc<dyn Observer>,
 ) {
     loop {
-        let (lease, bulk_slot, token) = {
+        let (lease, bulk_slot) = {
             let _turn = turn.lock().await;
             let Some(lease) = queue.next().await else {
                 break;
             };
-            let leased = std::time::Instant::now();
             // Waited for in the turn, so the next bulk delete to start is the
             // queue's next (its turns between requests), not any worker's.
             let bulk_slot = match lease.item.work {
@@ -416,14 +414,24 @@ pub async fn run(
                 }
                 _ => None,
             };
-            let slot_ms = leased.elapsed().as_millis() as u64;
-            let token = budget.take_write_token().await;
-            // Where an item's time went before it was sent, for whoever asks
-            // why one request waited.
-            debug!(request = %lease.request, slot_ms, token_ms = leased.elapsed().as_millis() as u64 - slot_ms, "delete work sent");
-            (lease, bulk_slot, token)
+            (lease, bulk_slot)
         };
-        let result = match token.spend_on(execute(&clients, &queue, &lease.item)).await {
+        // The token is the item's namespace's and asker's, at its class's priority: a
+        // tenant's deletes take that tenant's turns, and a retry's go before background work
+        // and reports, whichever worker carries them. The proof's list is theirs too.
+        let priority = match lease.class {
+            Class::Interactive => Priority::Retry,
+            Class::Background => Priority::Background,
+        };
+        let work = async {
+            let leased = std::time::Instant::now();
+            let token = budget.take_write_token(&lease.item.namespace).await;
+            // Where an item's time went before it was sent, for whoever asks why one
+            // request waited.
+            debug!(request = %lease.request, token_ms = leased.elapsed().as_millis() as u64, "delete work sent");
+            token.spend_on(execute(&clients, &queue, &lease.item)).await
+        };
+        let result = match with_priority(priority, on_behalf_of(lease.request.lane(), work)).await {
             Err(e) if cut_short(&lease.item.work, &e) => {
                 warn!(namespace = lease.item.namespace, work = %describe(&lease.item.work), error = %e, "bulk delete cut short; its pods will be listed again");
                 Ok(Done::Unfinished)

@@ -499,7 +499,7 @@ impl<'a> WorkflowStatus<'a> {
             stale: false,
             last_check: Instant::now(),
             was_completed: false,
-            events: Events::new(ctx.recorder.clone(), reference),
+            events: Events::new(ctx, reference),
         }
     }
 

@@ -53,7 +53,14 @@ pub struct RetryConfig {
     pub max_nodes_size: usize,
     /// Planned pods in deletion at once, across retries.
     pub max_pods_in_flight: usize,
+    /// WorkflowRetry objects served at once in one namespace; the others wait their turn.
+    pub max_open_per_namespace: usize,
 }
+
+/// WorkflowRetry objects served at once per namespace by default: a namespace's burst waits
+/// in the controller at a few dozen bytes each, not a task each (docs/operating.md, "Many
+/// tenants").
+pub const DEFAULT_MAX_OPEN_PER_NAMESPACE: usize = 20;
 
 impl Default for RetryConfig {
     fn default() -> Self {
@@ -69,6 +76,7 @@ impl Default for RetryConfig {
             always_offload_node_status: false,
             max_nodes_size: plan::compress::DEFAULT_MAX_NODES_SIZE,
             max_pods_in_flight: admission::DEFAULT_MAX_PODS,
+            max_open_per_namespace: DEFAULT_MAX_OPEN_PER_NAMESPACE,
         }
     }
 }

@@ -33,7 +33,7 @@ impl<'a> ObjectStatus<'a> {
             status,
             api: Api::namespaced(ctx.client(), &object.namespace().unwrap_or_default()),
             written,
-            events: Events::new(ctx.recorder.clone(), object.object_ref(&())),
+            events: Events::new(ctx, object.object_ref(&())),
         }
     }
 

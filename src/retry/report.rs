@@ -4,14 +4,18 @@
 //! and words whichever way the request was asked.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
-use tracing::warn;
+use tracing::{debug, warn};
 
+use crate::engine::budget::{Priority, with_priority};
 use crate::engine::fault;
 use crate::protocol::request::RetryPhase;
+use crate::retry::Context;
+use crate::telemetry::metrics::Metrics;
 
 /// Event reasons, as `kubectl describe` lists them.
 pub mod reasons {
@@ -148,18 +152,25 @@ pub async fn end(report: &mut impl Report, ending: &Ending) -> Result<(), kube::
     recorded
 }
 
+/// How long an Event may wait for the write budget before it is dropped: Events are best
+/// effort, and under load a queue of them must not grow with the requests (each Event's wait
+/// holds its request's task).
+const EVENT_WAIT: Duration = Duration::from_secs(2);
+
 /// Events about one object (the workflow, or the WorkflowRetry).
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
     reference: ObjectReference,
+    metrics: Arc<Metrics>,
 }
 
 impl Events {
-    pub fn new(recorder: Recorder, reference: ObjectReference) -> Self {
+    pub fn new(ctx: &Context, reference: ObjectReference) -> Self {
         Events {
-            recorder,
+            recorder: ctx.recorder.clone(),
             reference,
+            metrics: ctx.metrics.clone(),
         }
     }
 
@@ -172,8 +183,10 @@ impl Events {
         self.publish(EventType::Normal, reasons::STARTED, note)
     }
 
-    /// Publishes one Event; the future borrows nothing, so it can run beside
-    /// the request. A failure is logged: Events are best effort.
+    /// Publishes one Event at the budget's report priority, behind every
+    /// retry's own requests; the future borrows nothing, so it can run beside
+    /// the request. Events are best effort: one the budget has no room for
+    /// within [`EVENT_WAIT`] is dropped and counted, and a failure is logged.
     pub fn publish(
         &self,
         type_: EventType,
@@ -188,9 +201,20 @@ impl Events {
             secondary: None,
         };
         let (recorder, reference) = (self.recorder.clone(), self.reference.clone());
+        let metrics = self.metrics.clone();
         async move {
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                warn!(object = reference.name, error = %e, "could not publish event");
+            let publishing = with_priority(Priority::Report, recorder.publish(&event, &reference));
+            match tokio::time::timeout(EVENT_WAIT, publishing).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(object = reference.name, error = %e, "could not publish event"),
+                Err(_) => {
+                    debug!(
+                        object = reference.name,
+                        reason = event.reason,
+                        "event dropped: the write budget is short"
+                    );
+                    metrics.event_dropped();
+                }
             }
         }
     }

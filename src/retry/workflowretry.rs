@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::OptionFuture;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use std::pin::pin;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -121,6 +121,9 @@ fn started_note(object: &WorkflowRetry) -> String {
     }
 }
 
+/// How soon a request must fail to count as refused at once, without a "started" Event.
+const QUICK_REFUSAL: Duration = Duration::from_secs(1);
+
 /// Serves `object` to its end, or until `stop` (it stays pending). The end
 /// is reported here.
 pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationToken) -> Served {
@@ -136,21 +139,36 @@ pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationTok
         warn!(workflowretry = status.name(), error = %e, "could not write the WorkflowRetry's first status; it will be tried again");
         return Served::Reported;
     }
-    // The first Event is written beside the work, not before it: the retry
-    // need not wait for it (tens of milliseconds on a busy API server).
-    let announced: OptionFuture<_> = first
-        .then(|| report::Report::events(&status).started(started_note(object)))
-        .into();
-    let work = async {
-        match object.spec.target() {
-            None => Err(ServeError::NoTarget),
-            Some(RetryTarget::Live { name }) => serve_live(&mut status, &name, stop).await,
-            Some(RetryTarget::Archived { uid }) => archived::run(&mut status, &uid, stop)
-                .await
-                .map_err(ServeError::from),
+    // The first Event is written beside the work, not before it: the retry need not wait for
+    // it (tens of milliseconds on a busy API server). A request refused at once (its workflow
+    // missing, a bad spec) ends with its status and one Event, its failure: under a burst of
+    // such requests every write counts (docs/operating.md, "Many tenants").
+    let announced = first.then(|| report::Report::events(&status).started(started_note(object)));
+    let result = {
+        let mut work = pin!(async {
+            match object.spec.target() {
+                None => Err(ServeError::NoTarget),
+                Some(RetryTarget::Live { name }) => serve_live(&mut status, &name, stop).await,
+                Some(RetryTarget::Archived { uid }) => archived::run(&mut status, &uid, stop)
+                    .await
+                    .map_err(ServeError::from),
+            }
+        });
+        match announced {
+            None => work.await,
+            Some(announced) => {
+                tokio::select! {
+                    result = work.as_mut() => {
+                        if result.as_ref().is_ok() || result.as_ref().is_err_and(|e| e.is_transient()) {
+                            announced.await;
+                        }
+                        result
+                    }
+                    () = tokio::time::sleep(QUICK_REFUSAL) => tokio::join!(announced, work).1,
+                }
+            }
         }
     };
-    let (_, result) = tokio::join!(announced, work);
     let ending = match &result {
         Ok(()) => {
             let message = status.status.message.clone();

@@ -19,7 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
-use crate::engine::budget::{Bucket, BudgetConfig, BudgetObserver, Verb};
+use crate::engine::budget::{Bucket, BudgetConfig, BudgetObserver, Priority, Verb};
 use crate::engine::queue::QueueDepths;
 use crate::telemetry::process::ProcessCollector;
 
@@ -119,6 +119,12 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BucketLabels {
     bucket: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PriorityLabels {
+    bucket: &'static str,
+    priority: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -297,6 +303,8 @@ pub struct Metrics {
     api_requests: Family<RequestLabels, Counter>,
     token_wait: Family<BucketLabels, Counter<f64, AtomicU64>>,
     tokens: Family<BucketLabels, Counter>,
+    priority_tokens: Family<PriorityLabels, Counter>,
+    events_dropped: Counter,
     busiest_second: Family<BucketLabels, Gauge>,
     busiest: Mutex<[BusiestSecond; 2]>,
     /// Where the busiest-second windows count their seconds from.
@@ -374,6 +382,29 @@ impl Metrics {
             "api_tokens",
             "Tokens taken from each budget bucket (one per API request sent), by bucket",
             at_zero(Family::default(), &buckets),
+        );
+        let priority_tokens = register(
+            registry,
+            "api_priority_tokens",
+            "Tokens taken from each budget bucket by the priority of the work they served (retry, background, report)",
+            at_zero(
+                Family::default(),
+                &BUCKETS
+                    .into_iter()
+                    .flat_map(|bucket| {
+                        Priority::ALL.map(|priority| PriorityLabels {
+                            bucket: bucket.as_str(),
+                            priority: priority.as_str(),
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+        );
+        let events_dropped = register(
+            registry,
+            "events_dropped",
+            "Events not published because the write budget was short (Events are best effort)",
+            Counter::default(),
         );
         let busiest_second = register(
             registry,
@@ -480,6 +511,8 @@ impl Metrics {
             api_requests,
             token_wait,
             tokens,
+            priority_tokens,
+            events_dropped,
             busiest_second,
             busiest: Mutex::new([BusiestSecond::new(), BusiestSecond::new()]),
             origin: Instant::now(),
@@ -570,6 +603,11 @@ impl Metrics {
         }
     }
 
+    /// An Event was dropped: the write budget had no room for it in time.
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
+    }
+
     /// A request of `kind` (workflow or workflowretry) panicked.
     pub fn request_panicked(&self, kind: &'static str) {
         self.panics.get_or_create(&KindLabels { kind }).inc();
@@ -636,10 +674,16 @@ impl BudgetObserver for Metrics {
             .inc_by(waited.as_secs_f64());
     }
 
-    fn token_taken(&self, bucket: Bucket) {
+    fn token_taken(&self, bucket: Bucket, priority: Priority) {
         self.tokens
             .get_or_create(&BucketLabels {
                 bucket: bucket.as_str(),
+            })
+            .inc();
+        self.priority_tokens
+            .get_or_create(&PriorityLabels {
+                bucket: bucket.as_str(),
+                priority: priority.as_str(),
             })
             .inc();
         self.busiest.lock().unwrap_or_else(PoisonError::into_inner)[slot(bucket)]
@@ -693,8 +737,9 @@ mod tests {
         m.response(Verb::Delete, Some(StatusCode::OK));
         m.response(Verb::Delete, None);
         m.token_wait(Bucket::Write, Duration::from_millis(250));
-        m.token_taken(Bucket::Write);
-        m.token_taken(Bucket::Write);
+        m.token_taken(Bucket::Write, Priority::Retry);
+        m.token_taken(Bucket::Write, Priority::Report);
+        m.event_dropped();
         m.paused(Bucket::Write, Duration::from_secs(1));
         m.observe_retry("succeeded", Duration::from_secs(3));
         drop(m.step(RetryKind::Live, Step::Read));
@@ -724,6 +769,9 @@ mod tests {
             r#"rewind_api_token_wait_seconds_total{bucket="write"} 0.25"#,
             r#"rewind_api_tokens_total{bucket="write"} 2"#,
             r#"rewind_api_tokens_total{bucket="read"} 0"#,
+            r#"rewind_api_priority_tokens_total{bucket="write",priority="retry"} 1"#,
+            r#"rewind_api_priority_tokens_total{bucket="write",priority="report"} 1"#,
+            r#"rewind_events_dropped_total 1"#,
             r#"rewind_api_tokens_busiest_second{bucket="write"} 2"#,
             r#"rewind_api_budget_qps{bucket="write"} 20"#,
             r#"rewind_api_budget_burst{bucket="write"} 30"#,
@@ -780,6 +828,8 @@ mod tests {
             "api_requests",
             "api_token_wait_seconds",
             "api_tokens",
+            "api_priority_tokens",
+            "events_dropped",
             "api_pauses",
             "api_pause_seconds",
             "pods_deleted",
@@ -827,6 +877,10 @@ mod tests {
                 "# TYPE rewind_api_token_wait_seconds counter",
                 "# HELP rewind_api_tokens Tokens taken from each budget bucket (one per API request sent), by bucket.",
                 "# TYPE rewind_api_tokens counter",
+                "# HELP rewind_api_priority_tokens Tokens taken from each budget bucket by the priority of the work they served (retry, background, report).",
+                "# TYPE rewind_api_priority_tokens counter",
+                "# HELP rewind_events_dropped Events not published because the write budget was short (Events are best effort).",
+                "# TYPE rewind_events_dropped counter",
                 "# HELP rewind_api_tokens_busiest_second The most tokens taken from a budget bucket within one second, over the last minute (at most qps + burst).",
                 "# TYPE rewind_api_tokens_busiest_second gauge",
                 "# HELP rewind_api_budget_qps Tokens each budget bucket refills per second (--qps, --read-qps).",

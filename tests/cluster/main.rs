@@ -32,6 +32,7 @@ mod restart;
 mod retry;
 mod scheduling;
 mod support;
+mod tenants;
 mod throttle;
 mod upgrade;
 mod workflow_roundtrip;
@@ -53,6 +54,7 @@ use support::{Test, namespace_for};
 /// The tests that need the control plane to themselves (see `quiet` in `main`).
 const ALONE: &[&str] = &[
     "hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another",
+    "tenants::a_quiet_tenants_retry_keeps_its_pace_beside_many_busy_tenants",
     "cli::a_bulk_delete_shows_its_count_rising_each_second",
     "listener::argos_retry_api_stays_small_and_answers_a_real_caller_under_attack",
     // Sets the cluster's CRD back to the previous chart's, and installs the chart's
@@ -172,6 +174,7 @@ fn main() -> ExitCode {
         hostile::workflowretry_fields_past_their_bounds_are_refused_and_at_them_served,
         hostile::a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_small,
         hostile::a_thousand_workflowretries_in_one_namespace_do_not_slow_another,
+        tenants::a_quiet_tenants_retry_keeps_its_pace_beside_many_busy_tenants,
         db_restart::an_archived_retry_survives_a_database_restart_during_its_deletes,
         db_restart::an_archived_retry_waits_for_a_database_down_at_its_start,
         db_restart::an_archived_retry_survives_a_mariadb_restart_during_its_deletes,

@@ -23,7 +23,7 @@ use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
 use rewind::engine::workers::DEFAULT_MAX_BULK_IN_FLIGHT;
 use rewind::retry::admission::DEFAULT_MAX_PODS;
-use rewind::retry::{DEFAULT_BULK_PARALLELISM, RetryConfig, Scope};
+use rewind::retry::{DEFAULT_BULK_PARALLELISM, DEFAULT_MAX_OPEN_PER_NAMESPACE, RetryConfig, Scope};
 use rewind::telemetry::logging::{self, LogFormat};
 use rewind::telemetry::metrics::ContainerLimits;
 
@@ -353,6 +353,11 @@ pub struct Tuning {
     /// why) until enough others are done. Bounds the controller's memory.
     #[arg(long, default_value_t = DEFAULT_MAX_PODS, env = "REWIND_MAX_PODS_IN_FLIGHT")]
     max_pods_in_flight: usize,
+    /// WorkflowRetry objects served at once in one namespace: the others wait their turn, in
+    /// the order they came, their status saying why. Bounds what one namespace's burst costs
+    /// the controller and the other namespaces.
+    #[arg(long, default_value_t = NonZeroUsize::new(DEFAULT_MAX_OPEN_PER_NAMESPACE).expect("not zero"), env = "REWIND_MAX_OPEN_PER_NAMESPACE")]
+    max_open_per_namespace: NonZeroUsize,
     /// How long a planned pod may stay terminating (deleted, but kept by a finalizer or by a
     /// node that does not confirm it stopped) before its retry fails naming it, what keeps it
     /// and what to do, and gives back its share of --max-pods-in-flight (e.g. 5m).
@@ -418,6 +423,7 @@ impl Tuning {
                 always_offload_node_status: self.always_offload_node_status,
                 max_nodes_size: self.max_nodes_size,
                 max_pods_in_flight: self.max_pods_in_flight,
+                max_open_per_namespace: self.max_open_per_namespace.get(),
                 terminating_timeout: self.terminating_timeout,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()

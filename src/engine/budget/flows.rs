@@ -1,7 +1,8 @@
-//! Fairness between flows: each namespace's requests (and the delete
-//! workers' tokens, a flow of their own, fair inside through the work queue)
-//! wait for a token one at a time, so the bucket's FIFO line holds at most
-//! one request per flow and serves the flows in turn. A tenant with
+//! Fairness between flows: each namespace's requests of one priority (the
+//! delete workers' tokens among them, taken in the namespace of the item they
+//! leased) wait for a token one at a time, so the bucket's line (see
+//! `classes`) holds at most one request per flow and priority and serves the
+//! flows of a priority in turn. A tenant with
 //! thousands of requests queued delays another's by one token, not by
 //! thousands. Inside a namespace, the askers (see [`on_behalf_of`]) take turns the
 //! same way: one request per asker waits in the namespace's line. A flow can
@@ -15,6 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Bucket;
+use super::classes::Priority;
 
 tokio::task_local! {
     /// Who the current task's requests are for (see [`on_behalf_of`]).
@@ -37,9 +39,11 @@ pub(super) fn of_asker(flow: &str, asker: &str) -> String {
     format!("{flow}\u{0}{asker}")
 }
 
-/// The flow of the delete workers' tokens, taken before they know which
-/// request (and namespace) they will serve.
-pub(super) const WORKERS: &str = "(delete workers)";
+/// The flow of namespace `flow`'s requests at `priority`: a namespace waits in one line per
+/// priority, so its reports never hold back its own retries.
+pub(super) fn of_priority(flow: &str, priority: Priority) -> String {
+    format!("{flow}\u{1}{}", priority.as_str())
+}
 
 /// The flow of a request to `path`: its namespace, or "" for requests about
 /// no namespace (cluster-scoped objects, lists across namespaces).
@@ -102,22 +106,27 @@ impl Flows {
             let mut flows = self.lock();
             let name: Arc<str> = flow.into();
             let entry = flows.entry(name.clone()).or_default();
-            (name, entry.lines[index(bucket)].clone())
+            (name, entry.lines[bucket.index()].clone())
         };
         Turn {
             flows: self,
             name,
-            line: index(bucket),
+            line: bucket.index(),
             _held: line.lock_owned().await,
         }
     }
 
     /// When `flow`'s pause ends, if it is paused.
     pub(super) fn paused_until(&self, flow: &str) -> Option<Instant> {
-        self.lock()
-            .get(flow)
-            .and_then(|f| f.paused_until)
-            .filter(|until| *until > Instant::now())
+        let mut flows = self.lock();
+        let entry = flows.get(flow)?;
+        let until = entry.paused_until.filter(|until| *until > Instant::now());
+        // A namespace's pause is kept apart from its lines (one per priority): the first
+        // look after it ended forgets it.
+        if until.is_none() && entry.idle(None) {
+            flows.remove(flow);
+        }
+        until
     }
 
     /// Pauses `flow` for `pause` (a longer pause already ordered stays).
@@ -146,13 +155,6 @@ impl Drop for Turn<'_> {
         {
             flows.remove(&self.name);
         }
-    }
-}
-
-fn index(bucket: Bucket) -> usize {
-    match bucket {
-        Bucket::Read => 0,
-        Bucket::Write => 1,
     }
 }
 

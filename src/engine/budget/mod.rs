@@ -5,11 +5,13 @@
 //! client), so nothing the controller does can bypass the budget.
 
 mod bucket;
+mod classes;
 mod flows;
-
-pub use flows::on_behalf_of;
 mod layer;
 mod slots;
+
+pub use classes::{Priority, with_priority};
+pub use flows::on_behalf_of;
 
 pub use bucket::Rate;
 pub use layer::{BudgetLayer, BudgetService, client};
@@ -63,6 +65,14 @@ pub enum Bucket {
 }
 
 impl Bucket {
+    /// Its place in per-bucket arrays.
+    fn index(self) -> usize {
+        match self {
+            Bucket::Read => 0,
+            Bucket::Write => 1,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Bucket::Read => "read",
@@ -135,8 +145,8 @@ pub trait BudgetObserver: Send + Sync {
     /// A request of `bucket` waited `waited` for a token (zero when one was there), pauses
     /// included.
     fn token_wait(&self, _bucket: Bucket, _waited: Duration) {}
-    /// A token was taken from `bucket` (for a request, or ahead of one).
-    fn token_taken(&self, _bucket: Bucket) {}
+    /// A token was taken from `bucket` (for a request, or ahead of one) at `priority`.
+    fn token_taken(&self, _bucket: Bucket, _priority: Priority) {}
     /// Requests in flight changed to `requests`.
     fn in_flight(&self, _requests: usize) {}
     /// A request ended: with a response status, or `None` when no response came.
@@ -160,6 +170,8 @@ struct Inner {
     writes: TokenBucket,
     slots: Slots,
     flows: flows::Flows,
+    /// Each bucket's line, by priority: reads, writes.
+    lines: [classes::Line; 2],
     max_pause: Duration,
     observer: Arc<dyn BudgetObserver>,
 }
@@ -177,6 +189,7 @@ impl Budget {
                 writes: TokenBucket::new(config.writes),
                 slots: Slots::new(config.workers.get()),
                 flows: flows::Flows::default(),
+                lines: Default::default(),
                 max_pause: config.max_pause,
                 observer,
             }),
@@ -193,37 +206,76 @@ impl Budget {
         self.inner.slots.held()
     }
 
-    /// Waits for a write token for a request to be chosen only now and sent at once (with
-    /// [`WriteToken::spend_on`]). The delete workers take their token first, then the most
-    /// urgent item: were they to take items first, each would hold one (background work,
-    /// say) in the bucket's line ahead of any interactive item queued after it.
-    pub async fn take_write_token(&self) -> WriteToken {
-        let _turn = self.inner.flows.turn(flows::WORKERS, Bucket::Write).await;
-        let waited = self.inner.writes.acquire().await;
-        self.inner.observer.token_taken(Bucket::Write);
-        self.inner.observer.token_wait(Bucket::Write, waited);
+    /// Waits for a write token, in `flow` (a namespace) at the task's priority and for its
+    /// asker, for a request sent at once with [`WriteToken::spend_on`]: a delete worker takes
+    /// the token of the item it leased, then proves and sends it, so the proof is taken with
+    /// the token in hand. Its write then waits for nothing but a slot and a pause.
+    pub async fn take_write_token(&self, flow: &str) -> WriteToken {
+        let start = tokio::time::Instant::now();
+        let _turns = self.turns(flow, Bucket::Write).await;
+        loop {
+            while let Some(until) = self.inner.flows.paused_until(flow) {
+                tokio::time::sleep_until(until).await;
+            }
+            self.take(Bucket::Write).await;
+            if self.inner.flows.paused_until(flow).is_none() {
+                break;
+            }
+        }
+        self.inner
+            .observer
+            .token_wait(Bucket::Write, start.elapsed());
         WriteToken(())
     }
 
-    /// Waits until a request of `verb` in `flow` (its namespace) may be sent: a worker slot
-    /// (except for watches), then the flow's turn and a token (unless the task spends a
-    /// [`WriteToken`] on this write), outside any pause of the bucket or the flow. The slot is
+    /// The turns a request of `flow` waits for before its bucket's line: its asker's inside
+    /// the namespace, then the namespace's, both at the task's priority, so a namespace's
+    /// reports never hold back its own retries.
+    async fn turns(
+        &self,
+        flow: &str,
+        bucket: Bucket,
+    ) -> (Option<flows::Turn<'_>>, flows::Turn<'_>) {
+        let line = flows::of_priority(flow, classes::priority());
+        let asker = match flows::asker() {
+            Some(asker) => Some(
+                self.inner
+                    .flows
+                    .turn(&flows::of_asker(&line, &asker), bucket)
+                    .await,
+            ),
+            None => None,
+        };
+        (asker, self.inner.flows.turn(&line, bucket).await)
+    }
+
+    /// Takes a token of `bucket` when the line's turn comes to the task's priority.
+    async fn take(&self, bucket: Bucket) -> Duration {
+        let _pass = self.inner.lines[bucket.index()]
+            .enter(classes::priority())
+            .await;
+        let waited = self.bucket(bucket).acquire().await;
+        self.inner.observer.token_taken(bucket, classes::priority());
+        waited
+    }
+
+    /// Waits until a request of `verb` in `flow` (its namespace) may be sent: the flow's turn
+    /// (see [`Budget::turns`]), a worker slot (except for watches), then a token when the
+    /// bucket's line serves the task's priority (unless the task spends a [`WriteToken`] on
+    /// this write: it had its turns), outside any pause of the bucket or the flow. The slot is
     /// held until the returned admission is dropped.
     async fn admit(&self, verb: Verb, flow: &str) -> Admission {
         let bucket = verb.bucket();
         let observer = &self.inner.observer;
         let prepaid =
             bucket == Bucket::Write && PREPAID.try_with(|p| p.replace(false)).unwrap_or(false);
+        let start = tokio::time::Instant::now();
         // The flow's turn first: a flow holds at most one slot while it waits for a token, so
         // a flow with thousands of requests cannot take every slot and leave the others none.
-        let start = tokio::time::Instant::now();
-        // The asker's turn inside its namespace, then the namespace's turn.
-        let asker = flows::asker().map(|asker| flows::of_asker(flow, &asker));
-        let _asker_turn = match &asker {
-            Some(asker) => Some(self.inner.flows.turn(asker, bucket).await),
-            None => None,
+        let _turns = match prepaid {
+            true => None,
+            false => Some(self.turns(flow, bucket).await),
         };
-        let _turn = self.inner.flows.turn(flow, bucket).await;
         let slot = match verb {
             Verb::Watch => None,
             _ => Some(self.inner.slots.acquire().await),
@@ -236,11 +288,7 @@ impl Budget {
             }
             match prepaid {
                 true => self.bucket(bucket).sit_out_pause().await,
-                false => {
-                    let waited = self.bucket(bucket).acquire().await;
-                    observer.token_taken(bucket);
-                    waited
-                }
+                false => self.take(bucket).await,
             };
             // A pause of the flow that began meanwhile holds this request back too (a token
             // taken is dropped: nothing is sent before the pause ends).

@@ -22,7 +22,7 @@ impl BudgetObserver for Recorder {
     fn token_wait(&self, bucket: Bucket, waited: Duration) {
         self.waits.lock().unwrap().push((bucket, waited));
     }
-    fn token_taken(&self, bucket: Bucket) {
+    fn token_taken(&self, bucket: Bucket, _priority: Priority) {
         self.tokens.lock().unwrap().push(bucket);
     }
     fn in_flight(&self, requests: usize) {
@@ -530,7 +530,7 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
     let (budget, recorder) = budget((1, 1), (50, 100), 10);
     let (server, sent) = server(start, ok);
     let service = budget.layer().layer(server);
-    let token = budget.take_write_token().await;
+    let token = budget.take_write_token("argo").await;
     // The bucket is empty now: without the token this write would wait a second.
     token
         .spend_on(async {
@@ -578,7 +578,7 @@ async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
     let service = budget.layer().layer(server);
     let throttled = tokio::spawn(service.clone().oneshot(post()));
     tokio::task::yield_now().await;
-    let token = budget.take_write_token().await;
+    let token = budget.take_write_token("argo").await;
     let answer = token
         .spend_on(service.clone().oneshot(post()))
         .await
@@ -805,4 +805,67 @@ async fn an_answer_that_never_comes_ends_the_request_but_a_silent_watch_stays_op
     assert!(error.is::<tokio::time::error::Elapsed>(), "{error}");
     assert!(!watch.is_finished(), "a watch has no such bound");
     watch.abort();
+}
+
+/// A retry's write that comes while a thousand reports of many namespaces wait goes out next;
+/// the reports still get a token in every `classes::FLOOR` + 1.
+#[tokio::test(start_paused = true)]
+async fn a_retry_s_write_goes_before_waiting_reports_and_reports_still_move() {
+    let start = Instant::now();
+    let (budget, _) = budget((20, 1), (50, 100), 2000);
+    let (server, sent) = path_server(start, |_| Response::new(()));
+    let service = budget.layer().layer(server);
+    let reports: Vec<_> = (0..1000)
+        .map(|i| {
+            let service = service.clone();
+            tokio::spawn(with_priority(
+                Priority::Report,
+                service.oneshot(post_in(&format!("busy-{}", i % 50))),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = start.elapsed();
+    let before = sent.lock().unwrap().len();
+    send_all(&service, (0..3).map(|_| post_in("quiet")).collect()).await;
+    let quiet = arrivals(&sent, "quiet");
+    let last = *quiet.iter().max().unwrap() - asked;
+    // Each write waits at most for the report already in the bucket (a token at 20 a second)
+    // and its own; behind fifty namespaces' reports, first come first served, each would wait
+    // 2.5 s.
+    assert!(
+        last <= Duration::from_millis(350),
+        "the retry's writes waited {last:?} behind reports"
+    );
+    assert!(
+        before >= 15,
+        "reports moved while nothing else waited: {before}"
+    );
+    for report in reports {
+        report.abort();
+    }
+}
+
+/// A delete worker's token is its item's namespace's: a tenant with a hundred deletes waiting
+/// for tokens delays another tenant's delete by a turn, not by a hundred.
+#[tokio::test(start_paused = true)]
+async fn write_tokens_taken_ahead_take_turns_between_namespaces() {
+    let (budget, _) = budget((20, 1), (50, 100), 2000);
+    let busy: Vec<_> = (0..100)
+        .map(|_| {
+            let budget = budget.clone();
+            tokio::spawn(async move { drop(budget.take_write_token("busy").await) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = Instant::now();
+    drop(budget.take_write_token("quiet").await);
+    assert!(
+        asked.elapsed() <= Duration::from_millis(100),
+        "the quiet namespace's token waited {:?}",
+        asked.elapsed()
+    );
+    for task in busy {
+        task.abort();
+    }
 }

@@ -1,0 +1,514 @@
+//! Many tenants at once (`cargo bench --features testenv --bench tenants`): a busy cluster as
+//! a platform team's would load rewind, beside a quiet namespace's retry.
+//!
+//! `--tenants` namespaces each create one WorkflowRetry a second for `--seconds`; one in
+//! `--real-every` names a real failed workflow of 5 pods, the others a workflow that does not
+//! exist (a typo, a stale name). A quiet namespace retries a workflow of `--quiet-pods` failed
+//! pods by annotation three times: on the idle controller, in the middle of the load, and as
+//! the load stops. The controller is the release binary with its defaults but for `--qps` and
+//! `--burst`, serving every namespace. Measured: each quiet retry from its ask to its end;
+//! each real retry from its WorkflowRetry's creation to its end; how long after the load every
+//! request had ended; the backlog (asked, not ended) and the controller's RSS each second; the
+//! controller's writes in the API server's audit log (busiest second against qps + burst, by
+//! verb). Written to bench/results/NAME.md, .json and .png (`--out NAME`, default tenants).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher::{self, Event, watcher};
+use plotters::prelude::*;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use rewind::argo::workflow::Workflow;
+use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
+use rewind::protocol::request::{self, RetryPhase, annotations};
+use rewind::testenv::bench::audit;
+use rewind::testenv::bench::child::RewindController;
+use rewind::testenv::bench::stats;
+use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options};
+use rewind::testenv::workload::FailedDag;
+
+#[path = "../tests/support/font.rs"]
+mod font;
+
+const RESULTS: &str = "bench/results";
+const QUIET: &str = "quiet";
+const REAL_PODS: usize = 5;
+
+#[derive(Clone, Debug, Serialize)]
+struct Args {
+    tenants: usize,
+    seconds: usize,
+    real_every: usize,
+    quiet_pods: usize,
+    qps: u32,
+    burst: u32,
+    out: String,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut args = Args {
+        tenants: 100,
+        seconds: 180,
+        real_every: 10,
+        quiet_pods: 200,
+        qps: 20,
+        burst: 30,
+        out: "tenants".into(),
+    };
+    let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--tenants" => args.tenants = value()?.parse()?,
+            "--seconds" => args.seconds = value()?.parse()?,
+            "--real-every" => args.real_every = value()?.parse()?,
+            "--quiet-pods" => args.quiet_pods = value()?.parse()?,
+            "--qps" => args.qps = value()?.parse()?,
+            "--burst" => args.burst = value()?.parse()?,
+            "--out" => args.out = value()?,
+            other => bail!(
+                "unknown flag {other}; flags: --tenants --seconds --real-every --quiet-pods --qps --burst --out"
+            ),
+        }
+    }
+    ensure!(
+        args.tenants > 0 && args.seconds > 0 && args.real_every > 0,
+        "counts must be positive"
+    );
+    Ok(args)
+}
+
+/// A WorkflowRetry of the load: when it was created, when the watch saw it end, and
+/// whether it names a real workflow.
+struct Asked {
+    created: Timestamp,
+    ended: Option<Timestamp>,
+    real: bool,
+}
+
+type Ends = Arc<Mutex<HashMap<String, Asked>>>;
+
+/// What one second of the run saw.
+#[derive(Clone, Debug, Serialize)]
+struct Sample {
+    second: f64,
+    asked: usize,
+    ended: usize,
+    rss_mib: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    args: Args,
+    date: String,
+    quiet_idle_seconds: f64,
+    quiet_during_seconds: f64,
+    quiet_after_seconds: f64,
+    asked: usize,
+    real_asked: usize,
+    real_end_p50_seconds: f64,
+    real_end_max_seconds: f64,
+    /// From the load's last ask until every request had ended.
+    drained_seconds: f64,
+    peak_rss_mib: f64,
+    idle_rss_mib: f64,
+    writes_busiest_second: usize,
+    writes_by_verb: BTreeMap<String, usize>,
+    samples: Vec<Sample>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = args()?;
+    let cluster = LocalCluster::start(Options {
+        audit: true,
+        ..Options::default()
+    })
+    .await?;
+    let admin = cluster.admin_client();
+    let tenants: Vec<String> = (0..args.tenants)
+        .map(|i| format!("tenant-{i:03}"))
+        .collect();
+    let reals = args.seconds.div_ceil(args.real_every);
+    println!(
+        "creating {} namespaces with {reals} failed workflows of {REAL_PODS} pods each",
+        args.tenants
+    );
+    cluster.create_namespace(QUIET).await?;
+    futures::stream::iter(tenants.iter())
+        .map(|tenant| {
+            let (cluster, admin) = (&cluster, admin.clone());
+            async move {
+                cluster.create_namespace(tenant).await?;
+                for r in 0..reals {
+                    let real = FailedDag {
+                        name: format!("real-{r}"),
+                        failed: REAL_PODS,
+                        succeeded: 1,
+                    };
+                    real.create(&admin, tenant, 6, || ()).await?;
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<_>>()
+        .await?;
+    for name in ["idle", "during", "after"] {
+        let quiet = FailedDag {
+            name: name.into(),
+            failed: args.quiet_pods,
+            succeeded: 2,
+        };
+        quiet.create(&admin, QUIET, 16, || ()).await?;
+    }
+
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_rewind"));
+    let log = std::env::temp_dir().join(format!("rewind-{}-controller.log", args.out));
+    let controller = RewindController::start(
+        &binary,
+        &cluster,
+        &[
+            "--qps".into(),
+            args.qps.to_string(),
+            "--burst".into(),
+            args.burst.to_string(),
+            "--argo-configmap".into(),
+            String::new(),
+        ],
+        log.clone(),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let rss = |c: &RewindController| {
+        c.usage()
+            .map(|u| u.peak_rss_bytes as f64 / (1024.0 * 1024.0))
+            .unwrap_or(0.0)
+    };
+    let idle_rss_mib = current_rss_mib(controller.pid());
+    let quiet_idle = quiet_retry(&admin, "idle").await?;
+    println!("quiet retry on an idle controller: {quiet_idle:.2} s");
+
+    // Every WorkflowRetry's end, as a watch of all namespaces sees it.
+    let ends: Ends = Arc::default();
+    let watching = {
+        let (ends, api) = (ends.clone(), Api::<WorkflowRetry>::all(admin.clone()));
+        tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default()).boxed();
+            while let Some(event) = stream.next().await {
+                if let Ok(Event::Apply(o) | Event::InitApply(o)) = event {
+                    let status = o.status.clone().unwrap_or_default();
+                    let ended = status
+                        .phase
+                        .is_some_and(RetryPhase::is_finished)
+                        .then(Timestamp::now);
+                    let real = o
+                        .spec
+                        .workflow_name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("real-"));
+                    let created = o.creation_timestamp().map_or_else(Timestamp::now, |t| t.0);
+                    let mut ends = ends.lock().unwrap();
+                    let entry = ends.entry(o.uid().unwrap_or_default()).or_insert(Asked {
+                        created,
+                        ended: None,
+                        real,
+                    });
+                    if entry.ended.is_none() {
+                        entry.ended = ended;
+                    }
+                }
+            }
+        })
+    };
+
+    let start = Instant::now();
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let sampling = {
+        let (ends, samples, pid) = (ends.clone(), samples.clone(), controller.pid());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let (asked, ended) = {
+                    let ends = ends.lock().unwrap();
+                    (
+                        ends.len(),
+                        ends.values().filter(|e| e.ended.is_some()).count(),
+                    )
+                };
+                samples.lock().unwrap().push(Sample {
+                    second: start.elapsed().as_secs_f64(),
+                    asked,
+                    ended,
+                    rss_mib: current_rss_mib(pid),
+                });
+            }
+        })
+    };
+    println!(
+        "load: {} namespaces, one WorkflowRetry a second each, for {} s",
+        args.tenants, args.seconds
+    );
+    let load = {
+        let (admin, tenants, a) = (admin.clone(), tenants.clone(), args.clone());
+        tokio::spawn(async move { ask_every_second(admin, tenants, &a).await })
+    };
+    tokio::time::sleep(Duration::from_secs(args.seconds as u64 / 2)).await;
+    let quiet_during = quiet_retry(&admin, "during").await?;
+    println!("quiet retry during the load: {quiet_during:.2} s");
+    let asked = load.await??;
+    let load_end = start.elapsed();
+    let quiet_after = quiet_retry(&admin, "after").await?;
+    println!("quiet retry as the load stops: {quiet_after:.2} s");
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let drained = loop {
+        let (seen, open) = {
+            let ends = ends.lock().unwrap();
+            (
+                ends.len(),
+                ends.values().filter(|e| e.ended.is_none()).count(),
+            )
+        };
+        if seen >= asked && open == 0 {
+            break start.elapsed() - load_end;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{open} requests had not ended 15 minutes after the load"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!(
+        "every request ended {:.1} s after the load",
+        drained.as_secs_f64()
+    );
+    sampling.abort();
+    watching.abort();
+    let peak_rss_mib = rss(&controller);
+    controller.stop()?;
+
+    let real: Vec<f64> = ends
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|e| e.real)
+        .filter_map(|a| a.ended.map(|e| audit::seconds(a.created, e)))
+        .collect();
+    let requests = audit::read(&cluster.audit_log_path().context("the audit log")?)?;
+    let writes: Vec<_> = requests
+        .iter()
+        .filter(|r| r.user == CONTROLLER_NAME && r.is_mutating())
+        .collect();
+    let results = Results {
+        date: Timestamp::now().strftime("%Y-%m-%d").to_string(),
+        quiet_idle_seconds: quiet_idle,
+        quiet_during_seconds: quiet_during,
+        quiet_after_seconds: quiet_after,
+        asked,
+        real_asked: real.len(),
+        real_end_p50_seconds: stats::median(real.clone()),
+        real_end_max_seconds: real.iter().copied().fold(0.0, f64::max),
+        drained_seconds: drained.as_secs_f64(),
+        peak_rss_mib,
+        idle_rss_mib,
+        writes_busiest_second: audit::busiest_second(writes.iter().copied()),
+        writes_by_verb: audit::by_verb(writes.iter().copied()),
+        samples: samples.lock().unwrap().clone(),
+        args,
+    };
+    write(&results)?;
+    Ok(())
+}
+
+/// Creates one WorkflowRetry a second in every namespace; returns how many it created.
+async fn ask_every_second(
+    admin: kube::Client,
+    tenants: Vec<String>,
+    args: &Args,
+) -> anyhow::Result<usize> {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut asked = 0;
+    for second in 0..args.seconds {
+        tick.tick().await;
+        let target = match second % args.real_every {
+            0 => format!("real-{}", second / args.real_every),
+            _ => format!("missing-{second}"),
+        };
+        let created = futures::stream::iter(tenants.clone())
+            .map(|tenant| {
+                let api: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &tenant);
+                let object = WorkflowRetry::new(
+                    &format!("ask-{second:04}"),
+                    WorkflowRetrySpec {
+                        workflow_name: Some(target.clone()),
+                        ..Default::default()
+                    },
+                );
+                async move { api.create(&PostParams::default(), &object).await }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await
+            .context("creating the second's WorkflowRetries")?;
+        asked += created.len();
+    }
+    Ok(asked)
+}
+
+/// Retries the quiet namespace's workflow `name` by annotation: seconds from the ask to its end.
+async fn quiet_retry(admin: &kube::Client, name: &str) -> anyhow::Result<f64> {
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), QUIET);
+    let token = "1";
+    let asked = Instant::now();
+    let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
+    workflows
+        .patch_metadata(name, &Default::default(), &kube::api::Patch::Merge(&patch))
+        .await?;
+    loop {
+        let wf = workflows.get(name).await?;
+        let on_workflow = wf.metadata.annotations.clone().unwrap_or_default();
+        if let Ok(Some(status)) = request::status_of(&on_workflow, token)
+            && status.phase.is_finished()
+        {
+            ensure!(
+                status.phase == RetryPhase::Succeeded,
+                "the quiet retry of {name} ended {status:?}"
+            );
+            return Ok(asked.elapsed().as_secs_f64());
+        }
+        ensure!(
+            asked.elapsed() < Duration::from_secs(900),
+            "the quiet retry of {name} did not end in 15 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The process's resident memory now, in MiB (0 if it cannot be read).
+fn current_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn write(results: &Results) -> anyhow::Result<()> {
+    let dir = Path::new(RESULTS);
+    let name = &results.args.out;
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    std::fs::write(dir.join(format!("{name}.md")), markdown(results))?;
+    draw(results, &dir.join(format!("{name}.png")))?;
+    println!("{}", markdown(results));
+    println!("Written: {RESULTS}/{name}.json, .md, .png");
+    Ok(())
+}
+
+fn markdown(r: &Results) -> String {
+    let a = &r.args;
+    let ratio = |s: f64| s / r.quiet_idle_seconds;
+    format!(
+        "# Many tenants at once ({date})\n\n\
+         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e} --quiet-pods {q} --qps {qps} --burst {b} --out {out}`\n\n\
+         {t} namespaces each created one WorkflowRetry a second for {s} s ({asked} in all): one in {e} named a real \
+         failed workflow of {REAL_PODS} pods ({real} such), the others a workflow that does not exist. A quiet namespace \
+         retried a {q}-pod workflow by annotation on the idle controller, in the middle of the load and as it stopped. \
+         The controller: the release binary, its defaults but for a write budget of {qps} QPS, burst {b}.\n\n\
+         | measure | value |\n|---|---:|\n\
+         | quiet retry, idle controller | {idle:.2} s |\n\
+         | quiet retry, mid-load | {during:.2} s ({rd:.2}x idle) |\n\
+         | quiet retry, as the load stops | {after:.2} s ({ra:.2}x idle) |\n\
+         | real retries, ask to end, median | {rp:.1} s |\n\
+         | real retries, ask to end, slowest | {rm:.1} s |\n\
+         | every request ended, after the load's last ask | {drained:.1} s |\n\
+         | controller RSS idle / peak | {irss:.1} / {prss:.1} MiB |\n\
+         | controller writes, busiest second (audit log; budget allows qps + burst = {allowed}) | {busiest} |\n\
+         | controller writes by verb | {verbs} |\n\n\
+         The plot ({out}.png): requests asked and not yet ended, and the controller's RSS, each second.\n",
+        date = r.date,
+        t = a.tenants,
+        s = a.seconds,
+        e = a.real_every,
+        q = a.quiet_pods,
+        qps = a.qps,
+        b = a.burst,
+        out = a.out,
+        asked = r.asked,
+        real = r.real_asked,
+        idle = r.quiet_idle_seconds,
+        during = r.quiet_during_seconds,
+        rd = ratio(r.quiet_during_seconds),
+        after = r.quiet_after_seconds,
+        ra = ratio(r.quiet_after_seconds),
+        rp = r.real_end_p50_seconds,
+        rm = r.real_end_max_seconds,
+        drained = r.drained_seconds,
+        irss = r.idle_rss_mib,
+        prss = r.peak_rss_mib,
+        allowed = a.qps + a.burst,
+        busiest = r.writes_busiest_second,
+        verbs = r
+            .writes_by_verb
+            .iter()
+            .map(|(v, n)| format!("{v} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    )
+}
+
+fn draw(r: &Results, path: &Path) -> anyhow::Result<()> {
+    font::register()?;
+    let root = BitMapBackend::new(path, (1000, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(500);
+    let end = r.samples.last().map_or(1.0, |s| s.second);
+    let backlog = r
+        .samples
+        .iter()
+        .map(|s| (s.second, (s.asked - s.ended) as f64));
+    let top = r
+        .samples
+        .iter()
+        .map(|s| (s.asked - s.ended) as f64)
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&left)
+        .caption("requests asked, not ended", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..end, 0.0..top * 1.1)?;
+    chart.configure_mesh().x_desc("seconds").draw()?;
+    chart.draw_series(LineSeries::new(backlog, &BLUE))?;
+    let rss_top = r.samples.iter().map(|s| s.rss_mib).fold(64.0, f64::max);
+    let mut chart = ChartBuilder::on(&right)
+        .caption("controller RSS (MiB; line: 64)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..end, 0.0..rss_top * 1.1)?;
+    chart.configure_mesh().x_desc("seconds").draw()?;
+    chart.draw_series(LineSeries::new(
+        r.samples.iter().map(|s| (s.second, s.rss_mib)),
+        &RED,
+    ))?;
+    chart.draw_series(LineSeries::new([(0.0, 64.0), (end, 64.0)], &BLACK))?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}

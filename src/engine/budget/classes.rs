@@ -1,0 +1,278 @@
+//! Priority between kinds of work: which waiting request takes a bucket's next token.
+//!
+//! The flows (see `flows`) let at most one request per flow wait for a token; this line
+//! orders those waiters by [`Priority`], first come first served inside a priority, and lets
+//! one waiter at a time into the token bucket. The choice is made when a token is about to be
+//! taken, not when a request began to wait: a retry's write that arrives while a thousand
+//! reports wait goes next. A lower priority is never starved: while it waits, it takes at
+//! least one token in [`FLOOR`] + 1.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::oneshot;
+
+/// What a request is for, most urgent first; set for a task with [`with_priority`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    /// Work a person waits for: a retry's reads, deletes, reset and status (the default).
+    Retry,
+    /// Work nobody waits for: pod garbage collection.
+    Background,
+    /// Words about work, best effort: Events, notes that a request waits. A caller bounds its
+    /// wait and drops the write past it (see [`crate::retry::report`]).
+    Report,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::Retry, Priority::Background, Priority::Report];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Retry => "retry",
+            Priority::Background => "background",
+            Priority::Report => "report",
+        }
+    }
+}
+
+tokio::task_local! {
+    static PRIORITY: Priority;
+}
+
+/// Runs `work` with its API requests at `priority`.
+pub async fn with_priority<F: Future>(priority: Priority, work: F) -> F::Output {
+    PRIORITY.scope(priority, work).await
+}
+
+/// The priority of the current task's requests ([`Priority::Retry`] unless it set one).
+pub(super) fn priority() -> Priority {
+    PRIORITY.try_with(|p| *p).unwrap_or(Priority::Retry)
+}
+
+/// Tokens a more urgent priority may take in a row while a less urgent one waits.
+pub(super) const FLOOR: u32 = 10;
+
+/// The line in front of one bucket; see the module's comment.
+#[derive(Default)]
+pub(super) struct Line {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// A waiter is in the bucket (or on its way to it).
+    busy: bool,
+    waiting: [VecDeque<Waiter>; 3],
+    /// Tokens given to a more urgent priority while this one waited, since its last.
+    passed_over: [u32; 3],
+    next_id: u64,
+}
+
+struct Waiter {
+    id: u64,
+    go: oneshot::Sender<()>,
+}
+
+/// The right to take the bucket's next token; dropping it lets the next waiter in.
+pub(super) struct Pass {
+    state: Arc<Mutex<State>>,
+}
+
+impl Line {
+    /// Waits until it is this request's turn, at `priority`, to take a token.
+    pub(super) async fn enter(&self, priority: Priority) -> Pass {
+        let (id, go) = {
+            let mut state = lock(&self.state);
+            if !state.busy {
+                state.busy = true;
+                return Pass {
+                    state: self.state.clone(),
+                };
+            }
+            let id = state.next_id;
+            state.next_id += 1;
+            let (go, gone) = oneshot::channel();
+            state.waiting[priority.index()].push_back(Waiter { id, go });
+            (id, gone)
+        };
+        let mut waiting = Waiting {
+            state: &self.state,
+            id,
+            priority,
+            armed: true,
+        };
+        // The sender is dropped only after it sent: a waiter is removed from the line
+        // either by `next` (which sends) or by `Waiting`'s drop.
+        let _ = go.await;
+        waiting.armed = false;
+        Pass {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Waiters in the line, for tests.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        lock(&self.state).waiting.iter().map(VecDeque::len).sum()
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl State {
+    /// Hands the bucket to the next waiter, or marks it free.
+    fn next(&mut self) {
+        let chosen = Priority::ALL
+            .iter()
+            .rev()
+            .find(|p| self.passed_over[p.index()] >= FLOOR && !self.waiting[p.index()].is_empty())
+            .or_else(|| {
+                Priority::ALL
+                    .iter()
+                    .find(|p| !self.waiting[p.index()].is_empty())
+            })
+            .copied();
+        let Some(chosen) = chosen else {
+            self.busy = false;
+            return;
+        };
+        for p in Priority::ALL {
+            if p == chosen || self.waiting[p.index()].is_empty() {
+                continue;
+            }
+            if p > chosen {
+                self.passed_over[p.index()] += 1;
+            }
+        }
+        self.passed_over[chosen.index()] = 0;
+        let waiter = self.waiting[chosen.index()]
+            .pop_front()
+            .expect("the chosen priority has a waiter");
+        // A waiter whose future was dropped after this removal holds the bucket until its
+        // `Waiting` drop passes it on, so the send's result does not matter here.
+        let _ = waiter.go.send(());
+        self.busy = true;
+    }
+}
+
+/// A waiter in the line; dropped before its turn came, it leaves the line, and dropped
+/// after, it passes the turn on.
+struct Waiting<'a> {
+    state: &'a Mutex<State>,
+    id: u64,
+    priority: Priority,
+    armed: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = lock(self.state);
+        let line = &mut state.waiting[self.priority.index()];
+        match line.iter().position(|w| w.id == self.id) {
+            Some(at) => {
+                line.remove(at);
+            }
+            // Its turn came as it was dropped: the next waiter's, then.
+            None => state.next(),
+        }
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        lock(&self.state).next();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// Grants in the order they happen, each waiter holding the bucket for `hold`.
+    async fn order(arrivals: Vec<(Priority, &'static str)>, hold: Duration) -> Vec<&'static str> {
+        let line = Arc::new(Line::default());
+        let first = line.enter(Priority::Retry).await;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (priority, name) in arrivals {
+            let (line, log) = (line.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                let _pass = line.enter(priority).await;
+                log.lock().unwrap().push(name);
+                tokio::time::sleep(hold).await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        drop(first);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        log.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_more_urgent_waiter_goes_first_then_first_come_first_served() {
+        use Priority::*;
+        let got = order(
+            vec![
+                (Report, "r1"),
+                (Background, "b1"),
+                (Retry, "u1"),
+                (Retry, "u2"),
+            ],
+            Duration::from_millis(1),
+        )
+        .await;
+        assert_eq!(got, ["u1", "u2", "b1", "r1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_less_urgent_waiter_gets_a_token_in_every_floor_plus_one() {
+        use Priority::*;
+        let mut arrivals = vec![(Report, "report")];
+        arrivals.extend(std::iter::repeat_n((Retry, "retry"), 12));
+        let got = order(arrivals, Duration::from_millis(1)).await;
+        let at = got.iter().position(|n| *n == "report").unwrap();
+        assert_eq!(at, FLOOR as usize, "{got:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_dropped_before_or_at_its_turn_never_stalls_the_line() {
+        let line = Arc::new(Line::default());
+        let first = line.enter(Priority::Retry).await;
+        let gone = {
+            let line = line.clone();
+            tokio::spawn(async move { line.enter(Priority::Retry).await })
+        };
+        tokio::task::yield_now().await;
+        let next = {
+            let line = line.clone();
+            tokio::spawn(async move { drop(line.enter(Priority::Report).await) })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(line.waiting(), 2);
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(line.waiting(), 1, "an aborted waiter leaves the line");
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(1), next)
+            .await
+            .expect("the next waiter got its turn")
+            .unwrap();
+        // Free again: the next comer enters at once.
+        tokio::time::timeout(Duration::from_millis(1), line.enter(Priority::Report))
+            .await
+            .expect("the line is free");
+    }
+}
