@@ -51,6 +51,8 @@ struct Args {
     quiet_pods: usize,
     qps: u32,
     burst: u32,
+    read_qps: u32,
+    read_burst: u32,
     out: String,
 }
 
@@ -62,6 +64,8 @@ fn args() -> anyhow::Result<Args> {
         quiet_pods: 200,
         qps: 20,
         burst: 30,
+        read_qps: 50,
+        read_burst: 100,
         out: "tenants".into(),
     };
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -74,9 +78,11 @@ fn args() -> anyhow::Result<Args> {
             "--quiet-pods" => args.quiet_pods = value()?.parse()?,
             "--qps" => args.qps = value()?.parse()?,
             "--burst" => args.burst = value()?.parse()?,
+            "--read-qps" => args.read_qps = value()?.parse()?,
+            "--read-burst" => args.read_burst = value()?.parse()?,
             "--out" => args.out = value()?,
             other => bail!(
-                "unknown flag {other}; flags: --tenants --seconds --real-every --quiet-pods --qps --burst --out"
+                "unknown flag {other}; flags: --tenants --seconds --real-every --quiet-pods --qps --burst --read-qps --read-burst --out"
             ),
         }
     }
@@ -182,6 +188,10 @@ async fn main() -> anyhow::Result<()> {
             args.qps.to_string(),
             "--burst".into(),
             args.burst.to_string(),
+            "--read-qps".into(),
+            args.read_qps.to_string(),
+            "--read-burst".into(),
+            args.read_burst.to_string(),
             "--argo-configmap".into(),
             String::new(),
         ],
@@ -425,11 +435,11 @@ fn markdown(r: &Results) -> String {
     let ratio = |s: f64| s / r.quiet_idle_seconds;
     format!(
         "# Many tenants at once ({date})\n\n\
-         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e} --quiet-pods {q} --qps {qps} --burst {b} --out {out}`\n\n\
+         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb} --out {out}`\n\n\
          {t} namespaces each created one WorkflowRetry a second for {s} s ({asked} in all): one in {e} named a real \
          failed workflow of {REAL_PODS} pods ({real} such), the others a workflow that does not exist. A quiet namespace \
          retried a {q}-pod workflow by annotation on the idle controller, in the middle of the load and as it stopped. \
-         The controller: the release binary, its defaults but for a write budget of {qps} QPS, burst {b}.\n\n\
+         The controller: the release binary, its defaults but for its budget: writes {qps} QPS, burst {b}; reads {rq} QPS, burst {rb}.\n\n\
          | measure | value |\n|---|---:|\n\
          | quiet retry, idle controller | {idle:.2} s |\n\
          | quiet retry, mid-load | {during:.2} s ({rd:.2}x idle) |\n\
@@ -448,6 +458,8 @@ fn markdown(r: &Results) -> String {
         q = a.quiet_pods,
         qps = a.qps,
         b = a.burst,
+        rq = a.read_qps,
+        rb = a.read_burst,
         out = a.out,
         asked = r.asked,
         real = r.real_asked,

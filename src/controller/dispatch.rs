@@ -363,7 +363,9 @@ impl Dispatcher {
                 uid,
                 &workflowretry_token(uid),
             );
-            let serving = workflowretry::serve(&self.ctx, &object, &self.shutdown);
+            // Boxed: a request's future is large, and unboxed it overflowed a worker's stack
+            // in a debug build.
+            let serving = Box::pin(workflowretry::serve(&self.ctx, &object, &self.shutdown));
             let outcome = match guarded(on_behalf_of(asker.asker().into(), serving)).await {
                 Ok(outcome) => outcome,
                 Err(panic) => {

@@ -314,6 +314,13 @@ impl<B> tower::retry::Policy<http::Request<kube::client::Body>, http::Response<B
 /// retry-batch.md).
 pub const DEFAULT_MAX_BULK_IN_FLIGHT: usize = 2;
 
+/// The most pods a DeleteCollection may select and go without a bulk slot: the slots bound
+/// the deletions one write token sets going inside the API server, and these few cost it no
+/// more than a second of single deletes at the default budget. Under many tenants' small
+/// retries, each waiting for one of a few slots took seconds of every retry's time, a quiet
+/// tenant's large one included.
+pub const SMALL_BULK: usize = 20;
+
 /// The clients a worker sends with: `client` for the list that re-proves a
 /// bulk delete, `delete` (see [`delete_client`]) for every delete, bulk ones
 /// as `bulk_slots` lets them.
@@ -408,8 +415,8 @@ pub async fn run(
             };
             // Waited for in the turn, so the next bulk delete to start is the
             // queue's next (its turns between requests), not any worker's.
-            let bulk_slot = match lease.item.work {
-                DeleteWork::Bulk { .. } => {
+            let bulk_slot = match &lease.item.work {
+                DeleteWork::Bulk { pods, .. } if pods.len() > SMALL_BULK => {
                     Some(clients.bulk_slots.acquire(lease.request.lane()).await)
                 }
                 _ => None,
@@ -425,7 +432,11 @@ pub async fn run(
         };
         let work = async {
             let leased = std::time::Instant::now();
-            let token = budget.take_write_token(&lease.item.namespace).await;
+            // A bulk delete holds its slot: it takes its token ahead of the line.
+            let token = match bulk_slot.is_some() {
+                true => budget.take_write_token_ahead(&lease.item.namespace).await,
+                false => budget.take_write_token(&lease.item.namespace).await,
+            };
             // Where an item's time went before it was sent, for whoever asks why one
             // request waited.
             debug!(request = %lease.request, token_ms = leased.elapsed().as_millis() as u64, "delete work sent");

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::argo::workflow::{Workflow, labels};
+use crate::engine::budget::{Priority, with_priority};
 use crate::engine::fault::{self, api_code};
 use crate::protocol::crd::{
     AskedBy, AskedRequest, RetryTarget, WorkflowRetry, WorkflowRetryStatus,
@@ -194,7 +195,14 @@ pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationTok
     };
     ctx.metrics
         .observe_retry(ending.metric_label(), started.elapsed());
-    end(&mut status, &ending).await
+    // A request that failed, most often refused at once (its workflow missing, a bad spec),
+    // is answered after every retry's work: a namespace's burst of refusals costs its own
+    // turns at that priority, and never a retry's.
+    let priority = match (&ending, &result) {
+        (Ending::Failed(_), Err(_)) => Priority::Answer,
+        _ => Priority::Retry,
+    };
+    with_priority(priority, end(&mut status, &ending)).await
 }
 
 /// Reports `ending`; the status to write still if it ended unrecorded.

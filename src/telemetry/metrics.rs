@@ -386,7 +386,7 @@ impl Metrics {
         let priority_tokens = register(
             registry,
             "api_priority_tokens",
-            "Tokens taken from each budget bucket by the priority of the work they served (retry, background, report)",
+            "Tokens taken from each budget bucket by the priority of the work they served (retry, answer, background, report)",
             at_zero(
                 Family::default(),
                 &BUCKETS
@@ -877,7 +877,7 @@ mod tests {
                 "# TYPE rewind_api_token_wait_seconds counter",
                 "# HELP rewind_api_tokens Tokens taken from each budget bucket (one per API request sent), by bucket.",
                 "# TYPE rewind_api_tokens counter",
-                "# HELP rewind_api_priority_tokens Tokens taken from each budget bucket by the priority of the work they served (retry, background, report).",
+                "# HELP rewind_api_priority_tokens Tokens taken from each budget bucket by the priority of the work they served (retry, answer, background, report).",
                 "# TYPE rewind_api_priority_tokens counter",
                 "# HELP rewind_events_dropped Events not published because the write budget was short (Events are best effort).",
                 "# TYPE rewind_events_dropped counter",

@@ -17,6 +17,9 @@ use tokio::sync::oneshot;
 pub enum Priority {
     /// Work a person waits for: a retry's reads, deletes, reset and status (the default).
     Retry,
+    /// The answer to a request that failed, most often at once (its workflow missing, a bad
+    /// spec): after every retry's work, so a burst of refusals never delays a retry.
+    Answer,
     /// Work nobody waits for: pod garbage collection.
     Background,
     /// Words about work, best effort: Events, notes that a request waits. A caller bounds its
@@ -25,7 +28,12 @@ pub enum Priority {
 }
 
 impl Priority {
-    pub const ALL: [Priority; 3] = [Priority::Retry, Priority::Background, Priority::Report];
+    pub const ALL: [Priority; 4] = [
+        Priority::Retry,
+        Priority::Answer,
+        Priority::Background,
+        Priority::Report,
+    ];
 
     fn index(self) -> usize {
         self as usize
@@ -34,6 +42,7 @@ impl Priority {
     pub fn as_str(self) -> &'static str {
         match self {
             Priority::Retry => "retry",
+            Priority::Answer => "answer",
             Priority::Background => "background",
             Priority::Report => "report",
         }
@@ -67,9 +76,12 @@ pub(super) struct Line {
 struct State {
     /// A waiter is in the bucket (or on its way to it).
     busy: bool,
-    waiting: [VecDeque<Waiter>; 3],
+    /// Waiters that hold a scarce slot (see [`Line::enter_ahead`]), served before any
+    /// priority.
+    ahead: VecDeque<Waiter>,
+    waiting: [VecDeque<Waiter>; 4],
     /// Tokens given to a more urgent priority while this one waited, since its last.
-    passed_over: [u32; 3],
+    passed_over: [u32; 4],
     next_id: u64,
 }
 
@@ -86,6 +98,18 @@ pub(super) struct Pass {
 impl Line {
     /// Waits until it is this request's turn, at `priority`, to take a token.
     pub(super) async fn enter(&self, priority: Priority) -> Pass {
+        self.wait(Some(priority)).await
+    }
+
+    /// Waits for the next token before any priority: for a request that holds a slot few
+    /// others can have (a DeleteCollection's), so the slot is not held while the line moves.
+    /// Their number is bounded by those slots.
+    pub(super) async fn enter_ahead(&self) -> Pass {
+        self.wait(None).await
+    }
+
+    /// Waits in `priority`'s line, or ahead of them all.
+    async fn wait(&self, priority: Option<Priority>) -> Pass {
         let (id, go) = {
             let mut state = lock(&self.state);
             if !state.busy {
@@ -97,7 +121,7 @@ impl Line {
             let id = state.next_id;
             state.next_id += 1;
             let (go, gone) = oneshot::channel();
-            state.waiting[priority.index()].push_back(Waiter { id, go });
+            state.line(priority).push_back(Waiter { id, go });
             (id, gone)
         };
         let mut waiting = Waiting {
@@ -127,8 +151,21 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl State {
+    fn line(&mut self, priority: Option<Priority>) -> &mut VecDeque<Waiter> {
+        match priority {
+            Some(priority) => &mut self.waiting[priority.index()],
+            None => &mut self.ahead,
+        }
+    }
+
     /// Hands the bucket to the next waiter, or marks it free.
     fn next(&mut self) {
+        if let Some(waiter) = self.ahead.pop_front() {
+            // See the send below.
+            let _ = waiter.go.send(());
+            self.busy = true;
+            return;
+        }
         let chosen = Priority::ALL
             .iter()
             .rev()
@@ -167,7 +204,8 @@ impl State {
 struct Waiting<'a> {
     state: &'a Mutex<State>,
     id: u64,
-    priority: Priority,
+    /// `None` when waiting ahead of the priorities.
+    priority: Option<Priority>,
     armed: bool,
 }
 
@@ -177,7 +215,7 @@ impl Drop for Waiting<'_> {
             return;
         }
         let mut state = lock(self.state);
-        let line = &mut state.waiting[self.priority.index()];
+        let line = state.line(self.priority);
         match line.iter().position(|w| w.id == self.id) {
             Some(at) => {
                 line.remove(at);
@@ -274,5 +312,34 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(1), line.enter(Priority::Report))
             .await
             .expect("the line is free");
+    }
+}
+
+#[cfg(test)]
+mod ahead {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_holder_goes_before_every_priority() {
+        let line = Arc::new(Line::default());
+        let first = line.enter(Priority::Retry).await;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (ahead, name) in [(false, "retry"), (true, "slot")] {
+            let (line, log) = (line.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                let _pass = match ahead {
+                    true => line.enter_ahead().await,
+                    false => line.enter(Priority::Retry).await,
+                };
+                log.lock().unwrap().push(name);
+            }));
+            tokio::task::yield_now().await;
+        }
+        drop(first);
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(*log.lock().unwrap(), ["slot", "retry"]);
     }
 }

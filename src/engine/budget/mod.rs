@@ -39,7 +39,8 @@ pub struct BudgetConfig {
     /// GET, LIST and WATCH (defaults: 50 QPS, burst 100).
     pub reads: Rate,
     /// Requests in flight at once (watches, which stay open, are not counted); fewer for a
-    /// while after the server throttled (see `slots`).
+    /// while after the server throttled (see `slots`), and a few more for delete workers'
+    /// writes whose token is in hand.
     pub workers: NonZeroUsize,
     /// The longest pause a Retry-After can order, against a bogus header stopping us for hours
     /// (API Priority and Fairness asks for at most 32 s).
@@ -203,7 +204,7 @@ impl Budget {
 
     /// Requests in flight now (watches not counted).
     pub fn in_flight(&self) -> usize {
-        self.inner.slots.held()
+        self.inner.slots.in_use()
     }
 
     /// Waits for a write token, in `flow` (a namespace) at the task's priority and for its
@@ -218,6 +219,35 @@ impl Budget {
                 tokio::time::sleep_until(until).await;
             }
             self.take(Bucket::Write).await;
+            if self.inner.flows.paused_until(flow).is_none() {
+                break;
+            }
+        }
+        self.inner
+            .observer
+            .token_wait(Bucket::Write, start.elapsed());
+        WriteToken(())
+    }
+
+    /// Waits for a write token ahead of every priority and turn, for a request that holds a
+    /// slot few others can have (a DeleteCollection's: see `engine::workers`), spent with
+    /// [`WriteToken::spend_on`]. Such a request already waited its turn for the slot; waiting
+    /// again for its namespace's turn would hold the slot while every other namespace's
+    /// writes go first, and the bulk deletes of all tenants behind it. Those waiting so are
+    /// as many as the slots.
+    pub async fn take_write_token_ahead(&self, flow: &str) -> WriteToken {
+        let start = tokio::time::Instant::now();
+        loop {
+            while let Some(until) = self.inner.flows.paused_until(flow) {
+                tokio::time::sleep_until(until).await;
+            }
+            {
+                let _pass = self.inner.lines[Bucket::Write.index()].enter_ahead().await;
+                self.bucket(Bucket::Write).acquire().await;
+                self.inner
+                    .observer
+                    .token_taken(Bucket::Write, classes::priority());
+            }
             if self.inner.flows.paused_until(flow).is_none() {
                 break;
             }
@@ -278,6 +308,7 @@ impl Budget {
         };
         let slot = match verb {
             Verb::Watch => None,
+            _ if prepaid => Some(self.inner.slots.acquire_now().await),
             _ => Some(self.inner.slots.acquire().await),
         };
         // A token taken ahead was taken before any pause that began since (while this request

@@ -13,10 +13,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Request slots, at most `max` and at least one.
+/// Slots beyond the cap for writes whose token is in hand (see [`Slots::acquire_now`]).
+pub(super) const RESERVED: usize = 4;
+
+/// Request slots, at most `max` and at least one, and [`RESERVED`] more for writes sent now.
 #[derive(Debug)]
 pub(super) struct Slots {
     semaphore: Arc<Semaphore>,
+    reserve: Arc<Semaphore>,
     max: usize,
     state: Mutex<State>,
 }
@@ -40,12 +44,15 @@ struct State {
 pub(super) struct Slot {
     permit: OwnedSemaphorePermit,
     round: u64,
+    /// Taken from the reserve: it neither shrinks nor grows the cap.
+    reserved: bool,
 }
 
 impl Slots {
     pub(super) fn new(max: usize) -> Self {
         Slots {
             semaphore: Arc::new(Semaphore::new(max)),
+            reserve: Arc::new(Semaphore::new(RESERVED)),
             max,
             state: Mutex::new(State {
                 limit: max,
@@ -62,11 +69,33 @@ impl Slots {
             .acquire_owned()
             .await
             .expect("the slots semaphore is never closed");
+        self.held(permit, false)
+    }
+
+    /// A slot for a write whose token is in hand (a delete worker's, see
+    /// `Budget::take_write_token`): from the cap if one is free, else from the reserve,
+    /// whichever comes first. Such a write was chosen to go now, and a bulk delete's proof
+    /// ages while it waits (`engine::workers::MAX_PROOF_AGE`): behind every queued read for
+    /// a slot of the cap, under load, it expired before its send.
+    pub(super) async fn acquire_now(&self) -> Slot {
+        let (permit, reserved) = tokio::select! {
+            biased;
+            permit = Arc::clone(&self.semaphore).acquire_owned() => (permit, false),
+            permit = Arc::clone(&self.reserve).acquire_owned() => (permit, true),
+        };
+        self.held(
+            permit.expect("the slots semaphores are never closed"),
+            reserved,
+        )
+    }
+
+    fn held(&self, permit: OwnedSemaphorePermit, reserved: bool) -> Slot {
         let mut state = self.state();
         state.held += 1;
         Slot {
             permit,
             round: state.round,
+            reserved,
         }
     }
 
@@ -75,6 +104,9 @@ impl Slots {
     pub(super) fn release(&self, slot: Slot, throttled: bool, succeeded: bool) {
         let mut state = self.state();
         state.held -= 1;
+        if slot.reserved {
+            return;
+        }
         if throttled && slot.round == state.round {
             let shrunk = (state.limit / 2).max(1);
             let cut = state.limit - shrunk;
@@ -102,7 +134,7 @@ impl Slots {
     }
 
     /// Requests holding a slot now.
-    pub(super) fn held(&self) -> usize {
+    pub(super) fn in_use(&self) -> usize {
         self.state().held
     }
 
@@ -125,13 +157,13 @@ mod tests {
     async fn a_throttled_round_halves_the_cap_once() {
         let slots = Slots::new(32);
         let held: Vec<Slot> = futures::future::join_all((0..32).map(|_| slots.acquire())).await;
-        assert_eq!(slots.held(), 32);
+        assert_eq!(slots.in_use(), 32);
         // Every request of the round is rejected: one signal, one halving.
         for slot in held {
             slots.release(slot, true, false);
         }
         assert_eq!(slots.limit(), 16);
-        assert_eq!(slots.held(), 0);
+        assert_eq!(slots.in_use(), 0);
         assert_eq!(slots.semaphore.available_permits(), 16);
         // A request sent under the new cap and throttled halves it again.
         let slot = slots.acquire().await;
@@ -155,7 +187,7 @@ mod tests {
             slots.release(slot, false, true);
         }
         assert_eq!(slots.semaphore.available_permits(), 4);
-        assert_eq!(slots.held(), 0);
+        assert_eq!(slots.in_use(), 0);
     }
 
     #[tokio::test]
@@ -178,5 +210,29 @@ mod tests {
         let slot = slots.acquire().await;
         slots.release(slot, false, false);
         assert_eq!(slots.limit(), 4);
+    }
+}
+
+#[cfg(test)]
+mod reserve {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_write_sent_now_takes_a_reserved_slot_when_the_cap_is_full() {
+        let slots = Slots::new(2);
+        let held = [slots.acquire().await, slots.acquire().await];
+        let now: Vec<Slot> =
+            futures::future::join_all((0..RESERVED).map(|_| slots.acquire_now())).await;
+        assert!(now.iter().all(|s| s.reserved));
+        assert_eq!(slots.in_use(), 2 + RESERVED);
+        for slot in now {
+            // A reserved slot says nothing about the cap.
+            slots.release(slot, true, false);
+        }
+        assert_eq!(slots.limit(), 2);
+        for slot in held {
+            slots.release(slot, false, true);
+        }
+        assert_eq!(slots.in_use(), 0);
     }
 }

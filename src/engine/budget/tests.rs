@@ -552,8 +552,8 @@ async fn a_write_token_taken_ahead_is_spent_by_the_next_write_only() {
     assert_eq!(*recorder.tokens.lock().unwrap(), [Bucket::Write; 3]);
 }
 
-/// A worker takes its token, then waits for a slot; a 429 pauses the bucket meanwhile: the
-/// write it then sends waits for the pause to end, token or not.
+/// A worker takes its token; a 429 pauses the bucket before it sends: the write it then sends
+/// waits for the pause to end, token or not.
 #[tokio::test(start_paused = true)]
 async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
     let start = Instant::now();
@@ -579,17 +579,17 @@ async fn a_write_token_taken_before_a_pause_waits_for_the_pause_too() {
     let throttled = tokio::spawn(service.clone().oneshot(post()));
     tokio::task::yield_now().await;
     let token = budget.take_write_token("argo").await;
+    let refused = throttled.await.unwrap().unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     let answer = token
         .spend_on(service.clone().oneshot(post()))
         .await
         .unwrap();
     assert_eq!(answer.status(), StatusCode::OK);
-    let refused = throttled.await.unwrap().unwrap();
-    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         times_of(&sent, Verb::Post),
         [Duration::ZERO, Duration::from_millis(2500)],
-        "the prepaid write must wait for the pause the 429 ordered while it waited for a slot"
+        "the prepaid write must wait for the pause the 429 ordered after its token was taken"
     );
 }
 
