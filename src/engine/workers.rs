@@ -442,7 +442,11 @@ pub async fn run(
             debug!(request = %lease.request, token_ms = leased.elapsed().as_millis() as u64, "delete work sent");
             token.spend_on(execute(&clients, &queue, &lease.item)).await
         };
-        let result = match with_priority(priority, on_behalf_of(lease.request.lane(), work)).await {
+        // The asker's deletes wait in a line of their own beside its other writes (its
+        // progress, its reset): with every worker's token in one line, a request's progress
+        // waited behind up to a token per worker.
+        let deletes = format!("{} (deletes)", lease.request.lane()).into();
+        let result = match with_priority(priority, on_behalf_of(deletes, work)).await {
             Err(e) if cut_short(&lease.item.work, &e) => {
                 warn!(namespace = lease.item.namespace, work = %describe(&lease.item.work), error = %e, "bulk delete cut short; its pods will be listed again");
                 Ok(Done::Unfinished)
