@@ -66,7 +66,7 @@ pub struct DriveConfig {
 /// [`DriveConfig::settle_timeout`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnSettleTimeout {
-    /// End the request with [`UnsettledPods`], nothing of them deleted.
+    /// End the request, naming them; none of them is deleted, the workflow not reset.
     #[default]
     Fail,
     /// Delete them anyway, and say so in the request's message.
