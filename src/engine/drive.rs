@@ -538,6 +538,11 @@ impl Deletion {
         ))
     }
 
+    /// The plan's pods, by name.
+    pub fn planned(&self) -> &BTreeSet<String> {
+        self.tracker.plan()
+    }
+
     /// True when the last list showed every plan pod gone: nothing to do
     /// unless the plan grows.
     pub fn confirmed(&self) -> bool {

@@ -7,6 +7,7 @@ pub mod archived;
 pub mod cache;
 pub mod live;
 pub mod object;
+pub mod pickup;
 pub mod progress;
 pub mod report;
 pub mod workflowretry;
