@@ -153,3 +153,82 @@ pub async fn a_pod_argo_never_labels_ends_its_retry_at_the_settle_bound(
     tracing::info!(%waiting, %failed, "messages of the request waiting for Argo");
     Ok(())
 }
+
+/// A strand made by hand after a reset (what a pod deleted before Argo labelled it leads
+/// to): a reset node's new pod, as Argo re-creates it (completed=false, the node's
+/// annotations), is labelled completed=true while its node is not finished. Within the
+/// bound (`--settle-timeout`) rewind reports it: a RetryStranded Event on the workflow and
+/// the request's status message, each naming the pod and the fix.
+pub async fn a_stranded_reset_node_is_reported_with_its_fix(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const PICKUP: Duration = Duration::from_secs(20);
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 10,
+        succeeded: 2,
+    };
+    let created = dag.create(&admin, &namespace, 16, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let mut options = ctl::options(50, 50, true);
+    options.retry.settle_timeout = PICKUP;
+    let controller = ctl::start(&cluster, &namespace, options).await?;
+    let token = "strand-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, PICKUP).await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "expected the retry to succeed, its status is {status:?}"
+    );
+    let reset_at = tokio::time::Instant::now();
+
+    // Argo re-creates the reset node's pod under the same name; the label queued for the
+    // old pod lands on it.
+    let stranded = plan.pods_to_delete[3].clone();
+    let (mut pod, _) = dag
+        .pods(&created)
+        .into_iter()
+        .find(|(p, _)| p.metadata.name.as_deref() == Some(stranded.as_str()))
+        .context("the plan pod's template")?;
+    pod.metadata.uid = None;
+    pod.metadata.resource_version = None;
+    pod.labels_mut()
+        .insert(labels::COMPLETED.into(), "false".into());
+    pods.create(&Default::default(), &pod).await?;
+    let completed = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: "true"}}});
+    pods.patch(
+        &stranded,
+        &PatchParams::default(),
+        &Patch::Merge(&completed),
+    )
+    .await?;
+
+    let fix = format!(
+        "kubectl label pod -n {namespace} {stranded} workflows.argoproj.io/completed=false --overwrite"
+    );
+    ctl::wait_event_note(&cluster, &namespace, &dag.name, "RetryStranded", &fix).await?;
+    let workflows_ref = &workflows;
+    let annotation = move || async move {
+        let wf = workflows_ref.get("wf").await?;
+        Ok(ctl::status_of(&wf, token)?.map(|s| (s.phase, s.message)))
+    };
+    let message = wait_message(
+        "the request's status after the strand",
+        annotation,
+        RetryPhase::Succeeded,
+        &[stranded.as_str(), "completed=true", fix.as_str()],
+        Duration::from_secs(10),
+    )
+    .await?;
+    ensure!(
+        reset_at.elapsed() < PICKUP,
+        "the strand was reported after the bound ({PICKUP:?})"
+    );
+    controller.stop().await?;
+    tracing::info!(%message, "the strand, as the request reports it");
+    Ok(())
+}
