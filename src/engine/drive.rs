@@ -667,7 +667,7 @@ impl Deletion {
             debug!(items = pending, "delete work queued");
             // Without a watch, pods waiting for Argo are looked at again as
             // terminating ones are.
-            let mut wait_terminating = !assessment.terminating.is_empty()
+            let wait_terminating = !assessment.terminating.is_empty()
                 || (!self.settling.is_empty() && events.is_none());
             // At the bound, the next list ends the wait (see `settle`).
             let settle_bound = self
@@ -681,11 +681,9 @@ impl Deletion {
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     o = self.outcomes.recv(), if pending > 0 => o.ok_or(DeleteError::Stopped)?,
-                    // Pods on a node shut down gracefully; look again shortly.
-                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 => {
-                        wait_terminating = false;
-                        continue;
-                    }
+                    // Pods on a node shut down gracefully; look again shortly
+                    // (only then: pods waiting for Argo follow the watch).
+                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 && wait_terminating => break,
                     _ = tokio::time::sleep_until(next_tick) => {
                         next_tick = Instant::now() + self.config.tick;
                         sink.tick(&self.count()).await?;
