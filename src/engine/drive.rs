@@ -74,14 +74,16 @@ pub enum OnSettleTimeout {
 }
 
 /// The default [`DriveConfig::settle_timeout`]. Argo v4.1.4 labels finished
-/// pods from one clean-up queue per controller, rate limited to 10 a second
-/// after a burst of 100 (client-go's default controller rate limiter): a
-/// label is due within 100 + 10·s pods of the queue's backlog, so 2 minutes
-/// covers 1,300 pods finishing at once across the controller's workflows
-/// (measured: 2.7 s for one pod, 20 s for 200 of two workflows). A workflow
-/// failing with more pods than that at once is rarely retried within the
-/// minute, and a retry that reaches the bound says what to do.
-pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// pods from one clean-up queue per controller, rate limited by client-go's
+/// default controller limiter (a bucket of 10 a second after a burst of 100):
+/// 2.7 s for one pod, 20 s for 200. Under load it is slower than its rate:
+/// every workflow update queues again each finished pod not labelled yet, and
+/// each such call takes a token of the shared bucket, so the labels lag by the
+/// updates times the pods. Measured with 20 workflows of 100 pods failing at
+/// once (tests/e2e, fast-retries-20x100): labels landed up to 7 minutes after
+/// the failures, and 2 minutes failed every retry. 10 minutes leaves room
+/// above that; a request that reaches it says what to do.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The default [`DriveConfig::terminating_timeout`]: past the 30 s grace
 /// period a running pod gets and a kubelet's slow stop, short enough that a

@@ -361,9 +361,10 @@ pub struct Tuning {
     terminating_timeout: Duration,
     /// How long a planned pod of a live workflow may wait for Argo's controller to finish with
     /// it (label it workflows.argoproj.io/completed=true, which Argo does from a queue rate
-    /// limited to 10 pods a second) before --on-settle-timeout: deleted earlier, Argo's queued
-    /// label could land on the pod it re-creates under that name, whose node then stays Pending.
-    #[arg(long, default_value = "2m", value_parser = parse_timeout, env = "REWIND_SETTLE_TIMEOUT")]
+    /// limited to 10 pods a second, minutes late under load) before --on-settle-timeout:
+    /// deleted earlier, Argo's queued label could land on the pod it re-creates under that
+    /// name, whose node then stays Pending. Also how long a reset is followed for a strand.
+    #[arg(long, default_value = "10m", value_parser = parse_timeout, env = "REWIND_SETTLE_TIMEOUT")]
     settle_timeout: Duration,
     /// What a retry does with planned pods Argo has not finished with at --settle-timeout: fail,
     /// naming them and deleting none, or delete them anyway and say so.
