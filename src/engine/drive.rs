@@ -267,10 +267,11 @@ impl std::fmt::Display for HeldPod {
 /// not reset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "Argo's workflow-controller has not finished with {} after {}: {} not labelled workflows.argoproj.io/completed=true, so rewind deleted none of them and did not reset the workflow (deleting a pod before Argo labels it lets the label land on the pod Argo re-creates under that name, and its node stays Pending); check that Argo's workflow-controller runs and watches namespace {namespace} (kubectl logs of it name each pod it labels), then ask for the retry again, or run rewind with --on-settle-timeout=delete to delete such pods at the bound",
+    "Argo's workflow-controller has not finished with {} after {}: {} not labelled workflows.argoproj.io/completed=true, so rewind did not delete {} and did not reset the workflow (deleting a pod before Argo labels it lets the label land on the pod Argo re-creates under that name, and its node stays Pending); check that Argo's workflow-controller runs and watches namespace {namespace} (kubectl logs of it name each pod it labels), then ask for the retry again, or run rewind with --on-settle-timeout=delete to delete such pods at the bound",
     unsettled_pods(pods),
     seconds(*waited),
-    if pods.len() == 1 { "it is" } else { "they are" }
+    if pods.len() == 1 { "it is" } else { "they are" },
+    if pods.len() == 1 { "it" } else { "them" }
 )]
 pub struct UnsettledPods {
     /// Every plan pod still waited for, by name.
@@ -1108,6 +1109,44 @@ mod tests {
             many.contains("(and 15 more, named in the controller's log)"),
             "{many}"
         );
+    }
+
+    #[test]
+    fn pods_argo_never_labelled_are_named_with_what_is_missing_and_what_to_do() {
+        let one = UnsettledPods {
+            pods: vec!["wf-1".into()],
+            namespace: "argo".into(),
+            waited: Duration::from_secs(600),
+        }
+        .to_string();
+        assert!(
+            one.starts_with("Argo's workflow-controller has not finished with plan pod wf-1 after 10m: it is not labelled workflows.argoproj.io/completed=true, so rewind did not delete it and did not reset the workflow"),
+            "{one}"
+        );
+        assert!(one.contains("watches namespace argo"), "{one}");
+        assert!(
+            one.ends_with("--on-settle-timeout=delete to delete such pods at the bound"),
+            "{one}"
+        );
+        let many = UnsettledPods {
+            pods: (0..12).map(|i| format!("wf-{i:02}")).collect(),
+            namespace: "argo".into(),
+            waited: Duration::from_secs(90),
+        }
+        .to_string();
+        assert!(
+            many.starts_with(
+                "Argo's workflow-controller has not finished with 12 plan pods: wf-00, "
+            ),
+            "{many}"
+        );
+        assert!(
+            many.contains(
+                "(and 2 more, named in the controller's log) after 90s: they are not labelled"
+            ),
+            "{many}"
+        );
+        assert!(many.contains("did not delete them"), "{many}");
     }
 
     #[test]
