@@ -26,6 +26,7 @@ use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, workflowretry_token};
 use crate::retry::Context;
 use crate::retry::live::{self, Target};
+use crate::retry::pickup;
 use crate::retry::workflowretry::{self, Served};
 
 /// How long a note that a WorkflowRetry waits its turn may wait for the
@@ -195,6 +196,12 @@ impl Dispatcher {
         let mut delay = RETRY_BACKOFF_START;
         loop {
             match guarded(live::run(&self.ctx, target, &self.shutdown)).await {
+                Ok(Ok(live::Finished::Retried {
+                    reset: Some(reset), ..
+                })) => {
+                    self.follow(reset);
+                    return;
+                }
                 Ok(Ok(_)) => return,
                 Ok(Err(e)) => {
                     if !e.is_transient() || !self.pause(&mut delay).await {
@@ -215,6 +222,19 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// Checks, beside the requests and for `--settle-timeout`, that Argo's
+    /// controller picks `reset` up (see [`pickup`]); ends at shutdown.
+    fn follow(&self, reset: pickup::Reset) {
+        let (ctx, shutdown) = (self.ctx.clone(), self.shutdown.clone());
+        tokio::spawn(async move {
+            let bound = ctx.config.settle_timeout;
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = pickup::follow(&ctx, reset, bound) => {}
+            }
+        });
     }
 
     /// Starts serving a WorkflowRetry object, unless it is finished (its

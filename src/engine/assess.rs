@@ -23,6 +23,10 @@ pub struct Listed {
     pub workflow: Option<String>,
     /// Labelled completed=true: Argo has finished with it.
     pub completed: bool,
+    /// Labelled completed=false, as Argo creates its pods: in Argo's pod
+    /// informer (which selects completed=false), so Argo will label it
+    /// completed=true once it has finished with it (see [`Assessment::settle`]).
+    pub unsettled: bool,
     /// Carries Argo's node annotations: Argo made it.
     pub argos: bool,
     /// Being deleted (a deletion timestamp): what keeps it, for a status
@@ -44,6 +48,7 @@ impl Listed {
         Some(Listed {
             workflow: label(labels::WORKFLOW).cloned(),
             completed: label(labels::COMPLETED).is_some_and(|v| v == "true"),
+            unsettled: label(labels::COMPLETED).is_some_and(|v| v == "false"),
             argos: [labels::NODE_ID, labels::NODE_NAME].iter().any(|key| {
                 meta.annotations
                     .as_ref()
@@ -138,6 +143,39 @@ impl Assessment {
     /// True once every plan pod is gone: the reset workflow may be written.
     pub fn all_gone(&self, plan_len: usize) -> bool {
         self.gone.len() == plan_len
+    }
+
+    /// Takes out of the work the single deletes of plan pods Argo has not
+    /// finished with, and returns them (name, UID): pods `owner` (the live
+    /// workflow's UID) owns that are still labelled completed=false.
+    ///
+    /// Argo v4.1.4 labels a finished pod completed=true from a clean-up
+    /// queue keyed by the pod's name, seconds later (rate limited to 10 a
+    /// second after a burst of 100). Deleted before that, the pod is
+    /// re-created by Argo under the same name, the queued label lands on the
+    /// new pod, Argo's informer (completed=false only) drops it and its node
+    /// stays Pending for good. The label is also the patch that removes
+    /// Argo's status finalizer, where Argo sets one. A pod without the label,
+    /// or owned by nothing, is in no queue of Argo's: it does not wait. The
+    /// bulk request needs nothing here: its selectors take completed=true
+    /// pods only.
+    pub fn settle(&mut self, listed: &[Listed], owner: &str) -> BTreeMap<String, String> {
+        let unsettled: BTreeMap<&str, &str> = listed
+            .iter()
+            .filter(|p| p.unsettled && p.owners.iter().any(|o| o == owner))
+            .map(|p| (p.name.as_str(), p.uid.as_str()))
+            .collect();
+        let mut settling = BTreeMap::new();
+        self.work.retain(|work| match work {
+            DeleteWork::Pod { name, uid }
+                if unsettled.get(name.as_str()) == Some(&uid.as_str()) =>
+            {
+                settling.insert(name.clone(), uid.clone());
+                false
+            }
+            _ => true,
+        });
+        settling
     }
 }
 
@@ -658,6 +696,7 @@ mod tests {
             uid: "uid-a".into(),
             workflow: Some("wf".into()),
             completed: false,
+            unsettled: true,
             argos: true,
             terminating: Some(Box::new(Terminating {
                 since: "1970-01-01T00:00:00Z".into(),
@@ -669,7 +708,72 @@ mod tests {
         };
         assert_eq!(got, want);
         assert!(pod("wf", "b", "Failed").completed);
+        assert!(!pod("wf", "b", "Failed").unsettled);
+        let mut unlabelled = meta("wf", "c");
+        unlabelled
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(labels::COMPLETED);
+        let unlabelled = Listed::new(unlabelled, false).unwrap();
+        assert!(!unlabelled.completed && !unlabelled.unsettled);
         assert_eq!(Listed::new(ObjectMeta::default(), false), None);
+    }
+
+    /// `p` labelled completed=false (as Argo creates its pods) and owned by `owner`.
+    fn argos_unsettled(mut p: Listed, owner: &str) -> Listed {
+        p.completed = false;
+        p.unsettled = true;
+        p.argos = true;
+        p.owners = vec![owner.into()];
+        p
+    }
+
+    #[test]
+    fn plan_pods_argo_has_not_finished_with_wait_and_others_go() {
+        // "late" is the workflow's, labelled completed=false: Argo's clean-up
+        // queue will label it by name, so deleting it now could send the label
+        // to the pod Argo re-creates. "orphan" is owned by nothing and
+        // "unlabelled" carries no completed label: nothing of Argo's labels
+        // them, so they go. The bulk request is untouched (its selector takes
+        // only completed=true pods).
+        let mut orphan = argos_unsettled(pod("wf", "orphan", "Failed"), "wf-uid");
+        orphan.owners.clear();
+        let mut unlabelled = argos_unsettled(pod("wf", "unlabelled", "Failed"), "wf-uid");
+        unlabelled.unsettled = false;
+        let listed = [
+            pod("wf", "a", "Failed"),
+            pod("wf", "b", "Failed"),
+            argos_unsettled(pod("wf", "late", "Failed"), "wf-uid"),
+            orphan,
+            unlabelled,
+        ];
+        let plan = names(&["a", "b", "late", "orphan", "unlabelled"]);
+        let mut got = assess("wf", &plan, &listed, true);
+        let settling = got.settle(&listed, "wf-uid");
+        assert_eq!(
+            settling,
+            BTreeMap::from([("late".to_string(), "uid-late".to_string())])
+        );
+        let single = |n: &str| DeleteWork::Pod {
+            name: n.into(),
+            uid: format!("uid-{n}"),
+        };
+        assert_eq!(
+            got.work,
+            vec![
+                proven_by(
+                    bulk("wf", &["a", "b"]),
+                    &["a", "b", "late", "orphan", "unlabelled"]
+                ),
+                single("orphan"),
+                single("unlabelled"),
+            ]
+        );
+        // Another owner's UID (an archived retry passes none): nothing waits.
+        let mut again = assess("wf", &plan, &listed, true);
+        assert!(again.settle(&listed, "other").is_empty());
+        assert_eq!(again.work.len(), 4);
     }
 
     fn names(v: &[&str]) -> BTreeSet<String> {

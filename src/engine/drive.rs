@@ -13,7 +13,11 @@
 //! again rather than wait; a plan pod that is deleted but stays (a finalizer
 //! nobody removes, a node that does not answer) is named in the count's note
 //! after a short while and ends the deletion with [`HeldPods`] after
-//! [`DriveConfig::terminating_timeout`].
+//! [`DriveConfig::terminating_timeout`]; a plan pod Argo has not finished
+//! with (rule 8) is not deleted until Argo labels it, which the watch of
+//! the workflow's pods reports, and ends the deletion with [`UnsettledPods`]
+//! after [`DriveConfig::settle_timeout`] (or is deleted then, if
+//! [`DriveConfig::on_settle_timeout`] says so).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -32,7 +36,7 @@ use crate::engine::assess::{
     Assessment, DeleteWork, Listed, Progress, Recreated, Terminating, Tracker, split_bulk,
 };
 use crate::engine::fault;
-use crate::engine::pods::{list_workflow_pods, watch_deletions};
+use crate::engine::pods::{PodEvent, list_workflow_pods, watch_pods};
 use crate::engine::queue::Class;
 use crate::engine::workers::{Done, Outcome, RequestKey, WorkError, WorkItem};
 
@@ -52,7 +56,34 @@ pub struct DriveConfig {
     /// with [`HeldPods`]; the note names it after a tenth of this (at most
     /// [`HELD_NOTE_AFTER`]).
     pub terminating_timeout: Duration,
+    /// How long a plan pod of a live workflow may wait for Argo to finish
+    /// with it (label it completed=true) before [`DriveConfig::on_settle_timeout`].
+    pub settle_timeout: Duration,
+    pub on_settle_timeout: OnSettleTimeout,
 }
+
+/// What a deletion does with plan pods Argo has not finished with at
+/// [`DriveConfig::settle_timeout`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnSettleTimeout {
+    /// End the request, naming them; none of them is deleted, the workflow not reset.
+    #[default]
+    Fail,
+    /// Delete them anyway, and say so in the request's message.
+    Delete,
+}
+
+/// The default [`DriveConfig::settle_timeout`]. Argo v4.1.4 labels finished
+/// pods from one clean-up queue per controller, rate limited by client-go's
+/// default controller limiter (a bucket of 10 a second after a burst of 100):
+/// 2.7 s for one pod, 20 s for 200. Under load it is slower than its rate:
+/// every workflow update queues again each finished pod not labelled yet, and
+/// each such call takes a token of the shared bucket, so the labels lag by the
+/// updates times the pods. Measured with 20 workflows of 100 pods failing at
+/// once (tests/e2e, fast-retries-20x100): labels landed up to 7 minutes after
+/// the failures, and 2 minutes failed every retry. 10 minutes leaves room
+/// above that; a request that reaches it says what to do.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The default [`DriveConfig::terminating_timeout`]: past the 30 s grace
 /// period a running pod gets and a kubelet's slow stop, short enough that a
@@ -81,6 +112,8 @@ impl Default for DriveConfig {
             terminating_poll: Duration::from_millis(500),
             tick: Duration::from_secs(2),
             terminating_timeout: DEFAULT_TERMINATING_TIMEOUT,
+            settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+            on_settle_timeout: OnSettleTimeout::Fail,
         }
     }
 }
@@ -110,6 +143,8 @@ pub enum DeleteError {
     Foreign(#[from] ForeignPods),
     #[error(transparent)]
     Held(#[from] HeldPods),
+    #[error(transparent)]
+    Unsettled(#[from] UnsettledPods),
     #[error("the controller is shutting down; the request stays pending and resumes on restart")]
     Stopped,
 }
@@ -121,7 +156,10 @@ impl DeleteError {
             DeleteError::List { source, .. } => fault::is_transient(source),
             DeleteError::Work(e) => fault::is_transient(&e.source),
             DeleteError::Stopped => true,
-            DeleteError::Recreated(_) | DeleteError::Foreign(_) | DeleteError::Held(_) => false,
+            DeleteError::Recreated(_)
+            | DeleteError::Foreign(_)
+            | DeleteError::Held(_)
+            | DeleteError::Unsettled(_) => false,
         }
     }
 }
@@ -220,6 +258,49 @@ impl std::fmt::Display for HeldPod {
             many => write!(f, ", held by finalizers {})", many.join(", ")),
         }
     }
+}
+
+/// Plan pods Argo had not finished with (not labelled completed=true) at
+/// [`DriveConfig::settle_timeout`]: deleted, Argo would re-create them under
+/// the same name and its queued label could land on the new pod, leaving its
+/// node Pending for good; so none of them was deleted and the workflow was
+/// not reset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Argo's workflow-controller has not finished with {} after {}: {} not labelled workflows.argoproj.io/completed=true, so rewind did not delete {} and did not reset the workflow (deleting a pod before Argo labels it lets the label land on the pod Argo re-creates under that name, and its node stays Pending); check that Argo's workflow-controller runs and watches namespace {namespace} (kubectl logs of it name each pod it labels), then ask for the retry again, or run rewind with --on-settle-timeout=delete to delete such pods at the bound",
+    unsettled_pods(pods),
+    seconds(*waited),
+    if pods.len() == 1 { "it is" } else { "they are" },
+    if pods.len() == 1 { "it" } else { "them" }
+)]
+pub struct UnsettledPods {
+    /// Every plan pod still waited for, by name.
+    pub pods: Vec<String>,
+    pub namespace: String,
+    pub waited: Duration,
+}
+
+/// "plan pod P" or "N plan pods: P, …", naming at most [`NAMED`] pods.
+fn unsettled_pods(pods: &[String]) -> String {
+    match pods {
+        [one] => format!("plan pod {one}"),
+        many => format!("{} plan pods: {}", many.len(), named(many, ", ")),
+    }
+}
+
+/// Follows since when each of `pods` has been waited for (first seen now,
+/// forgotten once no longer among them); returns the longest wait.
+fn waiting(since: &mut BTreeMap<String, Instant>, pods: &BTreeSet<String>) -> Duration {
+    let now = Instant::now();
+    since.retain(|pod, _| pods.contains(pod));
+    for pod in pods {
+        since.entry(pod.clone()).or_insert(now);
+    }
+    since
+        .values()
+        .map(|at| now.duration_since(*at))
+        .max()
+        .unwrap_or_default()
 }
 
 /// A wait as a person reads it, in the flag's own units: whole minutes or seconds.
@@ -344,6 +425,12 @@ pub struct Deletion {
     terminating_since: BTreeMap<String, Instant>,
     /// What the note says of them, once they stayed a while.
     held_note: Option<String>,
+    /// Plan pods owned by this UID (the live workflow's) wait for Argo to
+    /// finish with them before they are deleted; `None` waits for none.
+    settle_owner: Option<String>,
+    /// Plan pods waiting for Argo (name, UID as listed), and since when.
+    settling: BTreeMap<String, String>,
+    settling_since: BTreeMap<String, Instant>,
 }
 
 impl Deletion {
@@ -373,6 +460,9 @@ impl Deletion {
             revision: None,
             terminating_since: BTreeMap::new(),
             held_note: None,
+            settle_owner: None,
+            settling: BTreeMap::new(),
+            settling_since: BTreeMap::new(),
         }
     }
 
@@ -389,8 +479,13 @@ impl Deletion {
     /// than `uid` (a live workflow's pods are owned by it): a plan pod that
     /// is stops the deletion ([`ForeignPods`]). Other pods with the label
     /// change nothing (the bulk path already spares what is not finished).
+    ///
+    /// Its plan pods are Argo's, which Argo labels once it has finished with
+    /// them: one not labelled yet waits (see [`Assessment::settle`]). An
+    /// archived workflow's pods do not: nothing labels a deleted workflow's.
     pub fn plan_owned_by(mut self, uid: &str) -> Self {
         self.plan_owner = Some(uid.to_owned());
+        self.settle_owner = Some(uid.to_owned());
         self
     }
 
@@ -421,8 +516,34 @@ impl Deletion {
             total: self.tracker.plan().len(),
             deleted: self.progress.deleted(),
             removing: self.progress.watched(),
-            note: self.held_note.clone().or_else(|| self.note.clone()),
+            note: self
+                .held_note
+                .clone()
+                .or_else(|| self.settle_note())
+                .or_else(|| self.note.clone()),
         }
+    }
+
+    /// What the count's note says of the plan pods waiting for Argo.
+    fn settle_note(&self) -> Option<String> {
+        let (them, pods) = match self.settling.len() {
+            0 => return None,
+            1 => ("it", "1 pod".to_owned()),
+            n => ("them", format!("{n} pods")),
+        };
+        let bound = seconds(self.config.settle_timeout);
+        let then = match self.config.on_settle_timeout {
+            OnSettleTimeout::Fail => format!("the retry fails if Argo has not after {bound}"),
+            OnSettleTimeout::Delete => format!("rewind deletes {them} anyway after {bound}"),
+        };
+        Some(format!(
+            "waiting for Argo to finish with {pods} (label {them} workflows.argoproj.io/completed=true) before deleting {them}; {then}"
+        ))
+    }
+
+    /// The plan's pods, by name.
+    pub fn planned(&self) -> &BTreeSet<String> {
+        self.tracker.plan()
     }
 
     /// True when the last list showed every plan pod gone: nothing to do
@@ -502,8 +623,10 @@ impl Deletion {
                 pods = listed.0.len(),
                 "pods listed"
             );
-            let assessment = self.assess(&listed)?;
+            let mut assessment = self.assess(&listed)?;
             self.held(&assessment, &listed.0)
+                .map_err(DeleteError::from)?;
+            self.settle(&mut assessment, &listed.0)
                 .map_err(DeleteError::from)?;
             let total = self.tracker.plan().len();
             if assessment.all_gone(total) {
@@ -524,10 +647,12 @@ impl Deletion {
             work.sort();
             work.dedup();
             let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
-            let mut removals = if bulk && sink.shows_removals() {
+            let shows_removals = bulk && sink.shows_removals();
+            // Argo's labels are followed on the same watch, not by listing again.
+            let mut events = if shows_removals || !self.settling.is_empty() {
                 tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
-                    watch = self.watch_removals() => watch,
+                    watch = self.watch() => watch,
                 }
             } else {
                 None
@@ -543,17 +668,25 @@ impl Deletion {
                     .add(self.key.clone(), Class::Interactive, item);
             }
             debug!(items = pending, "delete work queued");
-            let mut wait_terminating = !assessment.terminating.is_empty();
+            // Without a watch, pods waiting for Argo are looked at again as
+            // terminating ones are.
+            let wait_terminating = !assessment.terminating.is_empty()
+                || (!self.settling.is_empty() && events.is_none());
+            // At the bound, the next list ends the wait (see `settle`).
+            let settle_bound = self
+                .settling_since
+                .values()
+                .min()
+                .map(|since| *since + self.config.settle_timeout);
             let mut heard = Instant::now();
-            while pending > 0 || wait_terminating {
+            while pending > 0 || wait_terminating || (!self.settling.is_empty() && events.is_some())
+            {
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     o = self.outcomes.recv(), if pending > 0 => o.ok_or(DeleteError::Stopped)?,
-                    // Pods on a node shut down gracefully; look again shortly.
-                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 => {
-                        wait_terminating = false;
-                        continue;
-                    }
+                    // Pods on a node shut down gracefully; look again shortly
+                    // (only then: pods waiting for Argo follow the watch).
+                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 && wait_terminating => break,
                     _ = tokio::time::sleep_until(next_tick) => {
                         next_tick = Instant::now() + self.config.tick;
                         sink.tick(&self.count()).await?;
@@ -565,13 +698,32 @@ impl Deletion {
                         }
                         continue;
                     }
-                    removed = async { removals.as_mut()?.next().await }, if removals.is_some() => {
-                        match removed {
-                            Some((pod, uid)) if self.tracker.holds(&pod, &uid) => {
-                                self.progress.seen_removed(pod);
+                    _ = async { tokio::time::sleep_until(settle_bound?).await; Some(()) },
+                        if pending == 0 && !self.settling.is_empty() && settle_bound.is_some() => break,
+                    event = async { events.as_mut()?.next().await }, if events.is_some() => {
+                        match event {
+                            Some(PodEvent::Removed { name, uid })
+                                if shows_removals && self.tracker.holds(&name, &uid) =>
+                            {
+                                self.progress.seen_removed(name);
+                            }
+                            Some(PodEvent::Settled { name, uid })
+                                if self.settling.get(&name) == Some(&uid) =>
+                            {
+                                // Argo is done with it: deleted now, by its UID.
+                                self.settling.remove(&name);
+                                self.settling_since.remove(&name);
+                                let item = WorkItem {
+                                    namespace: self.namespace.clone(),
+                                    work: DeleteWork::Pod { name, uid },
+                                };
+                                self.engine
+                                    .queue
+                                    .add(self.key.clone(), Class::Interactive, item);
+                                pending += 1;
                             }
                             Some(_) => {}
-                            None => removals = None,
+                            None => events = None,
                         }
                         continue;
                     }
@@ -615,18 +767,7 @@ impl Deletion {
     /// note once they stayed [`DriveConfig::held_note_after`], an error
     /// once one stayed [`DriveConfig::terminating_timeout`].
     fn held(&mut self, assessment: &Assessment, listed: &[Listed]) -> Result<(), HeldPods> {
-        let now = Instant::now();
-        self.terminating_since
-            .retain(|pod, _| assessment.terminating.contains(pod));
-        for pod in &assessment.terminating {
-            self.terminating_since.entry(pod.clone()).or_insert(now);
-        }
-        let longest = self
-            .terminating_since
-            .values()
-            .map(|since| now.duration_since(*since))
-            .max()
-            .unwrap_or_default();
+        let longest = waiting(&mut self.terminating_since, &assessment.terminating);
         if longest < self.config.held_note_after() {
             self.held_note = None;
             return Ok(());
@@ -674,6 +815,68 @@ impl Deletion {
             held_clause(&pods, "still there")
         ));
         Ok(())
+    }
+
+    /// Takes out of `assessment` the deletes of plan pods Argo has not
+    /// finished with (see [`Assessment::settle`]) and waits for them; once
+    /// one has waited [`DriveConfig::settle_timeout`], ends the deletion
+    /// with [`UnsettledPods`], or with [`OnSettleTimeout::Delete`] leaves
+    /// their deletes in and waits for no pod any more, saying so.
+    fn settle(
+        &mut self,
+        assessment: &mut Assessment,
+        listed: &[Listed],
+    ) -> Result<(), UnsettledPods> {
+        let Some(owner) = &self.settle_owner else {
+            return Ok(());
+        };
+        let settling = assessment.settle(listed, owner);
+        let names: BTreeSet<String> = settling.keys().cloned().collect();
+        let longest = waiting(&mut self.settling_since, &names);
+        if settling.is_empty() || longest < self.config.settle_timeout {
+            self.settling = settling;
+            return Ok(());
+        }
+        let pods: Vec<String> = settling.keys().cloned().collect();
+        self.settling.clear();
+        self.settling_since.clear();
+        let waited = seconds(self.config.settle_timeout);
+        match self.config.on_settle_timeout {
+            OnSettleTimeout::Fail => {
+                warn!(
+                    namespace = self.namespace,
+                    workflow = self.workflow,
+                    ?pods,
+                    "plan pods Argo has not finished with past the settle timeout; the request stops"
+                );
+                Err(UnsettledPods {
+                    pods,
+                    namespace: self.namespace.clone(),
+                    waited: self.config.settle_timeout,
+                })
+            }
+            OnSettleTimeout::Delete => {
+                warn!(
+                    namespace = self.namespace,
+                    workflow = self.workflow,
+                    ?pods,
+                    "plan pods Argo has not finished with past the settle timeout; deleting them anyway"
+                );
+                self.note = Some(format!(
+                    "Argo's workflow-controller had not finished with {} after {waited} (not labelled workflows.argoproj.io/completed=true); rewind deleted them anyway (--on-settle-timeout=delete): if one of their nodes stays Pending, its new pod carries the label, and removing it (kubectl label pod -n {} POD workflows.argoproj.io/completed=false --overwrite) lets Argo take it up",
+                    unsettled_pods(&pods),
+                    self.namespace
+                ));
+                assessment.work.extend(
+                    settling
+                        .into_iter()
+                        .map(|(name, uid)| DeleteWork::Pod { name, uid }),
+                );
+                // Waited once, for the bound: the rest of the deletion does not wait.
+                self.settle_owner = None;
+                Ok(())
+            }
+        }
     }
 
     /// A plan pod owned by another object than [`Deletion::plan_owned_by`]'s.
@@ -795,13 +998,14 @@ impl Deletion {
         Ok(assessment)
     }
 
-    /// The plan's pods as the API server removes them, from the last list's
-    /// revision on, while a bulk request runs: its progress, which its answer
-    /// gives only at the end. Progress only: without the watch (it could not
-    /// start) the count waits for the answer, as it would.
-    async fn watch_removals(&self) -> Option<BoxStream<'static, (String, String)>> {
+    /// The workflow's pods as the API server removes them or Argo labels
+    /// them, from the last list's revision on: a bulk request's progress,
+    /// which its answer gives only at the end, and the plan pods Argo has
+    /// finished with. Without the watch (it could not start) the count waits
+    /// for the answer, and pods waiting for Argo are listed again shortly.
+    async fn watch(&self) -> Option<BoxStream<'static, PodEvent>> {
         let revision = self.revision.as_deref()?;
-        match watch_deletions(
+        match watch_pods(
             &self.engine.client,
             &self.namespace,
             &self.workflow,
@@ -905,6 +1109,44 @@ mod tests {
             many.contains("(and 15 more, named in the controller's log)"),
             "{many}"
         );
+    }
+
+    #[test]
+    fn pods_argo_never_labelled_are_named_with_what_is_missing_and_what_to_do() {
+        let one = UnsettledPods {
+            pods: vec!["wf-1".into()],
+            namespace: "argo".into(),
+            waited: Duration::from_secs(600),
+        }
+        .to_string();
+        assert!(
+            one.starts_with("Argo's workflow-controller has not finished with plan pod wf-1 after 10m: it is not labelled workflows.argoproj.io/completed=true, so rewind did not delete it and did not reset the workflow"),
+            "{one}"
+        );
+        assert!(one.contains("watches namespace argo"), "{one}");
+        assert!(
+            one.ends_with("--on-settle-timeout=delete to delete such pods at the bound"),
+            "{one}"
+        );
+        let many = UnsettledPods {
+            pods: (0..12).map(|i| format!("wf-{i:02}")).collect(),
+            namespace: "argo".into(),
+            waited: Duration::from_secs(90),
+        }
+        .to_string();
+        assert!(
+            many.starts_with(
+                "Argo's workflow-controller has not finished with 12 plan pods: wf-00, "
+            ),
+            "{many}"
+        );
+        assert!(
+            many.contains(
+                "(and 2 more, named in the controller's log) after 90s: they are not labelled"
+            ),
+            "{many}"
+        );
+        assert!(many.contains("did not delete them"), "{many}");
     }
 
     #[test]

@@ -84,19 +84,29 @@ pub async fn list_workflow_pods(
     })
 }
 
-/// The name and UID of each pod labelled with `workflow` that the API server
-/// removes from `revision` on, as it removes them: how a bulk delete, one
-/// request the server carries out pod by pod, shows its progress. A metadata
+/// What the watch of a workflow's pods reports of one pod: the API server
+/// removed it, or Argo labelled it completed=true (it has finished with it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodEvent {
+    Removed { name: String, uid: String },
+    Settled { name: String, uid: String },
+}
+
+/// The pods labelled with `workflow` that the API server removes, or that
+/// Argo labels completed=true, from `revision` on, as it happens: how a bulk
+/// delete, one request the server carries out pod by pod, shows its
+/// progress, and how a deletion learns that Argo has finished with a pod it
+/// waits for (see [`crate::engine::assess::Assessment::settle`]). A metadata
 /// watch in protobuf: the server encodes an event for each pod while it
 /// deletes them, and its protobuf encoder costs it about a third less CPU
 /// than its JSON one (bench/README.md, "Progress and its cost"). The stream ends
 /// where the watch does (its timeout, an error, a revision compacted away).
-pub async fn watch_deletions(
+pub async fn watch_pods(
     client: &Client,
     namespace: &str,
     workflow: &str,
     revision: &str,
-) -> Result<BoxStream<'static, (String, String)>, kube::Error> {
+) -> Result<BoxStream<'static, PodEvent>, kube::Error> {
     let url = Pod::url_path(&(), Some(namespace));
     let params = WatchParams::default().labels(&format!("{}={workflow}", labels::WORKFLOW));
     let request = kube::core::Request::new(url)
@@ -116,7 +126,7 @@ pub async fn watch_deletions(
             .new_codec(),
     );
     Ok(frames
-        .map(|frame| frame.ok().and_then(|f| removal(f.freeze())))
+        .map(|frame| frame.ok().and_then(|f| pod_event(f.freeze())))
         .take_while(|event| std::future::ready(event.is_some()))
         .filter_map(|event| std::future::ready(event.flatten()))
         .boxed())
@@ -136,22 +146,42 @@ const PROTOBUF_MAGIC: &[u8] = b"k8s\0";
 
 /// What one frame of a protobuf metadata watch says: `None` ends the watch
 /// (an ERROR event, or a frame that is not an event), `Some(None)` is an event
-/// other than a removal, `Some(Some((name, uid)))` a pod removed.
+/// that reports nothing (another change, a removal without a name or UID),
+/// `Some(Some(event))` a pod removed or labelled completed=true.
 ///
 /// The frame is a `metav1.WatchEvent` (framed by its length, without the
 /// magic prefix); its object is a `runtime.Unknown` envelope after the magic
-/// prefix, holding a `PartialObjectMetadata`.
-fn removal(frame: Bytes) -> Option<Option<(String, String)>> {
+/// prefix, holding a `PartialObjectMetadata`. A removal's is read for its name
+/// and UID only (one arrives per pod a bulk delete removes); a change's for
+/// its labels too.
+fn pod_event(frame: Bytes) -> Option<Option<PodEvent>> {
     let event = proto::WatchEvent::decode(frame).ok()?;
+    let object = || unwrapped(event.object.clone()?.raw);
     match event.r#type.as_str() {
-        "DELETED" => {}
-        "ERROR" => return None,
-        _ => return Some(None),
+        "DELETED" => {
+            let metadata = proto::Removed::decode(object()?).ok()?.metadata?;
+            Some(
+                metadata
+                    .name
+                    .zip(metadata.uid)
+                    .map(|(name, uid)| PodEvent::Removed { name, uid }),
+            )
+        }
+        "MODIFIED" => {
+            let metadata = proto::Changed::decode(object()?).ok()?.metadata?;
+            let settled =
+                metadata.labels.get(labels::COMPLETED).map(String::as_str) == Some("true");
+            Some(
+                metadata
+                    .name
+                    .zip(metadata.uid)
+                    .filter(|_| settled)
+                    .map(|(name, uid)| PodEvent::Settled { name, uid }),
+            )
+        }
+        "ERROR" => None,
+        _ => Some(None),
     }
-    let metadata = proto::Removed::decode(unwrapped(event.object?.raw)?)
-        .ok()?
-        .metadata?;
-    Some(metadata.name.zip(metadata.uid))
 }
 
 /// What a protobuf-encoded object holds: after the magic prefix, a
@@ -241,6 +271,24 @@ mod proto {
         pub name: Option<String>,
         #[prost(string, optional, tag = "5")]
         pub uid: Option<String>,
+    }
+
+    /// A watch event's `PartialObjectMetadata` as a change reads it: the
+    /// name, UID and labels (whether Argo labelled it completed).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Changed {
+        #[prost(message, optional, tag = "1")]
+        pub metadata: Option<Labelled>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Labelled {
+        #[prost(string, optional, tag = "1")]
+        pub name: Option<String>,
+        #[prost(string, optional, tag = "5")]
+        pub uid: Option<String>,
+        #[prost(btree_map = "string, string", tag = "11")]
+        pub labels: BTreeMap<String, String>,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -368,7 +416,7 @@ pub async fn selected(
 /// page is one read of the budget and a bounded answer to hold), and in
 /// protobuf: every list of a workflow's pods lies between a request and its
 /// deletes, and the API server encodes a pod's metadata (its managed fields
-/// included) with less CPU than in JSON (see [`watch_deletions`]), of which
+/// included) with less CPU than in JSON (see [`watch_pods`]), of which
 /// only the fields in `proto::ObjectMeta` are read.
 async fn protobuf_pages(
     client: &Client,
@@ -508,7 +556,7 @@ mod tests {
     use bytes::Bytes;
     use prost::Message as _;
 
-    use super::{PROTOBUF_MAGIC, metadata_list, proto, refusal, removal};
+    use super::{PROTOBUF_MAGIC, PodEvent, metadata_list, pod_event, proto, refusal};
     use crate::engine::assess::Listed;
 
     #[test]
@@ -532,10 +580,24 @@ mod tests {
     /// A watch frame as the API server writes it: the event, its object in
     /// the envelope after the magic prefix.
     fn frame(kind: &str, name: Option<&str>, uid: Option<&str>) -> Bytes {
+        labelled(kind, name, uid, &[])
+    }
+
+    /// [`frame`], the pod carrying `labels`.
+    fn labelled(
+        kind: &str,
+        name: Option<&str>,
+        uid: Option<&str>,
+        labels: &[(&str, &str)],
+    ) -> Bytes {
         let metadata = proto::PartialObjectMetadata {
             metadata: Some(proto::ObjectMeta {
                 name: name.map(str::to_owned),
                 uid: uid.map(str::to_owned),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 ..Default::default()
             }),
         };
@@ -554,22 +616,70 @@ mod tests {
     #[test]
     fn reads_a_removal_and_ends_at_an_error() {
         assert_eq!(
-            removal(frame("DELETED", Some("wf-1"), Some("u-1"))),
-            Some(Some(("wf-1".to_owned(), "u-1".to_owned())))
+            pod_event(frame("DELETED", Some("wf-1"), Some("u-1"))),
+            Some(Some(PodEvent::Removed {
+                name: "wf-1".to_owned(),
+                uid: "u-1".to_owned()
+            }))
         );
         // Other events are passed over; a removal without a name or UID counts nothing.
         assert_eq!(
-            removal(frame("MODIFIED", Some("wf-1"), Some("u-1"))),
+            pod_event(frame("MODIFIED", Some("wf-1"), Some("u-1"))),
             Some(None)
         );
-        assert_eq!(removal(frame("BOOKMARK", None, None)), Some(None));
-        assert_eq!(removal(frame("DELETED", Some("wf-1"), None)), Some(None));
+        assert_eq!(pod_event(frame("BOOKMARK", None, None)), Some(None));
+        assert_eq!(pod_event(frame("DELETED", Some("wf-1"), None)), Some(None));
         // An error, or bytes that are no event, end the watch.
-        assert_eq!(removal(frame("ERROR", None, None)), None);
-        assert_eq!(removal(Bytes::from_static(b"\xff\xff\xff")), None);
+        assert_eq!(pod_event(frame("ERROR", None, None)), None);
+        assert_eq!(pod_event(Bytes::from_static(b"\xff\xff\xff")), None);
         let mut unwrapped = frame("DELETED", Some("wf-1"), Some("u-1")).to_vec();
         unwrapped.truncate(unwrapped.len() - 3);
-        assert_eq!(removal(unwrapped.into()), None);
+        assert_eq!(pod_event(unwrapped.into()), None);
+    }
+
+    #[test]
+    fn reads_argos_completed_label_from_a_change() {
+        let completed = |value| [(crate::argo::workflow::labels::COMPLETED, value)];
+        assert_eq!(
+            pod_event(labelled(
+                "MODIFIED",
+                Some("wf-1"),
+                Some("u-1"),
+                &completed("true")
+            )),
+            Some(Some(PodEvent::Settled {
+                name: "wf-1".to_owned(),
+                uid: "u-1".to_owned()
+            }))
+        );
+        assert_eq!(
+            pod_event(labelled(
+                "MODIFIED",
+                Some("wf-1"),
+                Some("u-1"),
+                &completed("false")
+            )),
+            Some(None)
+        );
+        // A pod added labelled already is one a list shows; a removal is a removal.
+        assert_eq!(
+            pod_event(labelled(
+                "ADDED",
+                Some("wf-1"),
+                Some("u-1"),
+                &completed("true")
+            )),
+            Some(None)
+        );
+        assert!(matches!(
+            pod_event(labelled(
+                "DELETED",
+                Some("wf-1"),
+                Some("u-1"),
+                &completed("true")
+            )),
+            Some(Some(PodEvent::Removed { .. }))
+        ));
     }
 
     #[test]
@@ -689,6 +799,6 @@ mod tests {
                 raw: Bytes::from_static(b"{\"metadata\":{}}"),
             }),
         };
-        assert_eq!(removal(event.encode_to_vec().into()), None);
+        assert_eq!(pod_event(event.encode_to_vec().into()), None);
     }
 }

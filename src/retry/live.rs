@@ -12,8 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::Resource;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +28,7 @@ use crate::protocol::hint::{self, Refusal};
 use crate::protocol::request::{self, RequestError, RetryPhase, RetryStatus, annotations};
 use crate::retry::Context;
 use crate::retry::admission::{Admitted, Planning};
+use crate::retry::pickup;
 use crate::retry::progress::{End, Seen};
 use crate::retry::report::{self, Ending, Events, Report};
 use crate::telemetry::metrics::{RetryKind, Step};
@@ -125,8 +124,12 @@ fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> RetryError {
 /// How a request ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Finished {
-    /// The workflow was reset.
-    Retried { pods_deleted: usize },
+    /// The workflow was reset; `reset` is what to follow to check that Argo
+    /// picks it up (see [`pickup`]).
+    Retried {
+        pods_deleted: usize,
+        reset: Option<pickup::Reset>,
+    },
     /// Someone (or an earlier run of ours) already finished this token.
     AlreadyObserved,
 }
@@ -217,7 +220,7 @@ impl<'a> Job<'a> {
             let _ = announcing.await;
         }
         let ending = match result {
-            Ok(Finished::Retried { pods_deleted }) => {
+            Ok(Finished::Retried { pods_deleted, .. }) => {
                 info!(
                     workflow = target.name,
                     namespace = target.namespace,
@@ -299,6 +302,7 @@ impl<'a> Job<'a> {
                         let removed = self.deletion.as_ref().map_or(0, Deletion::removed);
                         return Ok(Finished::Retried {
                             pods_deleted: removed,
+                            reset: self.reset(),
                         });
                     }
                     // Someone changed the workflow: re-read, re-plan, re-check the pods.
@@ -327,6 +331,21 @@ impl<'a> Job<'a> {
                 delete.done_confirmed(deletion.confirm_took());
             }
         }
+    }
+
+    /// What to follow of the reset just written: the pods it deleted, from
+    /// the revision it was written at.
+    fn reset(&self) -> Option<pickup::Reset> {
+        let pods = self.deletion.as_ref()?.planned().clone();
+        Some(pickup::Reset {
+            namespace: self.target.namespace.clone(),
+            workflow: self.target.name.clone(),
+            uid: self.target.uid.clone(),
+            token: self.target.token.clone(),
+            revision: self.status.reset_at.clone()?,
+            pods,
+        })
+        .filter(|r| !r.pods.is_empty())
     }
 
     /// Reads and plans the workflow and deletes the plan's pods; `None` if the
@@ -469,18 +488,12 @@ struct WorkflowStatus<'a> {
     /// The workflow carried `workflows.argoproj.io/completed=true` when read.
     was_completed: bool,
     events: Events,
+    /// The revision the reset was written at.
+    reset_at: Option<String>,
 }
 
 impl<'a> WorkflowStatus<'a> {
     fn new(ctx: &'a Context, target: &'a Target) -> Self {
-        let reference = ObjectReference {
-            api_version: Some(Workflow::api_version(&()).into_owned()),
-            kind: Some(Workflow::kind(&()).into_owned()),
-            name: Some(target.name.clone()),
-            namespace: Some(target.namespace.clone()),
-            uid: Some(target.uid.clone()),
-            ..Default::default()
-        };
         WorkflowStatus {
             ctx,
             target,
@@ -499,7 +512,8 @@ impl<'a> WorkflowStatus<'a> {
             stale: false,
             last_check: Instant::now(),
             was_completed: false,
-            events: Events::new(ctx, reference),
+            events: Events::of_workflow(ctx, &target.namespace, &target.name, &target.uid),
+            reset_at: None,
         }
     }
 
@@ -593,13 +607,15 @@ impl<'a> WorkflowStatus<'a> {
             annotations::STATUS.into(),
             serde_json::to_string(&done).expect("status serializes"),
         );
-        self.workflows()
+        let written = self
+            .workflows()
             .replace(&self.target.name, &PostParams::default(), &reset)
             .await
             .map_err(api(format!(
                 "writing the reset workflow {}/{}",
                 self.target.namespace, self.target.name
             )))?;
+        self.reset_at = written.metadata.resource_version;
         self.status = done;
         self.written = Some((self.status.clone(), Instant::now()));
         Ok(())

@@ -7,6 +7,7 @@ pub mod archived;
 pub mod cache;
 pub mod live;
 pub mod object;
+pub mod pickup;
 pub mod progress;
 pub mod report;
 pub mod workflowretry;
@@ -47,6 +48,10 @@ pub struct RetryConfig {
     /// How long a plan pod may stay terminating before its request fails,
     /// naming it (see [`DriveConfig::terminating_timeout`]).
     pub terminating_timeout: Duration,
+    /// How long a plan pod may wait for Argo to finish with it (see
+    /// [`DriveConfig::settle_timeout`]), and what then.
+    pub settle_timeout: Duration,
+    pub on_settle_timeout: crate::engine::drive::OnSettleTimeout,
     /// Argo's `ALWAYS_OFFLOAD_NODE_STATUS`: with a database, nodes are always offloaded.
     pub always_offload_node_status: bool,
     /// The most bytes a workflow's `compressedNodes` may inflate to.
@@ -73,6 +78,8 @@ impl Default for RetryConfig {
             status_interval: Duration::from_secs(2),
             terminating_poll: Duration::from_millis(500),
             terminating_timeout: crate::engine::drive::DEFAULT_TERMINATING_TIMEOUT,
+            settle_timeout: crate::engine::drive::DEFAULT_SETTLE_TIMEOUT,
+            on_settle_timeout: Default::default(),
             always_offload_node_status: false,
             max_nodes_size: plan::compress::DEFAULT_MAX_NODES_SIZE,
             max_pods_in_flight: admission::DEFAULT_MAX_PODS,
@@ -94,6 +101,8 @@ impl RetryConfig {
             // count still for up to 1.26 s).
             tick: self.status_interval.min(Duration::from_millis(500)),
             terminating_timeout: self.terminating_timeout,
+            settle_timeout: self.settle_timeout,
+            on_settle_timeout: self.on_settle_timeout,
         }
     }
 

@@ -174,6 +174,21 @@ impl Events {
         }
     }
 
+    /// Events about workflow `name` (of UID `uid`) in `namespace`.
+    pub fn of_workflow(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Self {
+        use kube::Resource as _;
+        let workflow = crate::argo::workflow::Workflow::api_version(&());
+        let reference = ObjectReference {
+            api_version: Some(workflow.into_owned()),
+            kind: Some(crate::argo::workflow::Workflow::kind(&()).into_owned()),
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            uid: Some(uid.to_owned()),
+            ..Default::default()
+        };
+        Events::new(ctx, reference)
+    }
+
     fn name(&self) -> &str {
         self.reference.name.as_deref().unwrap_or_default()
     }

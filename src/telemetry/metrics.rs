@@ -319,6 +319,7 @@ pub struct Metrics {
     leader: Gauge,
     leader_changes: Counter,
     panics: Family<KindLabels, Counter>,
+    stranded_nodes: Counter,
     /// Plain totals beside the families, which are costly to sum.
     requests_total: AtomicU64,
     mutating_total: AtomicU64,
@@ -502,9 +503,17 @@ impl Metrics {
                 &["workflow", "workflowretry"].map(|kind| KindLabels { kind }),
             ),
         );
+        // Argo's: reset nodes it will not pick up (rule 8).
+        let stranded_nodes = register(
+            registry,
+            "stranded_nodes",
+            "Reset nodes whose new pod was labelled workflows.argoproj.io/completed=true while the node was not finished: Argo no longer follows the pod and the node stays as it is until the label is removed (docs/runbook.md)",
+            Counter::default(),
+        );
         Metrics {
             registry: root,
             panics,
+            stranded_nodes,
             leader,
             leader_changes,
             queue_depth,
@@ -611,6 +620,12 @@ impl Metrics {
     /// A request of `kind` (workflow or workflowretry) panicked.
     pub fn request_panicked(&self, kind: &'static str) {
         self.panics.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// A reset node's new pod carries Argo's completed label while the node
+    /// is not finished (see `retry::pickup`).
+    pub fn node_stranded(&self) {
+        self.stranded_nodes.inc();
     }
 
     pub fn set_leader(&self, leading: bool) {
@@ -835,6 +850,7 @@ mod tests {
             "pods_deleted",
             "leader_changes",
             "request_panics",
+            "stranded_nodes",
         ] {
             assert!(
                 text.contains(&format!("# TYPE rewind_{family} counter")),
@@ -913,6 +929,8 @@ mod tests {
                 "# TYPE rewind_cpu_limit_cores gauge",
                 "# HELP rewind_request_panics Requests that panicked and were ended Failed, by kind (workflow, workflowretry); each is a bug to report.",
                 "# TYPE rewind_request_panics counter",
+                "# HELP rewind_stranded_nodes Reset nodes whose new pod was labelled workflows.argoproj.io/completed=true while the node was not finished: Argo no longer follows the pod and the node stays as it is until the label is removed (docs/runbook.md).",
+                "# TYPE rewind_stranded_nodes counter",
             ]
         );
         // One series of each histogram: its bucket bounds, in order.

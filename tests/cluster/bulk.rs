@@ -47,9 +47,11 @@ fn pod_requests(cluster: &LocalCluster, namespace: &str) -> anyhow::Result<Vec<A
         .collect())
 }
 
-/// A plan pod Argo never relabelled (completed=false) and an outsider failed pod with the
-/// workflow's label and completed=false: the outsider survives, the plan pod goes by a single
-/// delete (with its UID precondition), and every other plan pod by one DeleteCollection.
+/// A plan pod Argo has not relabelled yet (completed=false) and an outsider failed pod with the
+/// workflow's label and completed=false: the outsider survives, every other plan pod goes by
+/// one DeleteCollection, and the plan pod waits, named in the status, until it is labelled
+/// completed=true (as Argo's clean-up queue does it), then goes by a single delete (with its
+/// UID precondition).
 pub async fn an_unfinished_outsider_survives_and_an_unrelabelled_plan_pod_goes_singly(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -74,6 +76,27 @@ pub async fn an_unfinished_outsider_survives_and_an_unrelabelled_plan_pod_goes_s
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let (workflows_ref, name) = (&workflows, dag.name.as_str());
+    let annotation = move || async move {
+        let wf = workflows_ref.get(name).await?;
+        Ok(ctl::status_of(&wf, token)?.map(|s| (s.phase, s.message)))
+    };
+    crate::endings::wait_message(
+        "the request while Argo has not labelled a plan pod",
+        annotation,
+        RetryPhase::DeletingPods,
+        &["waiting for Argo to finish with 1 pod"],
+        Duration::from_secs(30),
+    )
+    .await?;
+    let waiting = pods.get(&late).await?;
+    ensure!(
+        waiting.metadata.deletion_timestamp.is_none(),
+        "plan pod {late} was deleted before Argo labelled it"
+    );
+    let settled = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: "true"}}});
+    pods.patch(&late, &PatchParams::default(), &Patch::Merge(&settled))
+        .await?;
     let (_, status) =
         ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
     controller.stop().await?;

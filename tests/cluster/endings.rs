@@ -117,7 +117,7 @@ pub async fn two_workflowretries_of_one_archived_workflow_both_end(
 
 /// Waits until `read` gives a status whose phase is `phase` and whose message has each of
 /// `words`, at most `bound`; returns the message.
-async fn wait_message<F, Fut>(
+pub async fn wait_message<F, Fut>(
     what: &str,
     mut read: F,
     phase: RetryPhase,

@@ -31,6 +31,7 @@ mod rbac;
 mod restart;
 mod retry;
 mod scheduling;
+mod settle;
 mod support;
 mod tenants;
 mod throttle;
@@ -184,6 +185,8 @@ fn main() -> ExitCode {
         monitoring::a_scraped_retry_gives_every_panel_data_and_raises_no_alert,
         endings::two_workflowretries_of_one_archived_workflow_both_end,
         endings::a_pod_that_will_not_go_is_named_then_fails_its_retry_and_frees_its_share,
+        settle::a_pod_argo_never_labels_ends_its_retry_at_the_settle_bound,
+        settle::a_stranded_reset_node_is_reported_with_its_fix,
     ];
     for named in ALONE.iter().chain(COMPAT) {
         assert!(

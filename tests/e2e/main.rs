@@ -16,8 +16,12 @@
 //! The `cli-*` and `hera-*` scenarios ask rewind through its Argo API with Argo's own
 //! clients instead ([`clients`]): the real `argo` CLI and Hera, through nginx routing as the
 //! chart's Ingress, beside a real `argo server` (the archive controller's ConfigMap).
+//!
+//! `fast-retries-*` retry workflows the moment they turn Failed, without waiting for Argo to
+//! finish with their pods ([`fast`]); the 20×100 one runs with `--ignored`.
 
 mod clients;
+mod fast;
 mod run;
 
 use std::path::PathBuf;
@@ -286,6 +290,35 @@ fn v4_scenarios() -> Vec<Scenario> {
     ]
 }
 
+/// The fast-retry trials: name, size, the bound within which every workflow retried the
+/// moment it fails ends Succeeded, and whether it runs only with `--ignored` (minutes).
+///
+/// 20×100 waits for Argo's clean-up queue: its labels of 2,000 pods landed up to 7 minutes
+/// after the failures (request to Succeeded 207-430 s on this 2-core machine), where 6×40's
+/// take seconds (7-22 s).
+fn fast_trials() -> Vec<(&'static str, fast::Size, Duration, bool)> {
+    vec![
+        (
+            "fast-retries-6x40",
+            fast::Size {
+                workflows: 6,
+                pods: 40,
+            },
+            Duration::from_secs(180),
+            false,
+        ),
+        (
+            "fast-retries-20x100",
+            fast::Size {
+                workflows: 20,
+                pods: 100,
+            },
+            Duration::from_secs(600),
+            true,
+        ),
+    ]
+}
+
 /// Runs one scenario and checks both sides; the differences between the two final
 /// workflows fail the test, each listed.
 async fn check(
@@ -398,6 +431,12 @@ async fn check(
 struct Env {
     cluster: LocalCluster,
     argo: ArgoController,
+    /// What the scenarios need beside: absent when only `fast-retries-*` run.
+    full: Option<Full>,
+}
+
+/// Argo's other controllers, its database, server and clients, and the peers.
+struct Full {
     argo_v3: ArgoController,
     /// Argo's controllers with `persistence` on `db`: archive on, and node status offload.
     argo_archive: ArgoController,
@@ -413,7 +452,7 @@ struct Env {
     ui: Option<(ArgoServer, PathBuf)>,
 }
 
-impl Env {
+impl Full {
     fn peer(&self, version: ArgoVersion) -> &std::path::Path {
         match version {
             ArgoVersion::V4 => &self.peer,
@@ -452,16 +491,9 @@ impl Env {
     }
 }
 
-/// [`Env`] for the trials; `ui`: start Argo's server with its UI too.
-async fn start(ui: bool) -> anyhow::Result<Env> {
-    let (peer, peer_v3, (argo_cli, python)) = tokio::task::spawn_blocking(|| {
-        anyhow::Ok((
-            argo::binary("peer")?,
-            argo::binary("peer-v3")?,
-            clients::tools()?,
-        ))
-    })
-    .await??;
+/// [`Env`] for the trials: with `full`, what the scenarios need (`ui`: Argo's server with
+/// its UI too); without, the control plane and Argo's v4 controller only.
+async fn start(full: bool, ui: bool) -> anyhow::Result<Env> {
     let cluster = LocalCluster::start(Options {
         scheduling: true,
         // The client scenarios check that only rewind deleted pods.
@@ -470,8 +502,30 @@ async fn start(ui: bool) -> anyhow::Result<Env> {
     })
     .await?;
     let argo = ArgoController::start(&cluster, &argo::Options::default()).await?;
+    let full = if full {
+        Some(start_full(&cluster, ui).await?)
+    } else {
+        None
+    };
+    Ok(Env {
+        cluster,
+        argo,
+        full,
+    })
+}
+
+/// [`Full`] on `cluster`.
+async fn start_full(cluster: &LocalCluster, ui: bool) -> anyhow::Result<Full> {
+    let (peer, peer_v3, (argo_cli, python)) = tokio::task::spawn_blocking(|| {
+        anyhow::Ok((
+            argo::binary("peer")?,
+            argo::binary("peer-v3")?,
+            clients::tools()?,
+        ))
+    })
+    .await??;
     let argo_v3 = ArgoController::start(
-        &cluster,
+        cluster,
         &argo::Options {
             version: argo::Version::V3,
             instance_id: Some(V3_INSTANCE.into()),
@@ -495,25 +549,23 @@ async fn start(ui: bool) -> anyhow::Result<Env> {
             }),
             ..argo::Options::default()
         };
-        with_database.push(ArgoController::start(&cluster, &options).await?);
+        with_database.push(ArgoController::start(cluster, &options).await?);
     }
     let argo_offload = with_database.pop().expect("two controllers");
     let argo_archive = with_database.pop().expect("two controllers");
-    let argo_server = ArgoServer::start(&cluster, &argo_cli, &argo_archive.configmap()).await?;
+    let argo_server = ArgoServer::start(cluster, &argo_cli, &argo_archive.configmap()).await?;
     let ui = if ui {
         let (argo_ui, playwright) = tokio::task::spawn_blocking(clients::ui_tools).await??;
-        let server = ArgoServer::start(&cluster, &argo_ui, &argo_archive.configmap()).await?;
+        let server = ArgoServer::start(cluster, &argo_ui, &argo_archive.configmap()).await?;
         Some((server, playwright))
     } else {
         None
     };
-    Ok(Env {
+    Ok(Full {
         ui,
         argo_server,
         argo_cli,
         python,
-        cluster,
-        argo,
         argo_v3,
         argo_archive,
         argo_offload,
@@ -537,19 +589,27 @@ fn main() -> ExitCode {
     // The UI's scenarios need Argo's UI built (minutes: tools/argo/ui.sh), so they run only
     // when asked: `make test-ui` (`-- --ignored ui-`).
     let is_ui = |kind: &Option<clients::Kind>| *kind == Some(clients::Kind::Ui);
-    let listed: Vec<Trial> = scenarios
-        .iter()
-        .map(|(s, kind)| Trial::test(s.name.clone(), || Ok(())).with_ignored_flag(is_ui(kind)))
-        .collect();
+    let listed: Vec<Trial> =
+        scenarios
+            .iter()
+            .map(|(s, kind)| Trial::test(s.name.clone(), || Ok(())).with_ignored_flag(is_ui(kind)))
+            .chain(fast_trials().into_iter().map(|(name, _, _, ignored)| {
+                Trial::test(name, || Ok(())).with_ignored_flag(ignored)
+            }))
+            .collect();
+    let runs = |t: &&Trial| !args.list && !args.is_filtered_out(t) && !args.is_ignored(t);
     let ui_wanted = listed
         .iter()
-        .any(|t| t.has_ignored_flag() && !args.is_filtered_out(t) && !args.is_ignored(t));
-    let anything_to_run = !args.list
-        && listed
-            .iter()
-            .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+        .filter(runs)
+        .any(|t| t.name().starts_with("ui-"));
+    // The fast trials need only the control plane and Argo's v4 controller.
+    let full_wanted = listed
+        .iter()
+        .filter(runs)
+        .any(|t| !t.name().starts_with("fast-retries-"));
+    let anything_to_run = listed.iter().any(|t| runs(&t));
     let env = if anything_to_run {
-        match runtime.block_on(start(ui_wanted)) {
+        match runtime.block_on(start(full_wanted, ui_wanted)) {
             Ok(env) => Some(Arc::new(env)),
             Err(error) => {
                 eprintln!(
@@ -570,13 +630,17 @@ fn main() -> ExitCode {
             Trial::test(scenario.name.clone(), move || {
                 let env =
                     env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
+                let full = env
+                    .full
+                    .as_ref()
+                    .ok_or_else(|| Failed::from("the scenarios' environment was not started"))?;
                 let mut scenario = scenario;
-                scenario.argo_configmap = env.configmap(scenario.mode, kind.is_some());
-                let client = kind.map(|kind| env.client(kind));
+                scenario.argo_configmap = full.configmap(scenario.mode, kind.is_some());
+                let client = kind.map(|kind| full.client(kind));
                 handle
                     .block_on(check(
                         &env.cluster,
-                        env.peer(scenario.argo_version),
+                        full.peer(scenario.argo_version),
                         scenario,
                         client.as_ref().map(|c| c as &dyn ApiClient),
                     ))
@@ -584,12 +648,42 @@ fn main() -> ExitCode {
             })
             .with_ignored_flag(ignored)
         })
+        .chain(
+            fast_trials()
+                .into_iter()
+                .map(|(name, size, bound, ignored)| {
+                    let env = env.clone();
+                    let handle = runtime.handle().clone();
+                    Trial::test(name, move || {
+                        let env = env.ok_or_else(|| {
+                            Failed::from("the environment did not start (see above)")
+                        })?;
+                        handle
+                            .block_on(fast::retried_the_moment_they_fail(
+                                &env.cluster,
+                                name,
+                                size,
+                                bound,
+                            ))
+                            .map_err(|error| Failed::from(format!("{error:#}")))
+                    })
+                    .with_ignored_flag(ignored)
+                }),
+        )
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     if let Some(env) = env {
         let Ok(Env {
             cluster,
             argo,
+            full,
+        }) = Arc::try_unwrap(env)
+        else {
+            eprintln!("error: a test kept the environment alive");
+            return ExitCode::FAILURE;
+        };
+        let (mut controllers, mut database) = (vec![argo], None);
+        if let Some(Full {
             argo_v3,
             argo_archive,
             argo_offload,
@@ -597,24 +691,27 @@ fn main() -> ExitCode {
             argo_server,
             ui,
             ..
-        }) = Arc::try_unwrap(env)
-        else {
-            eprintln!("error: a test kept the environment alive");
-            return ExitCode::FAILURE;
-        };
-        for server in std::iter::once(argo_server).chain(ui.map(|(server, _)| server)) {
-            if let Err(error) = runtime.block_on(server.stop()) {
-                eprintln!("error: argo server: {error}");
-                return ExitCode::FAILURE;
+        }) = full
+        {
+            for server in std::iter::once(argo_server).chain(ui.map(|(server, _)| server)) {
+                if let Err(error) = runtime.block_on(server.stop()) {
+                    eprintln!("error: argo server: {error}");
+                    return ExitCode::FAILURE;
+                }
             }
+            controllers.extend([argo_v3, argo_archive, argo_offload]);
+            database = Some(db);
         }
-        for controller in [argo, argo_v3, argo_archive, argo_offload] {
+        for controller in controllers {
             if let Err(error) = runtime.block_on(controller.stop()) {
                 eprintln!("error: Argo's workflow-controller: {error}");
                 return ExitCode::FAILURE;
             }
         }
-        db.stop();
+        // After the controllers that use it.
+        if let Some(db) = database {
+            db.stop();
+        }
         if let Err(error) = runtime.block_on(cluster.stop()) {
             eprintln!("error: stopping the local control plane: {error}");
             return ExitCode::FAILURE;

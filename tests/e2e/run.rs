@@ -549,13 +549,13 @@ async fn until_succeeded(
 }
 
 /// rewind's controller, in process, serving `namespace` with the controller's credentials.
-struct Running {
+pub struct Running {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), rewind::controller::RunError>>,
 }
 
 impl Running {
-    async fn stop(self) -> anyhow::Result<()> {
+    pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         self.task
             .await
@@ -564,7 +564,7 @@ impl Running {
     }
 }
 
-async fn start_rewind(
+pub async fn start_rewind(
     cluster: &LocalCluster,
     namespace: &str,
     scenario: &Scenario,
@@ -607,10 +607,13 @@ async fn start_rewind(
     Ok(Running { shutdown, task })
 }
 
+/// The token of rewind's request.
+pub const TOKEN: &str = "e2e-1";
+
 /// Asks rewind for a retry as a user does: annotations on the workflow.
-async fn request_rewind(api: &Api<Workflow>, name: &str, retry: &Retry) -> anyhow::Result<()> {
+pub async fn request_rewind(api: &Api<Workflow>, name: &str, retry: &Retry) -> anyhow::Result<()> {
     let mut wanted = serde_json::Map::new();
-    wanted.insert(annotations::RETRY.into(), "e2e-1".into());
+    wanted.insert(annotations::RETRY.into(), TOKEN.into());
     if retry.restart_successful {
         wanted.insert(annotations::RESTART_SUCCESSFUL.into(), "true".into());
     }

@@ -21,6 +21,7 @@ use rewind::argoapi::{ArgoServer, Settings};
 use rewind::controller::leader::LeaseConfig;
 use rewind::controller::{ArgoApiOptions, Controller, Options};
 use rewind::engine::budget::{BudgetConfig, Rate};
+use rewind::engine::drive::OnSettleTimeout;
 use rewind::engine::workers::DEFAULT_MAX_BULK_IN_FLIGHT;
 use rewind::retry::admission::DEFAULT_MAX_PODS;
 use rewind::retry::{DEFAULT_BULK_PARALLELISM, DEFAULT_MAX_OPEN_PER_NAMESPACE, RetryConfig, Scope};
@@ -363,6 +364,17 @@ pub struct Tuning {
     /// and what to do, and gives back its share of --max-pods-in-flight (e.g. 5m).
     #[arg(long, default_value = "5m", value_parser = parse_timeout, env = "REWIND_TERMINATING_TIMEOUT")]
     terminating_timeout: Duration,
+    /// How long a planned pod of a live workflow may wait for Argo's controller to finish with
+    /// it (label it workflows.argoproj.io/completed=true, which Argo does from a queue rate
+    /// limited to 10 pods a second, minutes late under load) before --on-settle-timeout:
+    /// deleted earlier, Argo's queued label could land on the pod it re-creates under that
+    /// name, whose node then stays Pending. Also how long a reset is followed for a strand.
+    #[arg(long, default_value = "10m", value_parser = parse_timeout, env = "REWIND_SETTLE_TIMEOUT")]
+    settle_timeout: Duration,
+    /// What a retry does with planned pods Argo has not finished with at --settle-timeout: fail,
+    /// naming them and deleting none, or delete them anyway and say so.
+    #[arg(long, value_enum, default_value_t = OnSettleTimeout::Fail, env = "REWIND_ON_SETTLE_TIMEOUT")]
+    on_settle_timeout: OnSettleTimeout,
     /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
     /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
     #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
@@ -425,6 +437,8 @@ impl Tuning {
                 max_pods_in_flight: self.max_pods_in_flight,
                 max_open_per_namespace: self.max_open_per_namespace.get(),
                 terminating_timeout: self.terminating_timeout,
+                settle_timeout: self.settle_timeout,
+                on_settle_timeout: self.on_settle_timeout,
                 compression: self.compression.settings(),
                 ..RetryConfig::default()
             },
