@@ -20,18 +20,15 @@ use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::argo::workflow::Workflow;
 use crate::controller::expiry::Expiry;
-use crate::engine::budget::{Priority, on_behalf_of, with_priority};
+use crate::engine::budget::on_behalf_of;
 use crate::engine::workers::RequestKey;
 use crate::protocol::crd::{WorkflowRetry, WorkflowRetryStatus};
 use crate::protocol::request::{self, workflowretry_token};
 use crate::retry::Context;
 use crate::retry::live::{self, Target};
 use crate::retry::pickup;
+use crate::retry::report;
 use crate::retry::workflowretry::{self, Served};
-
-/// How long a note that a WorkflowRetry waits its turn may wait for the
-/// write budget before it is dropped (it is best effort, as Events are).
-const NOTE_WAIT: Duration = Duration::from_secs(2);
 
 /// Wait before trying a request again after a transient error, doubling up to
 /// [`RETRY_BACKOFF_MAX`].
@@ -316,8 +313,8 @@ impl Dispatcher {
         }
     }
 
-    /// Tells a WorkflowRetry that waits its turn why, once, as a report: at
-    /// the budget's lowest priority, and dropped when the budget is short.
+    /// Tells a WorkflowRetry that waits its turn why, once, as a report (see
+    /// [`report::best_effort`]).
     async fn note_waiting(&self, object: WorkflowRetry, open: usize) {
         let limit = self.ctx.config.max_open_per_namespace;
         let message = format!(
@@ -339,8 +336,9 @@ impl Dispatcher {
             PatchParams::default(),
             Patch::Merge(&patch),
         );
-        let writing = with_priority(Priority::Report, api.patch_status(&name, &params, &patch));
-        if let Ok(Err(error)) = tokio::time::timeout(NOTE_WAIT, writing).await {
+        if let Some(Err(error)) =
+            report::best_effort(api.patch_status(&name, &params, &patch)).await
+        {
             debug!(workflowretry = object.name_any(), %error, "could not say why a WorkflowRetry waits");
         }
     }

@@ -408,11 +408,12 @@ pub async fn run(
     observer: Arc<dyn Observer>,
 ) {
     loop {
-        let (lease, bulk_slot) = {
+        let (lease, bulk_slot, leased) = {
             let _turn = turn.lock().await;
             let Some(lease) = queue.next().await else {
                 break;
             };
+            let leased = std::time::Instant::now();
             // Waited for in the turn, so the next bulk delete to start is the
             // queue's next (its turns between requests), not any worker's.
             let bulk_slot = match &lease.item.work {
@@ -421,7 +422,7 @@ pub async fn run(
                 }
                 _ => None,
             };
-            (lease, bulk_slot)
+            (lease, bulk_slot, leased)
         };
         // The token is the item's namespace's and asker's, at its class's priority: a
         // tenant's deletes take that tenant's turns, and a retry's go before background work
@@ -431,7 +432,7 @@ pub async fn run(
             Class::Background => Priority::Background,
         };
         let work = async {
-            let leased = std::time::Instant::now();
+            let slot_ms = leased.elapsed().as_millis() as u64;
             // A bulk delete holds its slot: it takes its token ahead of the line.
             let token = match bulk_slot.is_some() {
                 true => budget.take_write_token_ahead(&lease.item.namespace).await,
@@ -439,7 +440,7 @@ pub async fn run(
             };
             // Where an item's time went before it was sent, for whoever asks why one
             // request waited.
-            debug!(request = %lease.request, token_ms = leased.elapsed().as_millis() as u64, "delete work sent");
+            debug!(request = %lease.request, slot_ms, token_ms = leased.elapsed().as_millis() as u64 - slot_ms, "delete work sent");
             token.spend_on(execute(&clients, &queue, &lease.item)).await
         };
         // The asker's deletes wait in a line of their own beside its other writes (its

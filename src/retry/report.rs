@@ -152,10 +152,18 @@ pub async fn end(report: &mut impl Report, ending: &Ending) -> Result<(), kube::
     recorded
 }
 
-/// How long an Event may wait for the write budget before it is dropped: Events are best
-/// effort, and under load a queue of them must not grow with the requests (each Event's wait
-/// holds its request's task).
-const EVENT_WAIT: Duration = Duration::from_secs(2);
+/// How long a report (an Event, the note that a WorkflowRetry waits its turn) may wait for
+/// the write budget before it is dropped: reports are best effort, and under load a queue of
+/// them must not grow with the requests (each one's wait holds a task).
+pub const REPORT_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs `write` as a report: at the budget's report priority, behind every retry's own
+/// requests; `None` if it was not done within [`REPORT_WAIT`] (it is dropped).
+pub async fn best_effort<F: Future>(write: F) -> Option<F::Output> {
+    tokio::time::timeout(REPORT_WAIT, with_priority(Priority::Report, write))
+        .await
+        .ok()
+}
 
 /// Events about one object (the workflow, or the WorkflowRetry).
 #[derive(Clone)]
@@ -201,7 +209,7 @@ impl Events {
     /// Publishes one Event at the budget's report priority, behind every
     /// retry's own requests; the future borrows nothing, so it can run beside
     /// the request. Events are best effort: one the budget has no room for
-    /// within [`EVENT_WAIT`] is dropped and counted, and a failure is logged.
+    /// within [`REPORT_WAIT`] is dropped and counted, and a failure is logged.
     pub fn publish(
         &self,
         type_: EventType,
@@ -218,11 +226,12 @@ impl Events {
         let (recorder, reference) = (self.recorder.clone(), self.reference.clone());
         let metrics = self.metrics.clone();
         async move {
-            let publishing = with_priority(Priority::Report, recorder.publish(&event, &reference));
-            match tokio::time::timeout(EVENT_WAIT, publishing).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => warn!(object = reference.name, error = %e, "could not publish event"),
-                Err(_) => {
+            match best_effort(recorder.publish(&event, &reference)).await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    warn!(object = reference.name, error = %e, "could not publish event")
+                }
+                None => {
                     debug!(
                         object = reference.name,
                         reason = event.reason,

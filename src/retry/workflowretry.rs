@@ -17,13 +17,13 @@
 //! last: a later request overwrites those annotations.
 
 use std::collections::BTreeMap;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use std::pin::pin;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 

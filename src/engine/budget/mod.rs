@@ -212,21 +212,8 @@ impl Budget {
     /// the token of the item it leased, then proves and sends it, so the proof is taken with
     /// the token in hand. Its write then waits for nothing but a slot and a pause.
     pub async fn take_write_token(&self, flow: &str) -> WriteToken {
-        let start = tokio::time::Instant::now();
         let _turns = self.turns(flow, Bucket::Write).await;
-        loop {
-            while let Some(until) = self.inner.flows.paused_until(flow) {
-                tokio::time::sleep_until(until).await;
-            }
-            self.take(Bucket::Write).await;
-            if self.inner.flows.paused_until(flow).is_none() {
-                break;
-            }
-        }
-        self.inner
-            .observer
-            .token_wait(Bucket::Write, start.elapsed());
-        WriteToken(())
+        self.write_token(flow, Line::Priority).await
     }
 
     /// Waits for a write token ahead of every priority and turn, for a request that holds a
@@ -236,22 +223,13 @@ impl Budget {
     /// writes go first, and the bulk deletes of all tenants behind it. Those waiting so are
     /// as many as the slots.
     pub async fn take_write_token_ahead(&self, flow: &str) -> WriteToken {
+        self.write_token(flow, Line::Ahead).await
+    }
+
+    async fn write_token(&self, flow: &str, line: Line) -> WriteToken {
         let start = tokio::time::Instant::now();
-        loop {
-            while let Some(until) = self.inner.flows.paused_until(flow) {
-                tokio::time::sleep_until(until).await;
-            }
-            {
-                let _pass = self.inner.lines[Bucket::Write.index()].enter_ahead().await;
-                self.bucket(Bucket::Write).acquire().await;
-                self.inner
-                    .observer
-                    .token_taken(Bucket::Write, classes::priority());
-            }
-            if self.inner.flows.paused_until(flow).is_none() {
-                break;
-            }
-        }
+        self.outside_pauses(flow, || self.take(Bucket::Write, line))
+            .await;
         self.inner
             .observer
             .token_wait(Bucket::Write, start.elapsed());
@@ -279,14 +257,30 @@ impl Budget {
         (asker, self.inner.flows.turn(&line, bucket).await)
     }
 
-    /// Takes a token of `bucket` when the line's turn comes to the task's priority.
-    async fn take(&self, bucket: Bucket) -> Duration {
-        let _pass = self.inner.lines[bucket.index()]
-            .enter(classes::priority())
-            .await;
-        let waited = self.bucket(bucket).acquire().await;
+    /// Takes a token of `bucket` when `line`'s turn comes.
+    async fn take(&self, bucket: Bucket, line: Line) {
+        let line_of = &self.inner.lines[bucket.index()];
+        let _pass = match line {
+            Line::Priority => line_of.enter(classes::priority()).await,
+            Line::Ahead => line_of.enter_ahead().await,
+        };
+        self.bucket(bucket).acquire().await;
         self.inner.observer.token_taken(bucket, classes::priority());
-        waited
+    }
+
+    /// Runs `take` (a token, or the wait for a pause) outside any pause of `flow`: again if
+    /// the flow was paused meanwhile (a token taken then is dropped, so nothing is sent
+    /// before the pause ends).
+    async fn outside_pauses<F: Future<Output = ()>>(&self, flow: &str, take: impl Fn() -> F) {
+        loop {
+            while let Some(until) = self.inner.flows.paused_until(flow) {
+                tokio::time::sleep_until(until).await;
+            }
+            take().await;
+            if self.inner.flows.paused_until(flow).is_none() {
+                return;
+            }
+        }
     }
 
     /// Waits until a request of `verb` in `flow` (its namespace) may be sent: the flow's turn
@@ -313,20 +307,13 @@ impl Budget {
         };
         // A token taken ahead was taken before any pause that began since (while this request
         // waited for a slot, say): the pause holds it back too.
-        loop {
-            while let Some(until) = self.inner.flows.paused_until(flow) {
-                tokio::time::sleep_until(until).await;
-            }
+        self.outside_pauses(flow, || async {
             match prepaid {
-                true => self.bucket(bucket).sit_out_pause().await,
-                false => self.take(bucket).await,
-            };
-            // A pause of the flow that began meanwhile holds this request back too (a token
-            // taken is dropped: nothing is sent before the pause ends).
-            if self.inner.flows.paused_until(flow).is_none() {
-                break;
+                true => drop(self.bucket(bucket).sit_out_pause().await),
+                false => self.take(bucket, Line::Priority).await,
             }
-        }
+        })
+        .await;
         let waited = start.elapsed();
         observer.token_wait(bucket, waited);
         if slot.is_some() {
@@ -387,6 +374,15 @@ impl Budget {
             Bucket::Write => &self.inner.writes,
         }
     }
+}
+
+/// Where a request waits in its bucket's line (see `classes`).
+#[derive(Clone, Copy)]
+enum Line {
+    /// At its task's priority.
+    Priority,
+    /// Ahead of every priority: it holds a scarce slot.
+    Ahead,
 }
 
 tokio::task_local! {
