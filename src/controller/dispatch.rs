@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use kube::ResourceExt;
 use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, error, info_span, warn};
@@ -29,6 +30,9 @@ use crate::retry::live::{self, Target};
 use crate::retry::pickup;
 use crate::retry::report;
 use crate::retry::workflowretry::{self, Served};
+
+/// Resets whose pickup by Argo is checked at once (see [`Dispatcher::follow`]).
+const MAX_FOLLOWED: usize = 64;
 
 /// Wait before trying a request again after a transient error, doubling up to
 /// [`RETRY_BACKOFF_MAX`].
@@ -107,6 +111,8 @@ pub struct Dispatcher {
     objects: Arc<Active<String>>,
     /// Each namespace's open WorkflowRetry objects and those waiting their turn.
     intake: Arc<Intake>,
+    /// Resets followed after their commit (see [`Dispatcher::follow`]).
+    followed: Arc<Semaphore>,
     /// Finished objects waiting out their TTL.
     expiry: Arc<Expiry>,
     /// Stops the requests in progress.
@@ -122,6 +128,7 @@ impl Dispatcher {
             workflows: Active::new(),
             objects: Active::new(),
             intake: Arc::default(),
+            followed: Arc::new(Semaphore::new(MAX_FOLLOWED)),
             expiry,
             shutdown,
             tasks: TaskTracker::new(),
@@ -222,10 +229,23 @@ impl Dispatcher {
     }
 
     /// Checks, beside the requests and for `--settle-timeout`, that Argo's
-    /// controller picks `reset` up (see [`pickup`]); ends at shutdown.
+    /// controller picks `reset` up (see [`pickup`]); ends at shutdown. At
+    /// most [`MAX_FOLLOWED`] resets are followed at once: each holds a watch
+    /// for up to the bound, and a busy cluster resets thousands of workflows
+    /// in that time. A reset past it is not checked (the check is a tripwire;
+    /// the settle wait is what keeps rewind from stranding a node).
     fn follow(&self, reset: pickup::Reset) {
+        let Ok(permit) = self.followed.clone().try_acquire_owned() else {
+            debug!(
+                namespace = reset.namespace,
+                workflow = reset.workflow,
+                "not checking that Argo picks this reset up: {MAX_FOLLOWED} resets are followed already"
+            );
+            return;
+        };
         let (ctx, shutdown) = (self.ctx.clone(), self.shutdown.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             let bound = ctx.config.settle_timeout;
             tokio::select! {
                 _ = shutdown.cancelled() => {}
