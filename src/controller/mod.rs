@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::PartialObjectMeta;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -173,7 +173,7 @@ impl Controller {
             workflows,
             admission: Admission::new(options.retry.max_pods_in_flight),
             progress: Default::default(),
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: crate::retry::recorder::Recorder::new(client.clone(), reporter),
             engine: Engine {
                 client,
                 queue: WorkQueue::new(options.queue),

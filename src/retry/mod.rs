@@ -9,13 +9,12 @@ pub mod live;
 pub mod object;
 pub mod pickup;
 pub mod progress;
+pub mod recorder;
 pub mod report;
 pub mod workflowretry;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use kube::runtime::events::Recorder;
 
 use crate::argo::db::ArgoDatabase;
 use crate::argo::plan::{self, ArgoVersion, RetryOptions};
@@ -151,7 +150,7 @@ impl Scope {
 pub struct Context {
     /// The budgeted client, the queue and the delete workers' answers.
     pub engine: Engine,
-    pub recorder: Recorder,
+    pub recorder: recorder::Recorder,
     pub config: RetryConfig,
     pub scope: Scope,
     /// The watched workflows' metadata.

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use tracing::{debug, warn};
 
 use crate::engine::budget::{Priority, with_priority};
 use crate::engine::fault;
 use crate::protocol::request::RetryPhase;
 use crate::retry::Context;
+use crate::retry::recorder::Recorder;
 use crate::telemetry::metrics::Metrics;
 
 /// Event reasons, as `kubectl describe` lists them.
@@ -136,18 +137,26 @@ pub async fn record(
 /// returned: the caller keeps the end until it is written, rather than serve
 /// the request again (an archived retry would create its workflow twice).
 pub async fn end(report: &mut impl Report, ending: &Ending) -> Result<(), kube::Error> {
-    let mut recorded = Ok(());
-    if let Some((phase, message)) = ending.status() {
-        recorded = record(report, phase, message).await;
-        if let Err(e) = &recorded {
-            warn!(object = report.events().name(), error = %e, "could not record how the retry ended");
-        }
-    }
+    let recorded = end_unannounced(report, ending).await;
     if let Some((type_, reason, note)) = ending.event() {
         report
             .events()
             .publish(type_, reason, note.to_owned())
             .await;
+    }
+    recorded
+}
+
+/// Tells the user how a request ended by its status alone, as [`end`] without the Event: for
+/// a request refused at once, whose status says all the Event would (one write, not two,
+/// under a burst of them).
+pub async fn end_unannounced(report: &mut impl Report, ending: &Ending) -> Result<(), kube::Error> {
+    let Some((phase, message)) = ending.status() else {
+        return Ok(());
+    };
+    let recorded = record(report, phase, message).await;
+    if let Err(e) = &recorded {
+        warn!(object = report.events().name(), error = %e, "could not record how the retry ended");
     }
     recorded
 }

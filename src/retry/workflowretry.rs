@@ -122,7 +122,7 @@ fn started_note(object: &WorkflowRetry) -> String {
     }
 }
 
-/// How soon a request must fail to count as refused at once, without a "started" Event.
+/// How soon a request must fail to count as refused at once: no Event, only its status.
 const QUICK_REFUSAL: Duration = Duration::from_secs(1);
 
 /// Serves `object` to its end, or until `stop` (it stays pending). The end
@@ -142,8 +142,8 @@ pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationTok
     }
     // The first Event is written beside the work, not before it: the retry need not wait for
     // it (tens of milliseconds on a busy API server). A request refused at once (its workflow
-    // missing, a bad spec) ends with its status and one Event, its failure: under a burst of
-    // such requests every write counts (docs/operating.md, "Many tenants").
+    // missing, a bad spec) ends with its status alone: under a burst of such requests every
+    // write counts (docs/operating.md, "Many tenants").
     let announced = first.then(|| report::Report::events(&status).started(started_note(object)));
     let result = {
         let mut work = pin!(async {
@@ -202,12 +202,18 @@ pub async fn serve(ctx: &Context, object: &WorkflowRetry, stop: &CancellationTok
         (Ending::Failed(_), Err(_)) => Priority::Answer,
         _ => Priority::Retry,
     };
-    with_priority(priority, end(&mut status, &ending)).await
+    // Refused at once, it ends with one write: its status, which says all an Event would.
+    let refused = priority == Priority::Answer && started.elapsed() < QUICK_REFUSAL;
+    with_priority(priority, end(&mut status, &ending, !refused)).await
 }
 
-/// Reports `ending`; the status to write still if it ended unrecorded.
-async fn end(status: &mut ObjectStatus<'_>, ending: &Ending) -> Served {
-    let recorded = report::end(status, ending).await;
+/// Reports `ending`, with an Event if `announce`; the status to write still if it ended
+/// unrecorded.
+async fn end(status: &mut ObjectStatus<'_>, ending: &Ending, announce: bool) -> Served {
+    let recorded = match announce {
+        true => report::end(status, ending).await,
+        false => report::end_unannounced(status, ending).await,
+    };
     match ending.status() {
         Some((phase, _)) if phase.is_finished() && recorded.is_err() => {
             Served::Unrecorded(Box::new(status.status.clone()))
@@ -234,7 +240,7 @@ pub async fn answer_panic(ctx: &Context, object: &WorkflowRetry, panic: &str) ->
     ));
     ctx.metrics
         .observe_retry(ending.metric_label(), Duration::ZERO);
-    end(&mut ObjectStatus::new(ctx, object), &ending).await
+    end(&mut ObjectStatus::new(ctx, object), &ending, true).await
 }
 
 /// How long a live target's follower waits for word of a change before it

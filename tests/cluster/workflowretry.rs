@@ -318,7 +318,7 @@ pub async fn workflowretries_that_cannot_be_served_fail_clearly_and_delete_nothi
             "{}: expected Failed with {expected:?}, got {phase:?} {message:?}",
             object.name_any()
         );
-        ctl::wait_event(&cluster, &namespace, &object.name_any(), "RetryFailed").await?;
+        // No Event is awaited: a request refused within a second ends with its status alone.
     }
     controller.stop().await?;
 

@@ -1,13 +1,19 @@
 //! Priority between kinds of work: which waiting request takes a bucket's next token.
 //!
 //! The flows (see `flows`) let at most one request per flow wait for a token; this line
-//! orders those waiters by [`Priority`], first come first served inside a priority, and lets
-//! one waiter at a time into the token bucket. The choice is made when a token is about to be
+//! orders those waiters by [`Priority`], and inside a priority by fair turns between
+//! namespaces, and lets one waiter at a time into the token bucket. The turns are start-time
+//! fair queueing's (Goyal, Vin and Cheng): a namespace's request is tagged with the round it
+//! may go in, the round being served or, for a namespace that just had a token, the next
+//! one; the lowest tag goes first, the first come among equals. A namespace that comes with
+//! its first request in a while so goes in the round under way, not behind every busy
+//! namespace's next request too (as a plain first-come line had it: with 100 namespaces
+//! busy, a quiet one's each step waited a whole round). The choice is made when a token is about to be
 //! taken, not when a request began to wait: a retry's write that arrives while a thousand
 //! reports wait goes next. A lower priority is never starved: while it waits, it takes at
 //! least one token in [`FLOOR`] + 1.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
@@ -79,7 +85,7 @@ struct State {
     /// Waiters that hold a scarce slot (see [`Line::enter_ahead`]), served before any
     /// priority.
     ahead: VecDeque<Waiter>,
-    waiting: [VecDeque<Waiter>; 4],
+    waiting: [Rounds<oneshot::Sender<()>>; 4],
     /// Tokens given to a more urgent priority while this one waited, since its last.
     passed_over: [u32; 4],
     next_id: u64,
@@ -90,15 +96,66 @@ struct Waiter {
     go: oneshot::Sender<()>,
 }
 
+/// One priority's waiters (`W`: each one's signal), by the round each may go in (see the
+/// module's comment).
+struct Rounds<W> {
+    /// (round, arrival) -> the waiter.
+    waiters: BTreeMap<(u64, u64), W>,
+    /// The round being served.
+    current: u64,
+    /// Each namespace's next round, kept while it is ahead of the current one.
+    next_of: HashMap<Box<str>, u64>,
+}
+
+impl<W> Default for Rounds<W> {
+    fn default() -> Self {
+        Rounds {
+            waiters: BTreeMap::new(),
+            current: 0,
+            next_of: HashMap::new(),
+        }
+    }
+}
+
+impl<W> Rounds<W> {
+    /// Queues waiter `id` of namespace `flow`; the round it goes in.
+    fn push(&mut self, flow: &str, id: u64, go: W) -> u64 {
+        let round = self
+            .next_of
+            .get(flow)
+            .map_or(self.current, |r| (*r).max(self.current));
+        self.next_of.insert(flow.into(), round + 1);
+        self.waiters.insert((round, id), go);
+        round
+    }
+
+    /// The next waiter, its round now the current one.
+    fn pop(&mut self) -> Option<W> {
+        let ((round, _), go) = self.waiters.pop_first()?;
+        self.current = round;
+        // A namespace whose next round has come is the same as one never seen: forget it,
+        // so the map holds the namespaces with recent turns, not every one ever seen.
+        if self.next_of.len() > 2 * self.waiters.len() + 64 {
+            self.next_of.retain(|_, next| *next > round);
+        }
+        Some(go)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+}
+
 /// The right to take the bucket's next token; dropping it lets the next waiter in.
 pub(super) struct Pass {
     state: Arc<Mutex<State>>,
 }
 
 impl Line {
-    /// Waits until it is this request's turn, at `priority`, to take a token.
-    pub(super) async fn enter(&self, priority: Priority) -> Pass {
-        self.wait(Some(priority)).await
+    /// Waits until it is this request's turn, at `priority` and among namespaces (`flow`
+    /// is the request's), to take a token.
+    pub(super) async fn enter(&self, priority: Priority, flow: &str) -> Pass {
+        self.wait(Some((priority, flow))).await
     }
 
     /// Waits for the next token before any priority: for a request that holds a slot few
@@ -108,9 +165,9 @@ impl Line {
         self.wait(None).await
     }
 
-    /// Waits in `priority`'s line, or ahead of them all.
-    async fn wait(&self, priority: Option<Priority>) -> Pass {
-        let (id, go) = {
+    /// Waits in `priority`'s line as namespace `flow`, or ahead of them all.
+    async fn wait(&self, priority: Option<(Priority, &str)>) -> Pass {
+        let (id, round, go) = {
             let mut state = lock(&self.state);
             if !state.busy {
                 state.busy = true;
@@ -121,13 +178,20 @@ impl Line {
             let id = state.next_id;
             state.next_id += 1;
             let (go, gone) = oneshot::channel();
-            state.line(priority).push_back(Waiter { id, go });
-            (id, gone)
+            let round = match priority {
+                Some((priority, flow)) => state.waiting[priority.index()].push(flow, id, go),
+                None => {
+                    state.ahead.push_back(Waiter { id, go });
+                    0
+                }
+            };
+            (id, round, gone)
         };
         let mut waiting = Waiting {
             state: &self.state,
             id,
-            priority,
+            round,
+            priority: priority.map(|(p, _)| p),
             armed: true,
         };
         // The sender is dropped only after it sent: a waiter is removed from the line
@@ -142,7 +206,11 @@ impl Line {
     /// Waiters in the line, for tests.
     #[cfg(test)]
     pub(super) fn waiting(&self) -> usize {
-        lock(&self.state).waiting.iter().map(VecDeque::len).sum()
+        lock(&self.state)
+            .waiting
+            .iter()
+            .map(|r| r.waiters.len())
+            .sum()
     }
 }
 
@@ -151,13 +219,6 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl State {
-    fn line(&mut self, priority: Option<Priority>) -> &mut VecDeque<Waiter> {
-        match priority {
-            Some(priority) => &mut self.waiting[priority.index()],
-            None => &mut self.ahead,
-        }
-    }
-
     /// Hands the bucket to the next waiter, or marks it free.
     fn next(&mut self) {
         if let Some(waiter) = self.ahead.pop_front() {
@@ -189,12 +250,12 @@ impl State {
             }
         }
         self.passed_over[chosen.index()] = 0;
-        let waiter = self.waiting[chosen.index()]
-            .pop_front()
+        let go = self.waiting[chosen.index()]
+            .pop()
             .expect("the chosen priority has a waiter");
         // A waiter whose future was dropped after this removal holds the bucket until its
         // `Waiting` drop passes it on, so the send's result does not matter here.
-        let _ = waiter.go.send(());
+        let _ = go.send(());
         self.busy = true;
     }
 }
@@ -204,6 +265,7 @@ impl State {
 struct Waiting<'a> {
     state: &'a Mutex<State>,
     id: u64,
+    round: u64,
     /// `None` when waiting ahead of the priorities.
     priority: Option<Priority>,
     armed: bool,
@@ -215,13 +277,19 @@ impl Drop for Waiting<'_> {
             return;
         }
         let mut state = lock(self.state);
-        let line = state.line(self.priority);
-        match line.iter().position(|w| w.id == self.id) {
-            Some(at) => {
-                line.remove(at);
-            }
-            // Its turn came as it was dropped: the next waiter's, then.
-            None => state.next(),
+        let left = match self.priority {
+            Some(p) => state.waiting[p.index()]
+                .waiters
+                .remove(&(self.round, self.id))
+                .is_some(),
+            None => match state.ahead.iter().position(|w| w.id == self.id) {
+                Some(at) => state.ahead.remove(at).is_some(),
+                None => false,
+            },
+        };
+        // Its turn came as it was dropped: the next waiter's, then.
+        if !left {
+            state.next();
         }
     }
 }
@@ -240,13 +308,13 @@ mod tests {
     /// Grants in the order they happen, each waiter holding the bucket for `hold`.
     async fn order(arrivals: Vec<(Priority, &'static str)>, hold: Duration) -> Vec<&'static str> {
         let line = Arc::new(Line::default());
-        let first = line.enter(Priority::Retry).await;
+        let first = line.enter(Priority::Retry, "ns").await;
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (priority, name) in arrivals {
             let (line, log) = (line.clone(), log.clone());
             tasks.push(tokio::spawn(async move {
-                let _pass = line.enter(priority).await;
+                let _pass = line.enter(priority, name).await;
                 log.lock().unwrap().push(name);
                 tokio::time::sleep(hold).await;
             }));
@@ -288,15 +356,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_dropped_before_or_at_its_turn_never_stalls_the_line() {
         let line = Arc::new(Line::default());
-        let first = line.enter(Priority::Retry).await;
+        let first = line.enter(Priority::Retry, "ns").await;
         let gone = {
             let line = line.clone();
-            tokio::spawn(async move { line.enter(Priority::Retry).await })
+            tokio::spawn(async move { line.enter(Priority::Retry, "ns").await })
         };
         tokio::task::yield_now().await;
         let next = {
             let line = line.clone();
-            tokio::spawn(async move { drop(line.enter(Priority::Report).await) })
+            tokio::spawn(async move { drop(line.enter(Priority::Report, "ns").await) })
         };
         tokio::task::yield_now().await;
         assert_eq!(line.waiting(), 2);
@@ -309,9 +377,53 @@ mod tests {
             .expect("the next waiter got its turn")
             .unwrap();
         // Free again: the next comer enters at once.
-        tokio::time::timeout(Duration::from_millis(1), line.enter(Priority::Report))
+        tokio::time::timeout(Duration::from_millis(1), line.enter(Priority::Report, "ns"))
             .await
             .expect("the line is free");
+    }
+}
+
+#[cfg(test)]
+mod rounds {
+    use super::*;
+
+    #[test]
+    fn a_namespace_back_after_a_while_goes_in_the_round_under_way() {
+        let mut rounds = Rounds::default();
+        let mut id = 0;
+        let mut push = |rounds: &mut Rounds<&'static str>, flow: &'static str| {
+            id += 1;
+            rounds.push(flow, id, flow);
+        };
+        for flow in ["a", "b", "c"] {
+            push(&mut rounds, flow);
+        }
+        let mut served = vec![rounds.pop().unwrap()];
+        // Busy namespaces ask again as soon as they were served: their next round.
+        push(&mut rounds, served[0]);
+        served.push(rounds.pop().unwrap());
+        push(&mut rounds, served[1]);
+        push(&mut rounds, "quiet");
+        while let Some(flow) = rounds.pop() {
+            served.push(flow);
+        }
+        assert_eq!(served, ["a", "b", "c", "quiet", "a", "b"]);
+    }
+
+    #[test]
+    fn namespaces_are_forgotten_once_the_rounds_passed_their_turns() {
+        let mut rounds = Rounds::default();
+        for id in 0..1000 {
+            rounds.push(&format!("ns-{id}"), id, ());
+            rounds.pop();
+        }
+        // Each went once in round 0, the round still under way: each waits for round 1.
+        assert_eq!(rounds.next_of.len(), 1000);
+        for id in 1000..1003 {
+            rounds.push("busy", id, ());
+            rounds.pop();
+        }
+        assert_eq!(rounds.next_of.len(), 1, "{:?}", rounds.next_of);
     }
 }
 
@@ -322,7 +434,7 @@ mod ahead {
     #[tokio::test(start_paused = true)]
     async fn a_slot_holder_goes_before_every_priority() {
         let line = Arc::new(Line::default());
-        let first = line.enter(Priority::Retry).await;
+        let first = line.enter(Priority::Retry, "ns").await;
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (ahead, name) in [(false, "retry"), (true, "slot")] {
@@ -330,7 +442,7 @@ mod ahead {
             tasks.push(tokio::spawn(async move {
                 let _pass = match ahead {
                     true => line.enter_ahead().await,
-                    false => line.enter(Priority::Retry).await,
+                    false => line.enter(Priority::Retry, "ns").await,
                 };
                 log.lock().unwrap().push(name);
             }));
