@@ -24,9 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde::{Deserialize, Serialize};
@@ -34,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::request::{self, RetryPhase, annotations};
 use rewind::testenv::bench::child::RewindController;
-use rewind::testenv::bench::cli;
 use rewind::testenv::bench::stats::Summary;
+use rewind::testenv::bench::{caller, cli};
 use rewind::testenv::clients::{ArgoServer, Router};
 use rewind::testenv::free_port;
 use rewind::testenv::localcluster::{LocalCluster, Options};
@@ -202,78 +200,6 @@ fn check_committed() -> anyhow::Result<usize> {
     Ok(checked)
 }
 
-/// The ServiceAccount every call runs as: what Argo's server needs of a caller to retry
-/// (it deletes the pods as the caller), cluster-wide.
-async fn caller_token(admin: &kube::Client) -> anyhow::Result<String> {
-    let meta = |name: &str| ObjectMeta {
-        name: Some(name.into()),
-        ..Default::default()
-    };
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ACCOUNT_NAMESPACE);
-    accounts
-        .create(
-            &PostParams::default(),
-            &ServiceAccount {
-                metadata: meta(ACCOUNT),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let rule = |group: &str, resource: &str, verbs: &[&str]| PolicyRule {
-        api_groups: Some(vec![group.into()]),
-        resources: Some(vec![resource.into()]),
-        verbs: verbs.iter().map(|v| v.to_string()).collect(),
-        ..Default::default()
-    };
-    let role = ClusterRole {
-        metadata: meta("bench-retrier"),
-        rules: Some(vec![
-            rule(
-                "argoproj.io",
-                "workflows",
-                &["get", "list", "watch", "update", "patch"],
-            ),
-            rule("", "pods", &["get", "list", "delete"]),
-        ]),
-        ..Default::default()
-    };
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await?;
-    let binding = ClusterRoleBinding {
-        metadata: meta("bench-retrier"),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: "bench-retrier".into(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name: ACCOUNT.into(),
-            namespace: Some(ACCOUNT_NAMESPACE.into()),
-            ..Default::default()
-        }]),
-    };
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await?;
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(FINISH.as_secs() as i64),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let answer = accounts
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await?;
-    Ok(answer
-        .status
-        .context("a TokenRequest answers a status")?
-        .token)
-}
-
 /// Everything one control plane runs for the rows.
 struct Plane {
     cluster: LocalCluster,
@@ -288,7 +214,7 @@ struct Plane {
 async fn plane(rewind_bin: &Path, argo: &Path) -> anyhow::Result<Plane> {
     let cluster = LocalCluster::start(Options::default()).await?;
     let admin = cluster.admin_client();
-    let token = caller_token(&admin).await?;
+    let token = caller::token(&admin, ACCOUNT_NAMESPACE, ACCOUNT, FINISH).await?;
     let dir = tempfile::tempdir()?;
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()])?;
     let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));

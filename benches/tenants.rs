@@ -2,8 +2,11 @@
 //! a platform team's would load rewind, beside a quiet namespace's retry.
 //!
 //! `--tenants` namespaces each create one WorkflowRetry a second for `--seconds`; one in
-//! `--real-every` names a real failed workflow of 5 pods, the others a workflow that does not
-//! exist (a typo, a stale name). A quiet namespace retries a workflow of `--quiet-pods` failed
+//! `--real-every` names a real failed workflow of 5 pods (namespace i's in the seconds where
+//! second + i is a multiple of it, as independent tenants' would fall; with `--aligned`, every
+//! namespace's in the same second, the worst case), the others a workflow that does not exist
+//! (a typo, a stale name). With `--mix` the asks are in turn a WorkflowRetry, an annotation
+//! (on a real workflow) and Argo's retry call through rewind's Argo API. A quiet namespace retries a workflow of `--quiet-pods` failed
 //! pods by annotation three times: on the idle controller, in the middle of the load, and as
 //! the load stops. The controller is the release binary with its defaults but for `--qps` and
 //! `--burst`, serving every namespace. Measured: each quiet retry from its ask to its end;
@@ -13,6 +16,7 @@
 //! verb). Written to bench/results/NAME.md, .json and .png (`--out NAME`, default tenants).
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +25,7 @@ use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, PartialObjectMeta, PostParams};
 use kube::runtime::watcher::{self, Event, watcher};
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -30,9 +34,10 @@ use tokio::time::Instant;
 use rewind::argo::workflow::Workflow;
 use rewind::protocol::crd::{WorkflowRetry, WorkflowRetrySpec};
 use rewind::protocol::request::{self, RetryPhase, annotations};
-use rewind::testenv::bench::audit;
 use rewind::testenv::bench::child::RewindController;
 use rewind::testenv::bench::stats;
+use rewind::testenv::bench::{audit, caller};
+use rewind::testenv::free_port;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options};
 use rewind::testenv::workload::FailedDag;
 
@@ -48,6 +53,14 @@ struct Args {
     tenants: usize,
     seconds: usize,
     real_every: usize,
+    /// Every namespace asks its real retry in the same second (the worst case); otherwise
+    /// namespace i asks in the seconds where (second + i) is a multiple of `real_every`.
+    #[serde(default)]
+    aligned: bool,
+    /// The asks are a mix: WorkflowRetries, annotations (on real workflows) and Argo's retry
+    /// call (through rewind's Argo API), in turn; otherwise WorkflowRetries only.
+    #[serde(default)]
+    mix: bool,
     quiet_pods: usize,
     qps: u32,
     burst: u32,
@@ -66,6 +79,8 @@ fn args() -> anyhow::Result<Option<Args>> {
         tenants: 100,
         seconds: 180,
         real_every: 10,
+        aligned: false,
+        mix: false,
         quiet_pods: 200,
         qps: 20,
         burst: 30,
@@ -75,6 +90,14 @@ fn args() -> anyhow::Result<Option<Args>> {
     };
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
     while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--aligned" => args.aligned = true,
+            "--mix" => args.mix = true,
+            _ => {}
+        }
+        if flag == "--aligned" || flag == "--mix" {
+            continue;
+        }
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--tenants" => args.tenants = value()?.parse()?,
@@ -87,7 +110,7 @@ fn args() -> anyhow::Result<Option<Args>> {
             "--read-burst" => args.read_burst = value()?.parse()?,
             "--out" => args.out = value()?,
             other => bail!(
-                "unknown flag {other}; flags: --tenants --seconds --real-every --quiet-pods --qps --burst --read-qps --read-burst --out"
+                "unknown flag {other}; flags: --tenants --seconds --real-every --aligned --mix --quiet-pods --qps --burst --read-qps --read-burst --out"
             ),
         }
     }
@@ -194,21 +217,41 @@ async fn main() -> anyhow::Result<()> {
 
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_rewind"));
     let log = std::env::temp_dir().join(format!("rewind-{}-controller.log", args.out));
+    let argo_api = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let mut flags: Vec<String> = Vec::new();
+    if args.mix {
+        // Every call comes from this one address, as through one Argo Server: the limits
+        // per address and of reviews are sized for the load, as `--qps` is (a call costs
+        // three SubjectAccessReviews; a real one lasts a second or two).
+        flags.extend([
+            format!("--argo-api-addr={argo_api}"),
+            "--argo-api-plaintext=true".into(),
+            "--argo-api-review-qps=200".into(),
+            "--argo-api-review-burst=300".into(),
+            "--argo-api-reviews-per-source=128".into(),
+            "--argo-api-max-calls-per-source=256".into(),
+            "--argo-api-max-connections-per-source=256".into(),
+        ]);
+    }
     let controller = RewindController::start(
         &binary,
         &cluster,
         &[
-            "--qps".into(),
-            args.qps.to_string(),
-            "--burst".into(),
-            args.burst.to_string(),
-            "--read-qps".into(),
-            args.read_qps.to_string(),
-            "--read-burst".into(),
-            args.read_burst.to_string(),
-            "--argo-configmap".into(),
-            String::new(),
-        ],
+            flags,
+            vec![
+                "--qps".into(),
+                args.qps.to_string(),
+                "--burst".into(),
+                args.burst.to_string(),
+                "--read-qps".into(),
+                args.read_qps.to_string(),
+                "--read-burst".into(),
+                args.read_burst.to_string(),
+                "--argo-configmap".into(),
+                String::new(),
+            ],
+        ]
+        .concat(),
         log.clone(),
         Duration::from_secs(60),
     )
@@ -230,6 +273,10 @@ async fn main() -> anyhow::Result<()> {
             let mut stream = watcher(api, watcher::Config::default()).boxed();
             while let Some(event) = stream.next().await {
                 if let Ok(Event::Apply(o) | Event::InitApply(o)) = event {
+                    // Those of the load's asks: not the ones rewind's Argo API creates.
+                    if !o.name_any().starts_with("ask-") {
+                        continue;
+                    }
                     let status = o.status.clone().unwrap_or_default();
                     let ended = status
                         .phase
@@ -280,12 +327,29 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     println!(
-        "load: {} namespaces, one WorkflowRetry a second each, for {} s",
+        "load: {} namespaces, one retry a second each, for {} s",
         args.tenants, args.seconds
     );
+    let askers = Askers {
+        admin: admin.clone(),
+        argo: match args.mix {
+            true => {
+                let token =
+                    caller::token(&admin, "default", "retrier", Duration::from_secs(3600)).await?;
+                let client = kube::Client::try_from(kube::Config::new(
+                    format!("http://{argo_api}").parse()?,
+                ))?;
+                Some((client, token))
+            }
+            false => None,
+        },
+        ends: ends.clone(),
+        annotated: Arc::default(),
+    };
+    let following = tokio::spawn(askers.clone().follow_annotations());
     let load = {
-        let (admin, tenants, a) = (admin.clone(), tenants.clone(), args.clone());
-        tokio::spawn(async move { ask_every_second(admin, tenants, &a).await })
+        let (tenants, a) = (tenants.clone(), args.clone());
+        tokio::spawn(async move { ask_every_second(askers, tenants, &a).await })
     };
     tokio::time::sleep(Duration::from_secs(args.seconds as u64 / 2)).await;
     let quiet_during = quiet_retry(&admin, "during").await?;
@@ -318,6 +382,7 @@ async fn main() -> anyhow::Result<()> {
     );
     sampling.abort();
     watching.abort();
+    following.abort();
     let peak_rss_mib = rss(&controller);
     controller.stop()?;
 
@@ -354,9 +419,150 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Creates one WorkflowRetry a second in every namespace; returns how many it created.
-async fn ask_every_second(
+/// How one ask is made.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Object,
+    Annotation,
+    Call,
+}
+
+/// How namespace `i` asks in `second`: a WorkflowRetry, or with `--mix` in turn an annotation
+/// (on a real workflow: a typo'd name cannot be annotated) and Argo's retry call.
+fn kind(args: &Args, second: usize, i: usize, real: bool) -> Kind {
+    match ((second + i) % 3, args.mix, real) {
+        (_, false, _) => Kind::Object,
+        (1, true, true) => Kind::Annotation,
+        (2, true, _) => Kind::Call,
+        _ => Kind::Object,
+    }
+}
+
+/// What the load asks with, and where it notes each ask and its end.
+#[derive(Clone)]
+struct Askers {
     admin: kube::Client,
+    /// rewind's Argo API (with `--mix`) and the caller's bearer token.
+    argo: Option<(kube::Client, String)>,
+    ends: Ends,
+    /// (namespace, workflow) -> the token an annotation asked with.
+    annotated: Arc<Mutex<HashMap<(String, String), String>>>,
+}
+
+impl Askers {
+    fn asked(&self, key: String, real: bool) {
+        self.ends.lock().unwrap().insert(
+            key,
+            Asked {
+                created: Timestamp::now(),
+                ended: None,
+                real,
+            },
+        );
+    }
+
+    fn ended(&self, key: &str) {
+        if let Some(asked) = self.ends.lock().unwrap().get_mut(key) {
+            asked.ended.get_or_insert_with(Timestamp::now);
+        }
+    }
+
+    /// Asks for a retry of `target` in `tenant` as `kind` says.
+    async fn ask(
+        &self,
+        kind: Kind,
+        tenant: String,
+        second: usize,
+        target: String,
+        real: bool,
+    ) -> anyhow::Result<()> {
+        let name = format!("ask-{second:04}");
+        match kind {
+            Kind::Object => {
+                let api: Api<WorkflowRetry> = Api::namespaced(self.admin.clone(), &tenant);
+                let object = WorkflowRetry::new(
+                    &name,
+                    WorkflowRetrySpec {
+                        workflow_name: Some(target),
+                        ..Default::default()
+                    },
+                );
+                api.create(&PostParams::default(), &object).await?;
+            }
+            Kind::Annotation => {
+                self.asked(annotation_key(&tenant, &target), real);
+                self.annotated
+                    .lock()
+                    .unwrap()
+                    .insert((tenant.clone(), target.clone()), name.clone());
+                let patch =
+                    serde_json::json!({"metadata": {"annotations": {annotations::RETRY: name}}});
+                Api::<Workflow>::namespaced(self.admin.clone(), &tenant)
+                    .patch_metadata(
+                        &target,
+                        &Default::default(),
+                        &kube::api::Patch::Merge(&patch),
+                    )
+                    .await?;
+            }
+            Kind::Call => {
+                let (client, token) = self
+                    .argo
+                    .clone()
+                    .context("--mix starts rewind's Argo API")?;
+                let key = format!("call/{tenant}/{name}");
+                self.asked(key.clone(), real);
+                let this = self.clone();
+                // Argo's call answers once the retry ended: its answer is the end.
+                tokio::spawn(async move {
+                    let request =
+                        http::Request::put(format!("/api/v1/workflows/{tenant}/{target}/retry"))
+                            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+                            .header(http::header::CONTENT_TYPE, "application/json")
+                            .body(b"{}".to_vec())
+                            .expect("a valid request");
+                    match client.request_text(request).await {
+                        Ok(_) => {}
+                        // Argo's NotFound (its gRPC code in the body): the answer a typo gets.
+                        Err(kube::Error::Api(_)) if !real => {}
+                        Err(error) => eprintln!("Argo's retry call for {tenant}/{target}: {error}"),
+                    }
+                    this.ended(&key);
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes the end of each annotation's request as a watch of the workflows sees it.
+    async fn follow_annotations(self) {
+        let api = Api::<PartialObjectMeta<Workflow>>::all(self.admin.clone());
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = stream.next().await {
+            let Ok(Event::Apply(meta) | Event::InitApply(meta)) = event else {
+                continue;
+            };
+            let key = (meta.namespace().unwrap_or_default(), meta.name_any());
+            let Some(token) = self.annotated.lock().unwrap().get(&key).cloned() else {
+                continue;
+            };
+            if let Ok(Some(status)) = request::status_of(meta.annotations(), &token)
+                && status.phase.is_finished()
+            {
+                self.annotated.lock().unwrap().remove(&key);
+                self.ended(&annotation_key(&key.0, &key.1));
+            }
+        }
+    }
+}
+
+fn annotation_key(tenant: &str, workflow: &str) -> String {
+    format!("annotation/{tenant}/{workflow}")
+}
+
+/// Asks once a second in every namespace; returns how many it asked.
+async fn ask_every_second(
+    askers: Askers,
     tenants: Vec<String>,
     args: &Args,
 ) -> anyhow::Result<usize> {
@@ -364,27 +570,21 @@ async fn ask_every_second(
     let mut asked = 0;
     for second in 0..args.seconds {
         tick.tick().await;
-        let target = match second % args.real_every {
-            0 => format!("real-{}", second / args.real_every),
-            _ => format!("missing-{second}"),
-        };
-        let created = futures::stream::iter(tenants.clone())
-            .map(|tenant| {
-                let api: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &tenant);
-                let object = WorkflowRetry::new(
-                    &format!("ask-{second:04}"),
-                    WorkflowRetrySpec {
-                        workflow_name: Some(target.clone()),
-                        ..Default::default()
-                    },
-                );
-                async move { api.create(&PostParams::default(), &object).await }
+        let done = futures::stream::iter(tenants.clone().into_iter().enumerate())
+            .map(|(i, tenant)| {
+                let phase = if args.aligned { 0 } else { i };
+                let real = (second + phase) % args.real_every == 0;
+                let target = match real {
+                    true => format!("real-{}", second / args.real_every),
+                    false => format!("missing-{second}"),
+                };
+                askers.ask(kind(args, second, i, real), tenant, second, target, real)
             })
             .buffer_unordered(32)
             .try_collect::<Vec<_>>()
             .await
-            .context("creating the second's WorkflowRetries")?;
-        asked += created.len();
+            .context("asking the second's retries")?;
+        asked += done.len();
     }
     Ok(asked)
 }
@@ -430,16 +630,23 @@ fn current_rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// The committed table is the one its run's JSON makes.
+/// Under `cargo test`: each committed result's table is its JSON rendered
+/// (`REWIND_UPDATE_RESULTS=1` renders them again, after a change of the table's words).
 fn check_committed() -> anyhow::Result<()> {
-    let dir = Path::new(RESULTS);
-    let json = std::fs::read_to_string(dir.join("tenants.json"))?;
-    let results: Results = serde_json::from_str(&json).context("reading tenants.json")?;
-    let md = std::fs::read_to_string(dir.join("tenants.md"))?;
-    ensure!(
-        md == markdown(&results),
-        "{RESULTS}/tenants.md has drifted from tenants.json: run the benchmark again"
-    );
+    for name in ["tenants", "tenants-aligned", "tenants-mix"] {
+        let dir = Path::new(RESULTS);
+        let json = std::fs::read_to_string(dir.join(format!("{name}.json")))?;
+        let results: Results =
+            serde_json::from_str(&json).with_context(|| format!("reading {name}.json"))?;
+        if std::env::var_os("REWIND_UPDATE_RESULTS").is_some() {
+            std::fs::write(dir.join(format!("{name}.md")), markdown(&results))?;
+        }
+        let md = std::fs::read_to_string(dir.join(format!("{name}.md")))?;
+        ensure!(
+            md == markdown(&results),
+            "{RESULTS}/{name}.md has drifted from {name}.json: run the benchmark again"
+        );
+    }
     Ok(())
 }
 
@@ -462,9 +669,9 @@ fn markdown(r: &Results) -> String {
     let ratio = |s: f64| s / r.quiet_idle_seconds;
     format!(
         "# Many tenants at once ({date})\n\n\
-         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb} --out {out}`\n\n\
-         {t} namespaces each created one WorkflowRetry a second for {s} s ({asked} in all): one in {e} named a real \
-         failed workflow of {REAL_PODS} pods ({real} such), the others a workflow that does not exist. A quiet namespace \
+         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e}{al}{mx} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb} --out {out}`\n\n\
+         {t} namespaces each asked a retry a second for {s} s ({asked} in all; {how}): one in {e} named a real \
+         failed workflow of {REAL_PODS} pods ({real} such; {when}), the others a workflow that does not exist. A quiet namespace \
          retried a {q}-pod workflow by annotation on the idle controller, in the middle of the load and as it stopped. \
          The controller: the release binary, its defaults but for its budget: writes {qps} QPS, burst {b}; reads {rq} QPS, burst {rb}.\n\n\
          | measure | value |\n|---|---:|\n\
@@ -482,6 +689,21 @@ fn markdown(r: &Results) -> String {
         t = a.tenants,
         s = a.seconds,
         e = a.real_every,
+        al = if a.aligned { " --aligned" } else { "" },
+        mx = if a.mix { " --mix" } else { "" },
+        how = if a.mix {
+            "in turn a WorkflowRetry, an annotation on a real workflow (a missing one cannot be annotated: a WorkflowRetry instead) and Argo's retry call through rewind's Argo API"
+        } else {
+            "each a WorkflowRetry"
+        },
+        when = if a.aligned {
+            "every namespace asked its real retry in the same second".to_owned()
+        } else {
+            format!(
+                "namespace i in the seconds where second + i is a multiple of {}",
+                a.real_every
+            )
+        },
         q = a.quiet_pods,
         qps = a.qps,
         b = a.burst,

@@ -417,8 +417,12 @@ impl Dispatcher {
                     workflowretry::answer_panic(&self.ctx, &object, &panic).await
                 }
             };
-            if let Served::Unrecorded(end) = outcome {
-                unrecorded = Some(end);
+            match outcome {
+                // Its end is written; its watch event hands it to [`Expiry`]. Read again to
+                // confirm it, every request would cost one more read.
+                Served::Ended => return,
+                Served::Unrecorded(end) => unrecorded = Some(end),
+                Served::Reported => {}
             }
             served = true;
         }

@@ -104,8 +104,10 @@ fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ServeError {
 /// How serving a WorkflowRetry went, for its dispatcher.
 #[derive(Debug)]
 pub enum Served {
-    /// Its end is written in its status, or it stays pending (a passing
-    /// fault, shutdown): read it again, and serve it again if unfinished.
+    /// Its end is written in its status: done, with no read to confirm it.
+    Ended,
+    /// It stays pending (a passing fault, shutdown), or its end is not known
+    /// here: read it again, and serve it again if unfinished.
     Reported,
     /// It ended, but its status could not say so: write this status, and
     /// never serve the request again (an archived retry would create its
@@ -215,9 +217,10 @@ async fn end(status: &mut ObjectStatus<'_>, ending: &Ending, announce: bool) -> 
         false => report::end_unannounced(status, ending).await,
     };
     match ending.status() {
-        Some((phase, _)) if phase.is_finished() && recorded.is_err() => {
-            Served::Unrecorded(Box::new(status.status.clone()))
-        }
+        Some((phase, _)) if phase.is_finished() => match recorded {
+            Ok(()) => Served::Ended,
+            Err(_) => Served::Unrecorded(Box::new(status.status.clone())),
+        },
         _ => Served::Reported,
     }
 }

@@ -3,7 +3,7 @@
 //! real controller binary and other children measured for CPU and memory
 //! ([`child`], [`usage`]), a neighbour whose latency is the retry's cost to
 //! others ([`neighbours`]) and the API server's account of its reads' waits
-//! ([`cache_wait`]), medians with their spread ([`stats`]), the
+//! ([`cache_wait`]), the caller of Argo's retry calls ([`caller`]), medians with their spread ([`stats`]), the
 //! table of results ([`report`]) and what a batch of retries asked by one
 //! command adds to it ([`batch`]). Every benchmark main parses its flags and
 //! starts its logging with [`cli`].
@@ -11,6 +11,7 @@
 pub mod audit;
 pub mod batch;
 pub mod cache_wait;
+pub mod caller;
 pub mod child;
 pub mod cli;
 pub mod neighbours;
