@@ -236,9 +236,12 @@ pub fn now() -> String {
         .to_string()
 }
 
+/// What a WorkflowRetry's live request token starts with, before its UID.
+pub const WORKFLOWRETRY_TOKEN_PREFIX: &str = "workflowretry-";
+
 /// The `rewind.dev/retry` token of a WorkflowRetry's live request.
 pub fn workflowretry_token(uid: &str) -> String {
-    format!("workflowretry-{uid}")
+    format!("{WORKFLOWRETRY_TOKEN_PREFIX}{uid}")
 }
 
 /// The progress `annotations` report for request `token`: `None` when they

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::EventType;
 use tokio::time::Instant;
@@ -29,6 +29,7 @@ use crate::argo::plan::compress::decode_nodes;
 use crate::argo::workflow::{Workflow, labels};
 use crate::engine::fault;
 use crate::engine::pods::{PodEvent, watch_pods};
+use crate::protocol::crd::WorkflowRetry;
 use crate::protocol::request::{self, annotations};
 use crate::retry::Context;
 use crate::retry::report::Events;
@@ -198,7 +199,8 @@ async fn check(ctx: &Context, reset: &Reset, labelled: BTreeMap<String, String>)
 }
 
 /// Tells the user of `strand`: log, metric, Event, and the request's status
-/// message, if the workflow still reports this request.
+/// message, if the workflow still reports this request, and a
+/// WorkflowRetry's, which `kubectl get wfretry` and `rewind status` show.
 async fn report(ctx: &Context, reset: &Reset, strand: &Strand) {
     let message = strand.message(&reset.namespace);
     warn!(
@@ -237,7 +239,56 @@ async fn report(ctx: &Context, reset: &Reset, strand: &Strand) {
             .await
         {
             Err(error) if fault::api_code(&error) == Some(409) => continue,
-            _ => return,
+            _ => break,
+        }
+    }
+    if let Some(uid) = reset
+        .token
+        .strip_prefix(request::WORKFLOWRETRY_TOKEN_PREFIX)
+    {
+        tell_object(ctx, &reset.namespace, uid, &message).await;
+    }
+}
+
+/// Adds `message` to the status message of the WorkflowRetry `uid`, which
+/// has most often ended by now. A strand is rare, so the object is found by
+/// one list of the namespace's WorkflowRetries, not kept from the start.
+async fn tell_object(ctx: &Context, namespace: &str, uid: &str, message: &str) {
+    let retries: Api<WorkflowRetry> = Api::namespaced(ctx.client(), namespace);
+    for _ in 0..3 {
+        let listed = match retries.list(&ListParams::default()).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                debug!(namespace, error = %fault::explain(&error), "listing WorkflowRetries to report a strand failed");
+                return;
+            }
+        };
+        let Some(object) = listed
+            .items
+            .into_iter()
+            .find(|o| o.metadata.uid.as_deref() == Some(uid))
+        else {
+            return;
+        };
+        let current = object.status.map(|s| s.message).unwrap_or_default();
+        if current.contains(message) {
+            return;
+        }
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": object.metadata.resource_version},
+            "status": {"message": request::bounded(&format!("{current}; {message}"))},
+        });
+        let name = object.metadata.name.unwrap_or_default();
+        match retries
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(error) if fault::api_code(&error) == Some(409) => continue,
+            Err(error) => {
+                debug!(namespace, name, error = %fault::explain(&error), "reporting a strand on its WorkflowRetry failed");
+                return;
+            }
+            Ok(_) => return,
         }
     }
 }

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::argoapi::auth::AuthMode;
+use crate::argoapi::tls::CertFiles;
+use crate::controller::ArgoApiOptions;
 use crate::testenv::argo::{self, CONTROLLER_NAMESPACE, Error, log_tail, spawn_tied};
 use crate::testenv::free_port;
 use crate::testenv::localcluster::{LocalCluster, Role};
@@ -532,6 +535,24 @@ pub async fn sso_login(argo: SocketAddr, email: &str) -> Result<String, Error> {
                 "the login ended at {ended} and Argo's callback set no `authorization` cookie of `Bearer v2:`; the cookies:\n{cookies}"
             ))
         })
+}
+
+/// rewind's Argo API on `addr` as Argo's `--auth-mode=client` serves: every caller
+/// authenticated by its own Kubernetes token; TLS with `tls`, else plain HTTP.
+pub fn client_mode_api(addr: SocketAddr, tls: Option<CertFiles>) -> ArgoApiOptions {
+    ArgoApiOptions {
+        addr,
+        settings: crate::argoapi::Settings {
+            modes: vec![AuthMode::Client],
+            server_account: None,
+            argo_server: None,
+            sso_rbac: None,
+            sso_delegate: false,
+            tls,
+            limits: Default::default(),
+            reviews: Default::default(),
+        },
+    }
 }
 
 #[cfg(test)]

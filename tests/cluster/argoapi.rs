@@ -47,19 +47,7 @@ fn ensure_status(answer: &(u16, Value), http: u16, code: i64, words: &str) -> an
 }
 
 fn api_options(addr: SocketAddr, tls: Option<CertFiles>) -> ArgoApiOptions {
-    ArgoApiOptions {
-        addr,
-        settings: rewind::argoapi::Settings {
-            modes: vec![AuthMode::Client],
-            server_account: None,
-            argo_server: None,
-            sso_rbac: None,
-            sso_delegate: false,
-            tls,
-            limits: Default::default(),
-            reviews: Default::default(),
-        },
-    }
+    rewind::testenv::clients::client_mode_api(addr, tls)
 }
 
 /// A self-signed certificate for 127.0.0.1 in `dir`, as the chart generates one.

@@ -11,15 +11,17 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::engine::drive::OnSettleTimeout;
-use rewind::protocol::request::RetryPhase;
+use rewind::protocol::crd::WorkflowRetry;
+use rewind::protocol::request::{RetryPhase, workflowretry_token};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster};
 use rewind::testenv::workload::FailedDag;
 
 use crate::endings::wait_message;
 use crate::support::controller as ctl;
+use crate::support::workflowretry as wr;
 
 const BOUND: Duration = Duration::from_secs(6);
 
@@ -177,14 +179,19 @@ pub async fn a_stranded_reset_node_is_reported_with_its_fix(
     let mut options = ctl::options(50, 50, true);
     options.retry.settle_timeout = PICKUP;
     let controller = ctl::start(&cluster, &namespace, options).await?;
-    let token = "strand-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
-    let (_, status) = ctl::wait_finished(&workflows, &dag.name, token, PICKUP).await?;
+    // Asked as an object, whose status is told as well as the workflow's.
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    let object = retries
+        .create(&PostParams::default(), &wr::live("strand", &dag.name, None))
+        .await?;
+    let ended = wr::wait_finished(&retries, "strand").await?;
     ensure!(
-        status.phase == RetryPhase::Succeeded,
-        "expected the retry to succeed, its status is {status:?}"
+        wr::phase_and_message(&ended).0 == Some(RetryPhase::Succeeded),
+        "expected the retry to succeed, its status is {:?}",
+        ended.status
     );
     let reset_at = tokio::time::Instant::now();
+    let token = workflowretry_token(&object.uid().unwrap_or_default());
 
     // Argo re-creates the reset node's pod under the same name; the label queued for the
     // old pod lands on it.
@@ -211,16 +218,30 @@ pub async fn a_stranded_reset_node_is_reported_with_its_fix(
         "kubectl label pod -n {namespace} {stranded} workflows.argoproj.io/completed=false --overwrite"
     );
     ctl::wait_event_note(&cluster, &namespace, &dag.name, "RetryStranded", &fix).await?;
-    let workflows_ref = &workflows;
+    let (workflows_ref, token) = (&workflows, token.as_str());
     let annotation = move || async move {
         let wf = workflows_ref.get("wf").await?;
         Ok(ctl::status_of(&wf, token)?.map(|s| (s.phase, s.message)))
     };
+    let words = [stranded.as_str(), "completed=true", fix.as_str()];
     let message = wait_message(
-        "the request's status after the strand",
+        "the request's status on the workflow after the strand",
         annotation,
         RetryPhase::Succeeded,
-        &[stranded.as_str(), "completed=true", fix.as_str()],
+        &words,
+        Duration::from_secs(10),
+    )
+    .await?;
+    let retries = &retries;
+    let on_object = move || async move {
+        let (phase, message) = wr::phase_and_message(&retries.get("strand").await?);
+        Ok(phase.map(|p| (p, message)))
+    };
+    wait_message(
+        "the WorkflowRetry's status after the strand",
+        on_object,
+        RetryPhase::Succeeded,
+        &words,
         Duration::from_secs(10),
     )
     .await?;

@@ -17,10 +17,9 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use rewind::argo::workflow::labels;
-use rewind::argoapi::auth::AuthMode;
 use rewind::argoapi::tls::CertFiles;
 use rewind::controller::ArgoApiOptions;
-use rewind::testenv::clients::Router;
+use rewind::testenv::clients::{Router, client_mode_api};
 use rewind::testenv::free_port;
 use rewind::testenv::localcluster::{CONTROLLER_NAME, service_account_token};
 
@@ -66,19 +65,10 @@ impl ApiClient for Client {
         };
         std::fs::write(&files.cert, cert.cert.pem())?;
         std::fs::write(&files.key, cert.signing_key.serialize_pem())?;
-        Ok(ArgoApiOptions {
-            addr: SocketAddr::from(([127, 0, 0, 1], free_port()?)),
-            settings: rewind::argoapi::Settings {
-                modes: vec![AuthMode::Client],
-                server_account: None,
-                argo_server: None,
-                sso_rbac: None,
-                sso_delegate: false,
-                tls: Some(files),
-                limits: Default::default(),
-                reviews: Default::default(),
-            },
-        })
+        Ok(client_mode_api(
+            SocketAddr::from(([127, 0, 0, 1], free_port()?)),
+            Some(files),
+        ))
     }
 
     fn retry<'a>(&'a self, call: ApiCall<'a>) -> BoxFuture<'a, anyhow::Result<()>> {

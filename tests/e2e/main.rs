@@ -19,10 +19,13 @@
 //!
 //! `fast-retries-*` retry workflows the moment they turn Failed, without waiting for Argo to
 //! finish with their pods ([`fast`]); the 20×100 one runs with `--ignored`.
+//! `strand-fixed-by-its-command` strands a reset node by hand and runs the fix rewind names
+//! for it ([`strand`]).
 
 mod clients;
 mod fast;
 mod run;
+mod strand;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -319,6 +322,9 @@ fn fast_trials() -> Vec<(&'static str, fast::Size, Duration, bool)> {
     ]
 }
 
+/// The trial that strands a reset node and runs the fix rewind names ([`strand`]).
+const STRAND: &str = "strand-fixed-by-its-command";
+
 /// Runs one scenario and checks both sides; the differences between the two final
 /// workflows fail the test, each listed.
 async fn check(
@@ -596,17 +602,18 @@ fn main() -> ExitCode {
             .chain(fast_trials().into_iter().map(|(name, _, _, ignored)| {
                 Trial::test(name, || Ok(())).with_ignored_flag(ignored)
             }))
+            .chain(std::iter::once(Trial::test(STRAND, || Ok(()))))
             .collect();
     let runs = |t: &&Trial| !args.list && !args.is_filtered_out(t) && !args.is_ignored(t);
     let ui_wanted = listed
         .iter()
         .filter(runs)
         .any(|t| t.name().starts_with("ui-"));
-    // The fast trials need only the control plane and Argo's v4 controller.
+    // The fast trials and the strand need only the control plane and Argo's v4 controller.
     let full_wanted = listed
         .iter()
         .filter(runs)
-        .any(|t| !t.name().starts_with("fast-retries-"));
+        .any(|t| !t.name().starts_with("fast-retries-") && t.name() != STRAND);
     let anything_to_run = listed.iter().any(|t| runs(&t));
     let env = if anything_to_run {
         match runtime.block_on(start(full_wanted, ui_wanted)) {
@@ -670,6 +677,20 @@ fn main() -> ExitCode {
                     .with_ignored_flag(ignored)
                 }),
         )
+        .chain(std::iter::once({
+            let env = env.clone();
+            let handle = runtime.handle().clone();
+            Trial::test(STRAND, move || {
+                let env =
+                    env.ok_or_else(|| Failed::from("the environment did not start (see above)"))?;
+                handle
+                    .block_on(strand::the_fix_rewind_names_lets_argo_finish_the_node(
+                        &env.cluster,
+                        STRAND,
+                    ))
+                    .map_err(|error| Failed::from(format!("{error:#}")))
+            })
+        }))
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     if let Some(env) = env {

@@ -692,7 +692,7 @@ async fn retry_argo(
 
 /// Polls (every 100 ms) until the workflow exists (an archived retry creates it) with a
 /// phase `wanted` accepts.
-async fn wait_phase(
+pub async fn wait_phase(
     api: &Api<Workflow>,
     name: &str,
     wanted: impl Fn(&str) -> bool,
