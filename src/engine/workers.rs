@@ -19,7 +19,7 @@ use crate::argo::workflow::labels;
 use crate::engine::Observer;
 use crate::engine::assess::DeleteWork;
 use crate::engine::budget::{Budget, Priority, on_behalf_of, with_priority};
-use crate::engine::fault::{api_code, is_transient};
+use crate::engine::fault::{self, api_code, is_transient};
 use crate::engine::pods::{delete_collection, selected};
 use crate::engine::queue::{Class, Lease, Request, WorkQueue};
 
@@ -507,13 +507,22 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
             // request exact may be seconds old (a bulk slot, a write token,
             // a pause, requeues), and a pod recreated under a planned name
             // since then may already be selected (docs/DESIGN.md, rule 3).
-            let now = selected(
+            // A failed proof list sent nothing: the delete is stale, not cut short (which
+            // would count it as partly done and turn bulk deletes off for the request).
+            let now = match selected(
                 &clients.client,
                 &item.namespace,
                 label_selector,
                 field_selector,
             )
-            .await?;
+            .await
+            {
+                Ok(now) => now,
+                Err(e) => {
+                    warn!(namespace = item.namespace, work = %describe(&item.work), error = %fault::explain(&e), "listing a bulk delete's pods to prove it failed; not sent, its pods will be listed again");
+                    return Ok(Done::Stale);
+                }
+            };
             if let Some((pod, uid)) = now.iter().find(|(_, uid)| !uids.contains(uid)) {
                 warn!(namespace = item.namespace, pod, uid, work = %describe(&item.work), "a bulk delete would take a pod its proof did not show; not sent");
                 return Ok(Done::Stale);

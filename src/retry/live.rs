@@ -607,18 +607,95 @@ impl<'a> WorkflowStatus<'a> {
             annotations::STATUS.into(),
             serde_json::to_string(&done).expect("status serializes"),
         );
-        let written = self
+        let what = || {
+            format!(
+                "writing the reset workflow {}/{}",
+                self.target.namespace, self.target.name
+            )
+        };
+        self.reset_at = match self
             .workflows()
             .replace(&self.target.name, &PostParams::default(), &reset)
             .await
-            .map_err(api(format!(
-                "writing the reset workflow {}/{}",
-                self.target.namespace, self.target.name
-            )))?;
-        self.reset_at = written.metadata.resource_version;
+        {
+            Ok(written) => written.metadata.resource_version,
+            // The answer may be lost with the reset done (a broken connection, an API server
+            // restart): what landed says which (rule 7).
+            Err(e) if fault::is_transient(&e) => match self.reset_landed().await {
+                Some(version) => {
+                    warn!(workflow = self.target.name, namespace = self.target.namespace, token = self.target.token, error = %e, "the reset's answer was lost; the workflow shows it landed");
+                    Some(version)
+                }
+                None => return Err(api(what())(e)),
+            },
+            Err(e) => return Err(api(what())(e)),
+        };
         self.status = done;
         self.written = Some((self.status.clone(), Instant::now()));
         Ok(())
+    }
+
+    /// Writes a passing fault's Pending note ("rewind will try again") only
+    /// where the workflow still asks this request and carries no answer to
+    /// it: a write whose answer was lost (the reset, the end) may have landed,
+    /// and the note must not write over it, or the next attempt, finding the
+    /// request answered, leaves it Pending for good (rule 7). Guarded by the
+    /// version read, so nothing that lands between the read and the note is
+    /// written over.
+    async fn note_unanswered(&mut self) -> Result<(), kube::Error> {
+        let Some(meta) = self.answer_on_server().await else {
+            return Ok(());
+        };
+        let on_workflow = meta.metadata.annotations.clone().unwrap_or_default();
+        let token = Some(self.target.token.as_str());
+        let answered = on_workflow.get(annotations::OBSERVED).map(|t| t.trim()) == token;
+        if answered || request::token(&on_workflow).as_deref() != token {
+            return Ok(());
+        }
+        self.resource_version = meta.metadata.resource_version;
+        match self.patch_status(false, true).await {
+            Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(()),
+            result => result,
+        }
+    }
+
+    /// The workflow's version if it carries this request's reset: answered by
+    /// this token with its Succeeded status, which only the reset writes.
+    /// `None` if it does not, or if the API server cannot say (a few reads,
+    /// about two seconds).
+    async fn reset_landed(&self) -> Option<String> {
+        let meta = self.answer_on_server().await?;
+        let annotations = meta.metadata.annotations.unwrap_or_default();
+        let answered = annotations.get(annotations::OBSERVED).map(|t| t.trim())
+            == Some(self.target.token.as_str());
+        let succeeded = matches!(
+            request::status_of(&annotations, &self.target.token),
+            Ok(Some(s)) if s.phase == RetryPhase::Succeeded
+        );
+        (answered && succeeded)
+            .then_some(meta.metadata.resource_version)
+            .flatten()
+    }
+
+    /// The workflow's metadata as the API server has it now, read again on a
+    /// passing fault (a few times, about two seconds); `None` if it is gone or
+    /// could not be read.
+    async fn answer_on_server(&self) -> Option<PartialObjectMeta<Workflow>> {
+        let mut wait = ANSWER_READ_BACKOFF;
+        for attempt in 1..=ANSWER_READ_ATTEMPTS {
+            match self.workflows().get_metadata_opt(&self.target.name).await {
+                Ok(meta) => return meta,
+                Err(e) if fault::is_transient(&e) && attempt < ANSWER_READ_ATTEMPTS => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(e) => {
+                    warn!(workflow = self.target.name, namespace = self.target.namespace, error = %fault::explain(&e), "reading back what landed failed");
+                    return None;
+                }
+            }
+        }
+        None
     }
 
     /// Writes progress to `rewind.dev/retry-status` if it says something new
@@ -796,7 +873,10 @@ impl Report for WorkflowStatus<'_> {
         {
             return Ok(());
         }
-        match self.patch_status(phase.is_finished(), false).await {
+        if !phase.is_finished() {
+            return self.note_unanswered().await;
+        }
+        match self.patch_status(true, false).await {
             // The workflow is gone: nothing left to write on.
             Err(e) if api_code(&e) == Some(404) => Ok(()),
             result => result,
@@ -807,6 +887,11 @@ impl Report for WorkflowStatus<'_> {
         &self.events
     }
 }
+
+/// Reads of what landed, after a write's answer was lost, and the first wait
+/// between two (doubling): about two seconds in all.
+const ANSWER_READ_ATTEMPTS: u32 = 4;
+const ANSWER_READ_BACKOFF: Duration = Duration::from_millis(250);
 
 /// Whether progress `now`, of a request running for `running`, is worth a
 /// write, given the status last `written` and how long ago: only once the

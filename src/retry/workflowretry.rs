@@ -379,9 +379,11 @@ async fn serve_live(
             // Not cached: not changed since this request began to follow it
             // (the cache keeps a workflow nobody asked for only once
             // followed), out of this controller's scope, or not there; one
-            // read tells which.
-            None => match workflows
-                .get_metadata_opt(name)
+            // read tells which. Read at answer priority: most such reads
+            // under load are of workflows that do not exist (a stale name
+            // in a script), and retries already under way, which a person
+            // waits for, go first.
+            None => match with_priority(Priority::Answer, workflows.get_metadata_opt(name))
                 .await
                 .map_err(api(format!("reading workflow {namespace}/{name}")))?
             {

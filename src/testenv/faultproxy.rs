@@ -108,6 +108,8 @@ pub enum Fault {
     HoldUntil(CancellationToken),
     /// Answers 429 TooManyRequests with `Retry-After: seconds` and does not forward.
     TooManyRequests { retry_after_seconds: u32 },
+    /// Answers 500 InternalError and does not forward (an API server or etcd failure).
+    InternalError,
     /// Forwards a watch's first `after_events` events, then nothing more, keeping the
     /// connection open until the client gives up.
     StallWatch { after_events: usize },
@@ -127,6 +129,11 @@ pub enum Fault {
     /// Serves a list (not a continued page) at exactly this older resourceVersion
     /// (`resourceVersionMatch=Exact`, which etcd serves while it keeps that revision).
     StaleList { resource_version: String },
+    /// Forwards the request and lets the API server answer it in full (a write lands), then
+    /// breaks the connection before the client has the answer's body: a load balancer's
+    /// reset or an API server restart, where the client cannot tell whether its write was
+    /// done.
+    LoseAnswer,
 }
 
 /// A fault applied to matching requests, the next `times` of them or all.
@@ -410,6 +417,7 @@ impl State {
         });
         let faults = self.faults_for(request.method(), request.uri());
         let mut stream = StreamFaults::default();
+        let mut lose_answer = false;
         for fault in faults {
             match fault {
                 Fault::Hold(duration) => tokio::time::sleep(duration).await,
@@ -417,11 +425,19 @@ impl State {
                 Fault::TooManyRequests {
                     retry_after_seconds,
                 } => return too_many_requests(retry_after_seconds),
+                Fault::InternalError => {
+                    return status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "the fault proxy failed this request",
+                        None,
+                    );
+                }
                 Fault::StaleList { resource_version } if !watch => {
                     let uri = at_resource_version(request.uri(), &resource_version);
                     *request.uri_mut() = uri;
                 }
                 Fault::StaleList { .. } => {}
+                Fault::LoseAnswer => lose_answer = true,
                 Fault::StallWatch { after_events } => stream.stall_after = Some(after_events),
                 Fault::CutWatch { after_events } => stream.cut_after = Some(after_events),
                 Fault::DropEvents { containing } => stream.drop.push(containing),
@@ -438,6 +454,15 @@ impl State {
             Ok(response) => response,
             Err(error) => return status(StatusCode::BAD_GATEWAY, &error.to_string(), None),
         };
+        if lose_answer {
+            let (parts, body) = response.into_parts();
+            // The whole answer read: the API server has done the request.
+            let _ = body.collect().await;
+            let broken = futures::stream::once(async {
+                Err::<Frame<Bytes>, BoxError>("fault proxy: the answer was lost".into())
+            });
+            return Response::from_parts(parts, StreamBody::new(broken).boxed_unsync());
+        }
         if !watch || stream.is_empty() {
             return response.map(|body| body.map_err(BoxError::from).boxed_unsync());
         }

@@ -18,6 +18,7 @@ use rewind::argo::workflow::{Workflow, labels};
 use rewind::engine::assess::bulk_selectors;
 use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::{RetryPhase, RetryStatus, annotations};
+use rewind::testenv::faultproxy::{Fault, FaultProxy, Matcher, Rule};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::workload::{FailedDag, through_transient};
 use serde_json::Value;
@@ -696,6 +697,120 @@ pub async fn an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_re
     ensure!(
         creates == 1,
         "expected exactly one create of the workflow, the controller created it {creates} times"
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 2 (rule 7): the reset lands and its answer is lost (the connection
+/// breaks before the body, as at an API server restart or a load balancer's reset). The
+/// request must end as the reset wrote it, Succeeded, and stay so: not Pending ("rewind will
+/// try again") over the reset's status with nothing left to answer it.
+pub async fn a_reset_whose_answer_is_lost_ends_succeeded(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 10,
+        succeeded: 2,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
+    let proxy = FaultProxy::start(&cluster).await?;
+    let reset = Matcher::new(
+        http::Method::PUT,
+        format!("/namespaces/{namespace}/workflows/{}", dag.name),
+    );
+    proxy.add(Rule::new(reset.clone(), Fault::LoseAnswer).times(1));
+    let config = proxy.config(&cluster, Role::Controller).await?;
+    let (controller, _) =
+        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(30)).await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the reset landed, yet the request ended {status:?}"
+    );
+    // Longer than the controller takes to serve a request again after a passing fault.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let wf = workflows.get(&dag.name).await?;
+    let after = ctl::status_of(&wf, token)?;
+    let up = controller.is_up();
+    controller.stop().await?;
+    ensure!(up, "the controller stopped");
+    ensure!(
+        after
+            .as_ref()
+            .is_some_and(|s| s.phase == RetryPhase::Succeeded),
+        "after the reset's answer was lost, the request's status went from Succeeded to {after:?}"
+    );
+    let resets = proxy.seen_matching(&reset).len();
+    ensure!(
+        resets == 1,
+        "the workflow was written {resets} times, not once"
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 3: the list that proves a bulk delete right before its send fails (a
+/// 500). Nothing was sent, so the delete is stale, not cut short: the request lists again and
+/// deletes in bulk still. Counted as cut short, the next list found none of the pods gone,
+/// bulk deletes were turned off for the request and its 30 pods went one by one.
+pub async fn a_failed_proof_list_sends_nothing_and_keeps_bulk_deletes(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 30,
+        succeeded: 2,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
+    let pods_path = format!("/namespaces/{namespace}/pods");
+    let list = Matcher::new(http::Method::GET, pods_path.clone()).watch(false);
+    let proxy = FaultProxy::start(&cluster).await?;
+    // The request's own list is held until the proof's list is set to fail.
+    let release = CancellationToken::new();
+    proxy.add(Rule::new(list.clone(), Fault::HoldUntil(release.clone())).times(1));
+    let config = proxy.config(&cluster, Role::Controller).await?;
+    let (controller, _) =
+        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
+    let since = std::time::Instant::now();
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    proxy
+        .wait_for(&list, since, Duration::from_secs(30))
+        .await?;
+    proxy.add(Rule::new(list.clone(), Fault::InternalError).times(1));
+    release.cancel();
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    controller.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the request ended {status:?}"
+    );
+    let deletes: Vec<String> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == http::Method::DELETE)
+        .map(|s| s.uri.path().to_owned())
+        .collect();
+    let bulk = deletes.iter().filter(|p| p.ends_with(&pods_path)).count();
+    let single = deletes.len() - bulk;
+    ensure!(
+        bulk >= 1 && single == 0,
+        "after a failed proof list the pods should still go in bulk; {bulk} DeleteCollections and {single} single deletes were sent"
+    );
+    ensure!(
+        !status.message.contains("cut short"),
+        "nothing was sent, yet the request says a bulk delete was cut short: {}",
+        status.message
     );
     Ok(())
 }

@@ -168,6 +168,8 @@ fn main() -> ExitCode {
         faults::a_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::an_archived_bulk_delete_past_the_request_timeout_is_relisted_not_resent,
         faults::a_concurrent_writer_loses_no_update_and_the_workflow_is_reset_once,
+        faults::a_reset_whose_answer_is_lost_ends_succeeded,
+        faults::a_failed_proof_list_sends_nothing_and_keeps_bulk_deletes,
         throttle::a_retry_throttled_by_priority_and_fairness_obeys_retry_after,
         hostile::malformed_and_oversize_annotations_each_fail_clearly_and_delete_nothing,
         concurrency::a_retry_past_the_bound_waits_pending_then_both_end_as_planned,

@@ -28,8 +28,9 @@ const REAL_EVERY: usize = 10;
 /// Twenty namespaces ask a WorkflowRetry a second each for 30 s (nine in ten naming no
 /// workflow, one in ten a real 5-pod one), with the controller's default budget, while a
 /// quiet namespace retries a 200-pod workflow by annotation: the quiet retry takes at most
-/// 15 s (see the bound's comment), every real retry ends within 30 s of its ask, and every
-/// request has ended within 60 s after the load stops.
+/// 3 s and at most 3 times as long as alone, every real retry ends within 30 s of its ask,
+/// and every request has ended within 60 s after the load stops. Every namespace asks its
+/// real retry in the same second, the worst case for the quiet one.
 pub async fn a_quiet_tenants_retry_keeps_its_pace_beside_many_busy_tenants(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -139,13 +140,12 @@ pub async fn a_quiet_tenants_retry_keeps_its_pace_beside_many_busy_tenants(
     controller.stop().await?;
     ensure!(up, "the controller stopped");
     // Before the budget had priorities and per-tenant delete turns (a7d058f), this quiet
-    // retry took 84.8 s and the real retries 88-100 s from their ask. Now it measured 3.2-5.7 s
-    // in this debug build, the machine shared with another control plane; the issue's bound
-    // (3 s, 3x alone) is the release benchmark's (benches/tenants.rs), and this one catches
-    // starvation, not the machine's noise.
+    // retry took 84.8 s and the real retries 88-100 s from their ask. With request slots
+    // taken only for a chosen request (926e70e) it measured 0.98-1.10 s, 1.40-1.81x alone,
+    // in this debug build (issue 45's bound: 3 s and 3x).
     ensure!(
-        during <= Duration::from_secs(15),
-        "beside {TENANTS} busy namespaces, the quiet retry took {during:?} against {alone:?} alone ({ratio:.2}x)"
+        during <= Duration::from_secs(3) && ratio <= 3.0,
+        "beside {TENANTS} busy namespaces, the quiet retry took {during:?} against {alone:?} alone ({ratio:.2}x); the bound is 3 s and 3x"
     );
     Ok(())
 }
