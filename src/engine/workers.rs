@@ -240,6 +240,8 @@ pub enum NotSent {
     ProofExpired { late: Duration },
     #[error("delete not sent: its request stopped or the Lease was lost")]
     Unwanted,
+    #[error("delete not sent: it was made outside a delete worker's gate (a bug in rewind)")]
+    Ungated,
 }
 
 /// Sits between the budget and kube's HTTP stack of [`delete_client`], so it
@@ -267,7 +269,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if let Ok(Some(refusal)) = GATE.try_with(Gate::refusal) {
+        // Fails closed: a send outside a worker's gate is refused, so no code path can
+        // delete without the checks above.
+        let refusal = GATE
+            .try_with(Gate::refusal)
+            .unwrap_or(Some(NotSent::Ungated));
+        if let Some(refusal) = refusal {
             return Box::pin(async move { Err(refusal.into()) });
         }
         Box::pin(self.inner.call(request))
@@ -577,6 +584,7 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
             debug!(namespace = item.namespace, work = %describe(&item.work), "delete not sent: its request stopped or the Lease was lost");
             Ok(Done::Stale)
         }
+        Some(NotSent::Ungated) => sent,
         Some(refusal @ NotSent::ProofExpired { .. }) => {
             warn!(namespace = item.namespace, error = %refusal, "bulk delete not sent; its pods will be listed again");
             Ok(Done::Stale)
@@ -646,6 +654,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_send_outside_a_workers_gate_is_refused() {
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = sent.clone();
+        let mut gated = Gated {
+            inner: tower::service_fn(move |_: http::Request<()>| {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                async { Ok::<_, tower::BoxError>(http::Response::new(())) }
+            }),
+        };
+        let refused = tower::Service::call(&mut gated, http::Request::new(())).await;
+        let refusal = refused.expect_err("refused").downcast::<NotSent>();
+        assert!(
+            matches!(refusal.as_deref(), Ok(NotSent::Ungated)),
+            "{refusal:?}"
+        );
+        assert!(!sent.load(std::sync::atomic::Ordering::SeqCst), "sent");
+    }
 
     async fn soon(slots: &BulkSlots, asker: &str) -> Option<BulkSlot> {
         tokio::time::timeout(Duration::from_millis(50), slots.acquire(asker.into()))
