@@ -7,8 +7,8 @@
 //! namespace's in the same second, the worst case), the others a workflow that does not exist
 //! (a typo, a stale name). With `--mix` the asks are in turn a WorkflowRetry, an annotation
 //! (on a real workflow) and Argo's retry call through rewind's Argo API. A quiet namespace retries a workflow of `--quiet-pods` failed
-//! pods by annotation three times: on the idle controller, in the middle of the load, and as
-//! the load stops. The controller is the release binary with its defaults but for `--qps` and
+//! pods by annotation: [`IDLE_ASKS`] times on the idle controller, [`DURING_ASKS`] times
+//! evenly spaced during the load, and once as the load stops. The controller is the release binary with its defaults but for `--qps` and
 //! `--burst`, serving every namespace. Measured: each quiet retry from its ask to its end;
 //! each real retry from its WorkflowRetry's creation to its end; how long after the load every
 //! request had ended; the backlog (asked, not ended) and the controller's RSS each second; the
@@ -46,6 +46,11 @@ mod font;
 
 const RESULTS: &str = "bench/results";
 const QUIET: &str = "quiet";
+
+/// The quiet retries on the idle controller (their median is the idle time) and during the
+/// load, at evenly spaced moments: one ask is luck, five show the spread.
+const IDLE_ASKS: usize = 3;
+const DURING_ASKS: usize = 5;
 const REAL_PODS: usize = 5;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -144,8 +149,13 @@ struct Sample {
 struct Results {
     args: Args,
     date: String,
-    quiet_idle_seconds: f64,
-    quiet_during_seconds: f64,
+    /// Each quiet retry on the idle controller, then during the load, in order.
+    quiet_idle_seconds: Vec<f64>,
+    quiet_during_seconds: Vec<f64>,
+    /// Each quiet retry as the API server saw it (idle, then during the load): where its
+    /// time went.
+    quiet_idle_steps: Vec<Option<audit::Steps>>,
+    quiet_during_steps: Vec<Option<audit::Steps>>,
     quiet_after_seconds: f64,
     asked: usize,
     real_asked: usize,
@@ -206,9 +216,11 @@ async fn main() -> anyhow::Result<()> {
         .buffer_unordered(8)
         .try_collect::<Vec<_>>()
         .await?;
-    for name in ["idle", "during", "after"] {
+    let idle_names = (0..IDLE_ASKS).map(|i| format!("idle-{i}"));
+    let during_names = (0..DURING_ASKS).map(|i| format!("during-{i}"));
+    for name in idle_names.chain(during_names).chain(["after".to_owned()]) {
         let quiet = FailedDag {
-            name: name.into(),
+            name,
             failed: args.quiet_pods,
             succeeded: 2,
         };
@@ -262,8 +274,12 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(0.0)
     };
     let idle_rss_mib = current_rss_mib(controller.pid());
-    let quiet_idle = quiet_retry(&admin, "idle").await?;
-    println!("quiet retry on an idle controller: {quiet_idle:.2} s");
+    let mut quiet_idle: Vec<(Timestamp, f64)> = Vec::new();
+    for i in 0..IDLE_ASKS {
+        quiet_idle.push(quiet_retry(&admin, &format!("idle-{i}")).await?);
+    }
+    let idle_seconds: Vec<f64> = quiet_idle.iter().map(|(_, s)| *s).collect();
+    println!("quiet retries on an idle controller: {idle_seconds:.2?} s");
 
     // Every WorkflowRetry's end, as a watch of all namespaces sees it.
     let ends: Ends = Arc::default();
@@ -351,12 +367,19 @@ async fn main() -> anyhow::Result<()> {
         let (tenants, a) = (tenants.clone(), args.clone());
         tokio::spawn(async move { ask_every_second(askers, tenants, &a).await })
     };
-    tokio::time::sleep(Duration::from_secs(args.seconds as u64 / 2)).await;
-    let quiet_during = quiet_retry(&admin, "during").await?;
-    println!("quiet retry during the load: {quiet_during:.2} s");
+    let load_start = Instant::now();
+    let mut quiet_during: Vec<(Timestamp, f64)> = Vec::new();
+    for i in 0..DURING_ASKS {
+        let at =
+            Duration::from_secs(args.seconds as u64) * (i as u32 + 1) / (DURING_ASKS as u32 + 1);
+        tokio::time::sleep_until(load_start + at).await;
+        quiet_during.push(quiet_retry(&admin, &format!("during-{i}")).await?);
+    }
+    let during_seconds: Vec<f64> = quiet_during.iter().map(|(_, s)| *s).collect();
+    println!("quiet retries during the load: {during_seconds:.2?} s");
     let asked = load.await??;
     let load_end = start.elapsed();
-    let quiet_after = quiet_retry(&admin, "after").await?;
+    let (_, quiet_after) = quiet_retry(&admin, "after").await?;
     println!("quiet retry as the load stops: {quiet_after:.2} s");
     let deadline = Instant::now() + Duration::from_secs(900);
     let drained = loop {
@@ -398,10 +421,32 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .filter(|r| r.user == CONTROLLER_NAME && r.is_mutating())
         .collect();
+    let mut quiet_requests: Vec<_> = requests
+        .iter()
+        .filter(|r| r.user == CONTROLLER_NAME && r.namespace == QUIET)
+        .collect();
+    quiet_requests.sort_by_key(|r| r.received);
+    let steps_of = |asks: &[(Timestamp, f64)]| -> Vec<Option<audit::Steps>> {
+        asks.iter()
+            .map(|(asked, seconds)| {
+                // Its own requests: the next quiet retry starts after its end.
+                let until = *asked + Duration::from_secs_f64(seconds + 0.05);
+                let within: Vec<_> = quiet_requests
+                    .iter()
+                    .copied()
+                    .filter(|r| r.received <= until)
+                    .collect();
+                audit::steps(&within, *asked).map(|(steps, _)| steps)
+            })
+            .collect()
+    };
+    let (quiet_idle_steps, quiet_during_steps) = (steps_of(&quiet_idle), steps_of(&quiet_during));
     let results = Results {
         date: Timestamp::now().strftime("%Y-%m-%d").to_string(),
-        quiet_idle_seconds: quiet_idle,
-        quiet_during_seconds: quiet_during,
+        quiet_idle_seconds: idle_seconds,
+        quiet_idle_steps,
+        quiet_during_seconds: during_seconds,
+        quiet_during_steps,
         quiet_after_seconds: quiet_after,
         asked,
         real_asked: real.len(),
@@ -589,11 +634,12 @@ async fn ask_every_second(
     Ok(asked)
 }
 
-/// Retries the quiet namespace's workflow `name` by annotation: seconds from the ask to its end.
-async fn quiet_retry(admin: &kube::Client, name: &str) -> anyhow::Result<f64> {
+/// Retries the quiet namespace's workflow `name` by annotation: when it was asked, and the
+/// seconds from the ask to its end.
+async fn quiet_retry(admin: &kube::Client, name: &str) -> anyhow::Result<(Timestamp, f64)> {
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), QUIET);
     let token = "1";
-    let asked = Instant::now();
+    let (at, asked) = (Timestamp::now(), Instant::now());
     let patch = serde_json::json!({"metadata": {"annotations": {annotations::RETRY: token}}});
     workflows
         .patch_metadata(name, &Default::default(), &kube::api::Patch::Merge(&patch))
@@ -608,7 +654,7 @@ async fn quiet_retry(admin: &kube::Client, name: &str) -> anyhow::Result<f64> {
                 status.phase == RetryPhase::Succeeded,
                 "the quiet retry of {name} ended {status:?}"
             );
-            return Ok(asked.elapsed().as_secs_f64());
+            return Ok((at, asked.elapsed().as_secs_f64()));
         }
         ensure!(
             asked.elapsed() < Duration::from_secs(900),
@@ -666,17 +712,22 @@ fn write(results: &Results) -> anyhow::Result<()> {
 
 fn markdown(r: &Results) -> String {
     let a = &r.args;
-    let ratio = |s: f64| s / r.quiet_idle_seconds;
+    let idle = stats::median(r.quiet_idle_seconds.clone());
+    let ratio = |s: f64| s / idle;
+    let slowest = r.quiet_during_seconds.iter().copied().fold(0.0, f64::max);
     format!(
         "# Many tenants at once ({date})\n\n\
          `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e}{al}{mx} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb} --out {out}`\n\n\
          {t} namespaces each asked a retry a second for {s} s ({asked} in all; {how}): one in {e} named a real \
          failed workflow of {REAL_PODS} pods ({real} such; {when}), the others a workflow that does not exist. A quiet namespace \
-         retried a {q}-pod workflow by annotation on the idle controller, in the middle of the load and as it stopped. \
+         retried a {q}-pod workflow by annotation {ia} times on the idle controller, {da} times during the load (evenly spaced) and once as it stopped. \
          The controller: the release binary, its defaults but for its budget: writes {qps} QPS, burst {b}; reads {rq} QPS, burst {rb}.\n\n\
          | measure | value |\n|---|---:|\n\
-         | quiet retry, idle controller | {idle:.2} s |\n\
-         | quiet retry, mid-load | {during:.2} s ({rd:.2}x idle) |\n\
+         | quiet retry, idle controller, median | {idle:.2} s |\n\
+         | quiet retry during the load, median / slowest | {during:.2} / {slowest:.2} s ({rd:.2}x idle) |\n\
+         | the slowest of those, as the API server saw it | {slow_steps} |\n\
+         | rewind's own share of a quiet retry (its time less its DeleteCollection's on the API server), idle, median / slowest | {own_idle} |\n\
+         | rewind's own share of a quiet retry during the load, median / slowest | {own_during} |\n\
          | quiet retry, as the load stops | {after:.2} s ({ra:.2}x idle) |\n\
          | real retries, ask to end, median | {rp:.1} s |\n\
          | real retries, ask to end, slowest | {rm:.1} s |\n\
@@ -712,9 +763,13 @@ fn markdown(r: &Results) -> String {
         out = a.out,
         asked = r.asked,
         real = r.real_asked,
-        idle = r.quiet_idle_seconds,
-        during = r.quiet_during_seconds,
-        rd = ratio(r.quiet_during_seconds),
+        ia = r.quiet_idle_seconds.len(),
+        da = r.quiet_during_seconds.len(),
+        during = stats::median(r.quiet_during_seconds.clone()),
+        rd = ratio(slowest),
+        slow_steps = slowest_steps(r),
+        own_idle = own_share(&r.quiet_idle_seconds, &r.quiet_idle_steps),
+        own_during = own_share(&r.quiet_during_seconds, &r.quiet_during_steps),
         after = r.quiet_after_seconds,
         ra = ratio(r.quiet_after_seconds),
         rp = r.real_end_p50_seconds,
@@ -730,6 +785,44 @@ fn markdown(r: &Results) -> String {
             .map(|(v, n)| format!("{v} {n}"))
             .collect::<Vec<_>>()
             .join(", "),
+    )
+}
+
+/// The quiet retries' times less their deletes' on the API server (the DeleteCollection of a
+/// workflow's pods runs one delete after another there, slower as the server is busier):
+/// median / slowest, in seconds.
+fn own_share(seconds: &[f64], steps: &[Option<audit::Steps>]) -> String {
+    let own: Vec<f64> = seconds
+        .iter()
+        .zip(steps)
+        .filter_map(|(s, steps)| Some(s - steps.as_ref()?.delete?))
+        .collect();
+    if own.is_empty() {
+        return "-".into();
+    }
+    let slowest = own.iter().copied().fold(0.0, f64::max);
+    format!("{:.2} / {slowest:.2} s", stats::median(own))
+}
+
+/// Where the slowest quiet retry during the load spent its time, by the audit log.
+fn slowest_steps(r: &Results) -> String {
+    let slowest = r
+        .quiet_during_seconds
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i);
+    let Some(Some(steps)) = slowest.and_then(|i| r.quiet_during_steps.get(i)) else {
+        return "-".into();
+    };
+    let s = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+    format!(
+        "to its first list {} s, list to first delete {} s, deletes {} s, to the reset {} s, reset {} s",
+        s(steps.read_plan),
+        s(steps.list),
+        s(steps.delete),
+        s(steps.confirm),
+        s(steps.commit)
     )
 }
 
