@@ -218,12 +218,13 @@ async fn report(ctx: &Context, reset: &Reset, strand: &Strand) {
     // Guarded by the version read, so a later request's status is never
     // overwritten; Argo writes the workflow often, so a few tries.
     for _ in 0..3 {
+        // Unread, or reporting another request now: the WorkflowRetry is still told.
         let Ok(meta) = workflows.get_metadata(&reset.workflow).await else {
-            return;
+            break;
         };
         let annotations = meta.metadata.annotations.unwrap_or_default();
         let Ok(Some(mut status)) = request::status_of(&annotations, &reset.token) else {
-            return;
+            break;
         };
         status.message = request::bounded(&format!("{}; {message}", status.message));
         let patch = serde_json::json!({"metadata": {
