@@ -56,15 +56,15 @@ fn big_nodes() -> Nodes {
                 "Succeeded"
             };
             let pod = node(id(&pod_name), pod_name, "Pod", phase, Vec::new(), wf);
-            pods.push(pod.id.clone());
-            nodes.insert(pod.id.clone(), pod);
+            pods.push(pod.id.to_string());
+            nodes.insert(pod.id.to_string(), pod);
         }
         let group = node(id(&group_name), group_name, "StepGroup", "Failed", pods, wf);
-        groups.push(group.id.clone());
-        nodes.insert(group.id.clone(), group);
+        groups.push(group.id.to_string());
+        nodes.insert(group.id.to_string(), group);
     }
     let root = node(wf.into(), wf.into(), "Steps", "Failed", groups, "");
-    nodes.insert(root.id.clone(), root);
+    nodes.insert(root.id.to_string(), root);
     nodes
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use proptest::prelude::*;
-use rewind::argo::workflow::{NodeStatus, Nodes, Workflow};
+use rewind::argo::workflow::{NodeStatus, Nodes, Text, Workflow};
 use serde_json::Value;
 use support::r#gen::{Defect, GenCase, case_strategy, generate, generate_case};
 use support::oracle::{ArgoLine, OracleCase, run_oracle};
@@ -94,7 +94,7 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
         assert_eq!(key, &n.id, "{id}: nodes are keyed by ID");
         for c in n.children().iter().chain(n.outbound_nodes.iter().flatten()) {
             assert!(
-                nodes.contains_key(c),
+                nodes.contains_key(c.as_str()),
                 "{id}: {} lists {c}, which does not exist",
                 n.id
             );
@@ -131,7 +131,7 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
         );
         let rest = n
             .name
-            .strip_prefix(&b.name)
+            .strip_prefix(b.name.as_str())
             .unwrap_or_else(|| panic!("{id}: {} not under {}", n.name, b.name));
         assert!(
             rest.ends_with(display),
@@ -155,7 +155,7 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
             let attempts = n
                 .children()
                 .iter()
-                .map(|c| &nodes[c])
+                .map(|c| &nodes[c.as_str()])
                 .filter(|c| c.name.starts_with(&format!("{}(", n.name)));
             for (i, child) in attempts.enumerate() {
                 assert_eq!(
@@ -176,14 +176,14 @@ fn check_graph(case: &GenCase, wf: &Workflow, nodes: &Nodes) {
 /// The defect a case was given is really in it.
 fn check_defect(case: &GenCase, defect: Defect, wf: &Workflow, nodes: &Nodes) {
     let name = wf.name();
-    let children: HashSet<&String> = nodes.values().flat_map(|n| n.children()).collect();
+    let children: HashSet<&Text> = nodes.values().flat_map(|n| n.children()).collect();
     let present = match defect {
         Defect::NoParent => nodes.values().any(|n| {
             n.name != name
                 && !n.name.starts_with(&format!("{name}.onExit"))
                 && !children.contains(&n.id)
         }),
-        Defect::MissingChild => children.iter().any(|c| !nodes.contains_key(*c)),
+        Defect::MissingChild => children.iter().any(|c| !nodes.contains_key(c.as_str())),
         Defect::EmptyNodes => nodes.is_empty(),
         Defect::NoRoot => !nodes.values().any(|n| n.name == name),
     };
@@ -434,14 +434,14 @@ fn features(case: &GenCase) -> Vec<String> {
         }
     }
 
-    let children: HashSet<&String> = nodes.values().flat_map(|n| n.children()).collect();
+    let children: HashSet<&Text> = nodes.values().flat_map(|n| n.children()).collect();
     if nodes.is_empty() && wf.status.offload_node_status_version.is_none() {
         add("no nodes");
     }
     if !nodes.is_empty() && !nodes.values().any(|n| n.name == name) {
         add("no root");
     }
-    if children.iter().any(|c| !nodes.contains_key(*c)) {
+    if children.iter().any(|c| !nodes.contains_key(c.as_str())) {
         add("missing child");
     }
     let exit = format!("{name}.onExit");
@@ -457,7 +457,7 @@ fn features(case: &GenCase) -> Vec<String> {
         let failed = matches!(n.phase(), "Failed" | "Error");
         if n.type_ == "Retry" && n.children().len() >= 2 {
             add("retry with several attempts");
-            let last = &nodes.get(&n.children()[n.children().len() - 1]);
+            let last = &nodes.get(n.children()[n.children().len() - 1].as_str());
             match (n.phase(), last.map(|l| l.phase())) {
                 ("Succeeded", _) => add("retry recovered"),
                 ("Failed" | "Error", Some("Failed" | "Error")) => add("retry all failed"),
@@ -467,7 +467,7 @@ fn features(case: &GenCase) -> Vec<String> {
         if failed
             && n.boundary_id
                 .as_ref()
-                .and_then(|b| nodes.get(b))
+                .and_then(|b| nodes.get(b.as_str()))
                 .is_some_and(|b| b.phase() == "Succeeded")
         {
             add("failed node under a succeeded boundary (continueOn)");
@@ -485,7 +485,7 @@ fn features(case: &GenCase) -> Vec<String> {
         if n.type_ == "Suspend"
             && n.outputs
                 .as_ref()
-                .and_then(|o| o.parameters.as_ref())
+                .and_then(|o| o.get().parameters)
                 .is_some()
         {
             add("suspend with supplied outputs");

@@ -14,8 +14,129 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-/// Fields a struct does not name, kept verbatim.
-pub type Other = Map<String, Value>;
+/// A node's short strings (IDs, names, phases, timestamps): up to 24 bytes
+/// held inline, so most take no allocation of their own; a node has a dozen.
+pub type Text = compact_str::CompactString;
+
+/// Fields a struct does not name, kept verbatim as the text of one JSON
+/// object: one allocation per struct, where a map of values costs a tree of
+/// them. Held as values, with inputs and outputs parsed, 20,000 nodes of a
+/// data pipeline (resource durations, pod IPs, artifacts with their keys)
+/// took 152 MiB, 8 times their JSON (bench/README.md, "Memory by the nodes'
+/// size and shape"). Equality is the text's: the same fields in the same order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Other(Option<Box<str>>);
+
+impl Other {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The fields as a JSON object, for the rare reader.
+    pub fn to_value(&self) -> Map<String, Value> {
+        self.0.as_deref().map_or_else(Map::new, |text| {
+            serde_json::from_str(text).expect("kept fields are JSON this type wrote")
+        })
+    }
+}
+
+/// Where [`deserialize_streamed`] and [`Other`]'s own reader keep a field
+/// the struct does not name.
+trait Unnamed {
+    fn keep<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        key: Cow<'de, str>,
+        map: &mut A,
+    ) -> Result<(), A::Error>;
+}
+
+impl Unnamed for Passed {
+    fn keep<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        key: Cow<'de, str>,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        let value = map.next_value()?;
+        self.insert(key.into_owned(), value);
+        Ok(())
+    }
+}
+
+impl Unnamed for Other {
+    /// Appends `"key":value` to the text, the value transcoded straight
+    /// from the input; the text is kept at its exact size.
+    fn keep<'de, A: serde::de::MapAccess<'de>>(
+        &mut self,
+        key: Cow<'de, str>,
+        map: &mut A,
+    ) -> Result<(), A::Error> {
+        struct Transcode<'b>(&'b mut Vec<u8>);
+        impl<'de> serde::de::DeserializeSeed<'de> for Transcode<'_> {
+            type Value = ();
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                serde_transcode::transcode(d, &mut serde_json::Serializer::new(self.0))
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+        let mut text = match self.0.take() {
+            Some(text) => {
+                let mut text = String::from(text).into_bytes();
+                text.pop(); // the closing brace
+                text.push(b',');
+                text
+            }
+            None => vec![b'{'],
+        };
+        serde_json::to_writer(&mut text, &*key).map_err(serde::de::Error::custom)?;
+        text.push(b':');
+        map.next_value_seed(Transcode(&mut text))?;
+        text.push(b'}');
+        let text = String::from_utf8(text).map_err(serde::de::Error::custom)?;
+        self.0 = Some(text.into_boxed_str());
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for Other {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Other;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Other, A::Error> {
+                let mut other = Other::default();
+                while let Some(Key(key)) = map.next_key()? {
+                    other.keep(key, &mut map)?;
+                }
+                Ok(other)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+impl Serialize for Other {
+    /// The fields as entries of a map (the owner flattens them into its own),
+    /// each value written as its kept text. A key written twice keeps its
+    /// first place and its last value, as a map of values would.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let entries: indexmap::IndexMap<Cow<'_, str>, &RawValue> = match self.0.as_deref() {
+            Some(text) => serde_json::from_str(text).map_err(serde::ser::Error::custom)?,
+            None => indexmap::IndexMap::new(),
+        };
+        let mut map = s.serialize_map(Some(entries.len()))?;
+        for (key, value) in &entries {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
 
 /// Fields of the spec and status that rewind passes through unread, each
 /// value kept as its JSON text ([`Opaque`]).
@@ -72,6 +193,49 @@ impl<'de> Deserialize<'de> for Opaque {
     }
 }
 
+/// A value held as its JSON text ([`Opaque`]) and parsed as a `T` only
+/// where a rule reads it: a node's inputs and outputs (parameters, artifacts
+/// with their keys) are most of a rich node's size and almost never read.
+/// Reading checks that the text parses as a `T`, so input a typed read would
+/// refuse is refused as before.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lazy<T> {
+    text: Opaque,
+    parsed: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: serde::de::DeserializeOwned + Serialize> Lazy<T> {
+    pub fn new(value: &T) -> Self {
+        let text = serde_json::value::to_raw_value(value).expect("the value serializes");
+        Lazy {
+            text: Opaque(text),
+            parsed: std::marker::PhantomData,
+        }
+    }
+
+    /// The value, parsed anew from its text.
+    pub fn get(&self) -> T {
+        serde_json::from_str(self.text.get()).expect("the text was checked to parse when read")
+    }
+}
+
+impl<T> Serialize for Lazy<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.text.serialize(s)
+    }
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Lazy<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = Opaque::deserialize(d)?;
+        serde_json::from_str::<T>(text.get()).map_err(serde::de::Error::custom)?;
+        Ok(Lazy {
+            text,
+            parsed: std::marker::PhantomData,
+        })
+    }
+}
+
 /// A workflow's node statuses by node ID. A `BTreeMap` so output is ordered
 /// like Go's `encoding/json` orders map keys. Each node boxed: a map filled in
 /// key order leaves its leaves about half empty, which costs a slot's size per
@@ -108,10 +272,7 @@ macro_rules! deserialize_streamed {
                         while let Some(Key(key)) = map.next_key()? {
                             match &*key {
                                 $($key => value.$field = map.next_value()?,)*
-                                _ => {
-                                    let other = map.next_value()?;
-                                    value.other.insert(key.into_owned(), other);
-                                }
+                                _ => value.other.keep(key, &mut map)?,
                             }
                         }
                         Ok(value)
@@ -307,7 +468,7 @@ pub struct Parameter {
     )]
     pub value: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value_from: Option<Value>,
+    pub value_from: Option<Opaque>,
     #[serde(flatten)]
     pub other: Other,
 }
@@ -396,56 +557,55 @@ pub struct Condition {
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
     #[serde(default)]
-    pub id: String,
+    pub id: Text,
     #[serde(default)]
-    pub name: String,
+    pub name: Text,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub display_name: Option<String>,
+    pub display_name: Option<Text>,
     /// Pod, Container, Steps, StepGroup, DAG, TaskGroup, Retry, Skipped,
     /// Suspend, HTTP, Plugin.
     #[serde(default, rename = "type")]
-    pub type_: String,
+    pub type_: Text,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_name: Option<String>,
-    // The four parts most nodes lack are boxed: a node is held 20,000 times
-    // and more, and each would otherwise be a few hundred bytes inline.
+    pub template_name: Option<Text>,
+    // The parts most nodes lack are boxed, or held as text: a node is held
+    // 20,000 times and more, and each would otherwise cost it a few hundred bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<Box<TemplateRef>>,
-    // Three fields rewind does not change are named all the same: Argo sets
-    // them on most nodes, and each in `other` would cost that node a map
-    // (over 300 bytes) of its own.
+    // A field rewind does not change but Argo sets on most nodes is named all
+    // the same: inline, a short one costs its slot and nothing more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_scope: Option<String>,
+    pub template_scope: Option<Text>,
     /// Pending, Running, Succeeded, Skipped, Failed, Error, Omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    pub phase: Option<Text>,
     #[serde(
         default,
         rename = "boundaryID",
         skip_serializing_if = "Option::is_none"
     )]
-    pub boundary_id: Option<String>,
+    pub boundary_id: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
+    pub message: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub progress: Option<String>,
+    pub progress: Option<Text>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_flag: Option<Box<NodeFlag>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inputs: Option<Box<IoParameters>>,
+    pub inputs: Option<Lazy<IoParameters>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outputs: Option<Box<IoParameters>>,
+    pub outputs: Option<Lazy<IoParameters>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub children: Option<Vec<String>>,
+    pub children: Option<Vec<Text>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outbound_nodes: Option<Vec<String>>,
+    pub outbound_nodes: Option<Vec<Text>>,
     /// The Kubernetes node the pod ran on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_node_name: Option<String>,
+    pub host_node_name: Option<Text>,
     #[serde(flatten)]
     pub other: Other,
 }
@@ -477,7 +637,7 @@ impl NodeStatus {
         self.phase.as_deref().unwrap_or_default()
     }
 
-    pub fn children(&self) -> &[String] {
+    pub fn children(&self) -> &[Text] {
         self.children.as_deref().unwrap_or_default()
     }
 
@@ -609,11 +769,57 @@ mod tests {
             wf.spec.other["templates"].get(),
             r#"[{"name":"a\u0000\"b","n":-7}]"#
         );
-        assert_eq!(wf.other.keys().collect::<Vec<_>>(), ["someTopLevelField"]);
+        assert_eq!(
+            wf.other.to_value().keys().collect::<Vec<_>>(),
+            ["someTopLevelField"]
+        );
         let mut expected: Value = serde_json::from_str(text).unwrap();
         // Argo's AnyString: the number is written back as its text.
         expected["spec"]["arguments"]["parameters"][0]["value"] = "2".into();
         assert_eq!(serde_json::to_value(&wf).unwrap(), expected);
+    }
+
+    #[test]
+    fn unnamed_fields_are_kept_as_text_in_their_order() {
+        // An escaped key, a nested value, a key given twice (its first place, its last value).
+        let text = r#"{"id": "n", "podIP": "10.0.0.1", "k\"ey": [1, {"x": "<&>"}],
+            "resourcesDuration": {"cpu": 1}, "podIP": "10.0.0.2"}"#;
+        let node: NodeStatus = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            serde_json::to_string(&node).unwrap(),
+            r#"{"id":"n","name":"","type":"","podIP":"10.0.0.2","k\"ey":[1,{"x":"<&>"}],"resourcesDuration":{"cpu":1}}"#
+        );
+        assert_eq!(node.other.to_value()["resourcesDuration"]["cpu"], 1);
+        let bare: NodeStatus = serde_json::from_str(r#"{"id": "n"}"#).unwrap();
+        assert!(bare.other.is_empty());
+    }
+
+    #[test]
+    fn inputs_and_outputs_are_held_as_text_and_checked_when_read() {
+        let node: NodeStatus = serde_json::from_str(
+            r#"{"id": "n", "inputs": {"parameters": [{"name": "p", "value": 3}],
+                "artifacts": [{"name": "a", "s3": {"key": "k"}}]}}"#,
+        )
+        .unwrap();
+        let inputs = node.inputs.as_ref().unwrap().get();
+        assert_eq!(inputs.parameters.unwrap()[0].value.as_deref(), Some("3"));
+        assert_eq!(
+            serde_json::to_value(&node).unwrap()["inputs"]["artifacts"][0]["s3"]["key"],
+            "k"
+        );
+        // What a typed read refused before, it refuses still.
+        let wrong = r#"{"id": "n", "outputs": {"parameters": 5}}"#;
+        assert!(serde_json::from_str::<NodeStatus>(wrong).is_err());
+    }
+
+    #[test]
+    fn a_node_stays_small() {
+        // Held 50,000 times and more: a field added inline costs each node its size.
+        assert!(
+            std::mem::size_of::<NodeStatus>() <= 424,
+            "{}",
+            std::mem::size_of::<NodeStatus>()
+        );
     }
 
     #[test]

@@ -98,10 +98,10 @@ pub fn strands(
         .iter()
         .filter_map(|(pod, id)| {
             let node = nodes.get(id);
-            let phase = node.and_then(|n| n.phase.clone());
+            let phase = node.and_then(|n| n.phase.as_deref().map(str::to_owned));
             (!finished(phase.as_deref())).then(|| Strand {
                 pod: pod.clone(),
-                node: node.map_or_else(|| id.clone(), |n| n.name.clone()),
+                node: node.map_or_else(|| id.clone(), |n| n.name.to_string()),
                 phase,
             })
         })
@@ -302,7 +302,7 @@ mod tests {
     fn node(name: &str, phase: Option<&str>) -> Box<NodeStatus> {
         Box::new(NodeStatus {
             name: name.into(),
-            phase: phase.map(str::to_owned),
+            phase: phase.map(Into::into),
             ..Default::default()
         })
     }

@@ -22,6 +22,7 @@ pub mod ledger;
 pub mod localcluster;
 pub mod mixed;
 pub mod prometheus;
+pub mod shapes;
 pub mod trials;
 pub mod tryout;
 pub mod workload;

@@ -21,7 +21,7 @@ use crate::argo::plan::compress::{
     CompressError, DEFAULT_MAX_WORKFLOW_SIZE, blob_to_hydrate, decode_nodes, dehydrate,
 };
 use crate::argo::plan::pod_name::{PodNameFormat, node_id, pod_name};
-use crate::argo::workflow::{NodeStatus, Workflow, WorkflowSpec, WorkflowStatus, labels};
+use crate::argo::workflow::{NodeStatus, Text, Workflow, WorkflowSpec, WorkflowStatus, labels};
 use crate::engine::fault::{api_code, is_transient};
 
 const TEMPLATE: &str = "work";
@@ -70,21 +70,21 @@ impl FailedDag {
         let mut children = Vec::new();
         for (i, (node_name, phase)) in self.tasks().enumerate() {
             let id = node_id(&self.name, &node_name);
-            children.push(id.clone());
+            children.push(Text::from(id.as_str()));
             nodes.insert(
                 id.clone(),
                 Box::new(NodeStatus {
-                    id,
-                    display_name: Some(node_name.rsplit('.').next().unwrap_or_default().to_owned()),
-                    name: node_name,
+                    id: id.into(),
+                    display_name: Some(node_name.rsplit('.').next().unwrap_or_default().into()),
+                    name: node_name.into(),
                     type_: "Pod".into(),
                     template_name: Some(TEMPLATE.into()),
                     phase: Some(phase.into()),
-                    boundary_id: Some(self.name.clone()),
+                    boundary_id: Some(self.name.as_str().into()),
                     message: (phase == "Failed").then(|| "Error (exit code 1)".into()),
                     started_at: Some(TIME.into()),
                     finished_at: Some(TIME.into()),
-                    host_node_name: host(hosts, i).map(str::to_owned),
+                    host_node_name: host(hosts, i).map(Into::into),
                     ..Default::default()
                 }),
             );
@@ -92,9 +92,9 @@ impl FailedDag {
         nodes.insert(
             self.name.clone(),
             Box::new(NodeStatus {
-                id: self.name.clone(),
-                name: self.name.clone(),
-                display_name: Some(self.name.clone()),
+                id: self.name.as_str().into(),
+                name: self.name.as_str().into(),
+                display_name: Some(self.name.as_str().into()),
                 type_: "DAG".into(),
                 template_name: Some("main".into()),
                 phase: Some(phase.into()),

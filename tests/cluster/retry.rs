@@ -17,7 +17,7 @@ use kube::api::{
 };
 use rewind::argo::plan::ArgoVersion;
 use rewind::argo::plan::pod_name::{PodNameFormat, node_id, pod_name};
-use rewind::argo::workflow::{NodeFlag, NodeStatus, Workflow, labels};
+use rewind::argo::workflow::{NodeFlag, NodeStatus, Text, Workflow, labels};
 use rewind::protocol::request::{RetryPhase, annotations};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::FailedDag;
@@ -203,20 +203,20 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
     for (attempt, phase) in phases.iter().enumerate() {
         let node_name = format!("{retry_name}({attempt})");
         let id = node_id(&name, &node_name);
-        children.push(id.clone());
+        children.push(Text::from(id.as_str()));
         nodes.insert(
             id.clone(),
             Box::new(NodeStatus {
-                id: id.clone(),
-                name: node_name.clone(),
-                display_name: Some(format!("{task}({attempt})")),
+                id: id.as_str().into(),
+                name: node_name.as_str().into(),
+                display_name: Some(format!("{task}({attempt})").into()),
                 type_: "Pod".into(),
                 template_name: Some("work".into()),
                 phase: Some((*phase).into()),
-                boundary_id: Some(name.clone()),
+                boundary_id: Some(name.as_str().into()),
                 message: (*phase == "Failed").then(|| "Error (exit code 1)".into()),
-                started_at: time.clone(),
-                finished_at: time.clone(),
+                started_at: time.clone().map(Into::into),
+                finished_at: time.clone().map(Into::into),
                 node_flag: Some(Box::new(NodeFlag {
                     retried: true,
                     ..Default::default()
@@ -247,22 +247,24 @@ fn add_retry_task(wf: &mut Workflow, task: &str, phases: &[&str]) -> Vec<(Pod, S
     nodes.insert(
         retry_id.clone(),
         Box::new(NodeStatus {
-            id: retry_id.clone(),
-            name: retry_name,
+            id: retry_id.as_str().into(),
+            name: retry_name.into(),
             display_name: Some(task.into()),
             type_: "Retry".into(),
             template_name: Some("work".into()),
             phase: phases.last().map(|p| (*p).into()),
-            boundary_id: Some(name.clone()),
-            started_at: time.clone(),
-            finished_at: time,
+            boundary_id: Some(name.as_str().into()),
+            started_at: time.clone().map(Into::into),
+            finished_at: time.map(Into::into),
             children: Some(children),
             outbound_nodes: last.clone().map(|l| vec![l]),
             ..Default::default()
         }),
     );
     let root = nodes.get_mut(&name).expect("the DAG node");
-    root.children.get_or_insert_with(Vec::new).push(retry_id);
+    root.children
+        .get_or_insert_with(Vec::new)
+        .push(retry_id.into());
     root.outbound_nodes
         .get_or_insert_with(Vec::new)
         .extend(last);

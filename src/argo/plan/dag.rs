@@ -115,13 +115,13 @@ impl<'a> Graph<'a> {
             };
             if p.is_none() && node.name != workflow_name && !node.name.starts_with(&on_exit) {
                 return Err(PlanError::MissingParent {
-                    node: node.id.clone(),
+                    node: node.id.to_string(),
                 });
             }
             parent[i] = p;
             if let Some(missing) = kids.iter().position(Option::is_none) {
                 return Err(PlanError::MissingChild {
-                    child: node.children()[missing].clone(),
+                    child: node.children()[missing].to_string(),
                 });
             }
             children.push(kids.into_iter().flatten().collect());

@@ -61,7 +61,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::argo::workflow::{
-    Condition, NodeStatus, Parameter, Workflow, WorkflowSpec, WorkflowStatus, labels,
+    Condition, Lazy, NodeStatus, Parameter, Text, Workflow, WorkflowSpec, WorkflowStatus, labels,
 };
 use compress::{CompressError, Nodes};
 use dag::{Graph, failed_or_error, is_execution, node_type};
@@ -310,7 +310,7 @@ fn plan(
     let mut add_pod = |node: &NodeStatus| -> Result<(), PlanError> {
         let pod = pod_name::node_pod_name(wf, node, version)?;
         if let Some(host) = &node.host_node_name {
-            pod_nodes.insert(pod.clone(), host.clone());
+            pod_nodes.insert(pod.clone(), host.to_string());
         }
         pods.push(pod);
         Ok(())
@@ -350,8 +350,8 @@ fn plan(
 /// What becomes of a node, with the children and outbound nodes it keeps.
 struct Fate {
     kind: FateKind,
-    children: Option<Vec<String>>,
-    outbound_nodes: Option<Vec<String>>,
+    children: Option<Vec<Text>>,
+    outbound_nodes: Option<Vec<Text>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -386,15 +386,15 @@ fn node_outcomes(
         reset: Vec::new(),
         deleted: Vec::new(),
     };
-    let is_deleted = |id: &&String| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
+    let is_deleted = |id: &&Text| graph.index.get(id.as_str()).is_some_and(|&j| delete[j]);
     for (i, node) in graph.nodes.iter().enumerate() {
         let kind = if reset[i] && !delete[i] {
-            outcome.reset.push(node.id.clone());
+            outcome.reset.push(node.id.to_string());
             FateKind::Reset
         } else if !delete[i] && !node.name.starts_with(&on_exit) {
             FateKind::Keep
         } else {
-            outcome.deleted.push(node.id.clone());
+            outcome.deleted.push(node.id.to_string());
             FateKind::Drop
         };
         let fate = if kind == FateKind::Drop {
@@ -449,7 +449,7 @@ fn finish_nodes(nodes: Nodes, fates: Vec<Fate>, now: &str) -> Nodes {
         .collect()
 }
 
-fn non_empty(v: Vec<String>) -> Option<Vec<String>> {
+fn non_empty(v: Vec<Text>) -> Option<Vec<Text>> {
     (!v.is_empty()).then_some(v)
 }
 
@@ -713,7 +713,7 @@ fn descendant_succeeded<'a>(
             continue;
         };
         *next += 1;
-        let Some(child) = nodes.get(child_id) else {
+        let Some(child) = nodes.get(child_id.as_str()) else {
             let reason = match version {
                 ArgoVersion::V4 => format!(
                     "runtime error: invalid memory address or nil pointer dereference (child {child_id} is missing)"
@@ -811,24 +811,24 @@ fn reset_and_delete(
 /// `resetNode`: the node runs again (a Skipped node stays Skipped, so the
 /// workflow does not hang on it); a Suspend node forgets supplied outputs.
 fn reset_node(node: &mut NodeStatus, now: &str) {
-    if node.type_ == node_type::SUSPEND {
-        for p in node
-            .outputs
-            .iter_mut()
-            .flat_map(|o| o.parameters.iter_mut().flatten())
-        {
+    if node.type_ == node_type::SUSPEND
+        && let Some(outputs) = &mut node.outputs
+    {
+        let mut parsed = outputs.get();
+        for p in parsed.parameters.iter_mut().flatten() {
             *p = Parameter {
                 name: std::mem::take(&mut p.name),
-                value_from: Some(serde_json::json!({"supplied": {}})),
+                value_from: Some(serde_json::json!({"supplied": {}}).into()),
                 ..Default::default()
             };
         }
+        *outputs = Lazy::new(&parsed);
     }
     if node.phase() != "Skipped" {
         node.phase = Some("Running".into());
     }
     node.message = None;
-    node.started_at = Some(now.to_owned());
+    node.started_at = Some(now.into());
     node.finished_at = None;
 }
 

@@ -7,6 +7,7 @@
 //! term sorting (which decides which error is reported) and the quirk that an
 //! empty term such as `=` or `!=` matches everything must all be Go's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use thiserror::Error;
@@ -39,7 +40,7 @@ pub struct Selector {
 }
 
 /// The fields a node offers to a selector.
-pub type NodeFields<'a> = HashMap<String, &'a str>;
+pub type NodeFields<'a> = HashMap<String, Cow<'a, str>>;
 
 /// Go panics (nil pointer) when it builds the fields of a node whose input
 /// parameter has no value; the planner reports this as Argo crashing.
@@ -80,7 +81,7 @@ impl Selector {
     /// Whether the fields satisfy every term; a missing field reads as "".
     pub fn matches(&self, fields: &NodeFields<'_>) -> bool {
         self.terms.iter().all(|t| {
-            let actual = fields.get(&t.field).copied().unwrap_or_default();
+            let actual = fields.get(&t.field).map_or("", |v| v);
             (actual == t.value) == t.equal
         })
     }
@@ -96,31 +97,31 @@ pub fn node_fields(node: &NodeStatus) -> Result<NodeFields<'_>, ParameterWithout
     let mut fields: NodeFields<'_> = HashMap::with_capacity(8);
     fields.insert(
         "displayName".into(),
-        node.display_name.as_deref().unwrap_or_default(),
+        node.display_name.as_deref().unwrap_or_default().into(),
     );
-    fields.insert("templateName".into(), node_template(node));
-    fields.insert("phase".into(), node.phase());
-    fields.insert("name".into(), &node.name);
-    fields.insert("id".into(), &node.id);
+    fields.insert("templateName".into(), node_template(node).into());
+    fields.insert("phase".into(), node.phase().into());
+    fields.insert("name".into(), node.name.as_str().into());
+    fields.insert("id".into(), node.id.as_str().into());
     if let Some(r) = &node.template_ref {
         fields.insert(
             "templateRef.name".into(),
-            r.name.as_deref().unwrap_or_default(),
+            r.name.as_deref().unwrap_or_default().into(),
         );
         fields.insert(
             "templateRef.template".into(),
-            r.template.as_deref().unwrap_or_default(),
+            r.template.as_deref().unwrap_or_default().into(),
         );
     }
     if let Some(inputs) = &node.inputs {
-        for p in inputs.parameters.iter().flatten() {
-            let Some(value) = p.value.as_deref() else {
+        for p in inputs.get().parameters.into_iter().flatten() {
+            let Some(value) = p.value else {
                 return Err(ParameterWithoutValue {
-                    node_id: node.id.clone(),
-                    parameter: p.name.clone(),
+                    node_id: node.id.to_string(),
+                    parameter: p.name,
                 });
             };
-            fields.insert(format!("inputs.parameters.{}.value", p.name), value);
+            fields.insert(format!("inputs.parameters.{}.value", p.name), value.into());
         }
     }
     Ok(fields)
@@ -205,7 +206,7 @@ fn unescape_value(s: &str) -> Result<String, SelectorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::argo::workflow::{IoParameters, Parameter, TemplateRef};
+    use crate::argo::workflow::{IoParameters, Lazy, Parameter, TemplateRef};
 
     fn node() -> NodeStatus {
         NodeStatus {
@@ -215,7 +216,7 @@ mod tests {
             type_: "Pod".into(),
             template_name: Some("tmpl".into()),
             phase: Some("Failed".into()),
-            inputs: Some(Box::new(IoParameters {
+            inputs: Some(Lazy::new(&IoParameters {
                 parameters: Some(vec![Parameter {
                     name: "p".into(),
                     value: Some("a,b=c".into()),
@@ -359,7 +360,9 @@ mod tests {
     #[test]
     fn input_parameter_without_value_is_go_panicking() {
         let mut n = node();
-        n.inputs.as_mut().unwrap().parameters.as_mut().unwrap()[0].value = None;
+        let mut inputs = n.inputs.as_ref().unwrap().get();
+        inputs.parameters.as_mut().unwrap()[0].value = None;
+        n.inputs = Some(Lazy::new(&inputs));
         let err = Selector::parse("id=x")
             .unwrap()
             .matches_node(&n)

@@ -367,7 +367,7 @@ fn on_exit_nodes_are_dropped_and_all_their_nodes_get_pod_names() {
         node("wf-e1", "wf.onExit[0].notify", "Pod", "Succeeded", &[]),
     ] {
         let n: Box<NodeStatus> = serde_json::from_value(n).unwrap();
-        nodes.insert(n.id.clone(), n);
+        nodes.insert(n.id.to_string(), n);
     }
     let p = plan(&wf, &RetryOptions::default());
     assert_eq!(p.nodes_deleted, ["wf-b", "wf-e", "wf-e0", "wf-e1"]);
@@ -402,7 +402,7 @@ fn skipped_stays_skipped_and_suspend_forgets_supplied_outputs() {
     let mut reset = nodes["wf-s"].clone();
     reset_node(&mut reset, NOW);
     assert_eq!(reset.phase(), "Running");
-    let params = reset.outputs.unwrap().parameters.unwrap();
+    let params = reset.outputs.unwrap().get().parameters.unwrap();
     assert_eq!(
         serde_json::to_value(&params).unwrap(),
         json!([{"name": "approve", "valueFrom": {"supplied": {}}}])

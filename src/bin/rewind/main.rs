@@ -522,8 +522,12 @@ struct LocalClusterArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Controller(_)) {
+    // `rewind plan` too, so that its memory is the controller's (benches/memory.rs).
+    if matches!(cli.command, Command::Controller(_) | Command::Plan(_)) {
         bound_malloc();
+    }
+    if matches!(cli.command, Command::Controller(_)) {
+        give_back_freed_memory();
     }
     // kube logs every failed request at ERROR; we report the ones that matter.
     let filter = match cli.command {
@@ -593,6 +597,24 @@ fn bound_malloc() {
     }
 }
 
+/// Every 10 s, glibc's free pages go back to the kernel. A large retry's nodes
+/// are freed in place, among blocks still in use, and glibc returns only the
+/// free top of its heap on its own: with 20,000 rich nodes planned and freed,
+/// 32 MiB stayed resident; `malloc_trim` took that to 12 MiB in 2 ms (it
+/// walks the free lists and releases every free page).
+fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    std::thread::spawn(|| {
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(10));
+            // SAFETY: malloc_trim only releases free memory; it is thread-safe.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    });
+}
+
 async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let config = kube::Config::infer().await.context(
         "finding Kubernetes credentials (set KUBECONFIG, or run in a pod with a ServiceAccount)",
@@ -650,7 +672,7 @@ fn plan(args: PlanArgs) -> anyhow::Result<()> {
         compression: args.compression.settings(),
         ..RetryOptions::default()
     };
-    match rewind::argo::plan::plan_retry(&workflow, &options) {
+    match rewind::argo::plan::plan_retry_owned(workflow, &options) {
         Ok(plan) => {
             println!("{}", serde_json::to_string_pretty(&plan)?);
             Ok(())
