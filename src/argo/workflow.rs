@@ -23,9 +23,17 @@ pub type Text = compact_str::CompactString;
 /// them. Held as values, with inputs and outputs parsed, 20,000 nodes of a
 /// data pipeline (resource durations, pod IPs, artifacts with their keys)
 /// took 152 MiB, 8 times their JSON (bench/README.md, "Memory by the nodes'
-/// size and shape"). Equality is the text's: the same fields in the same order.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// size and shape"). Equality is the fields' as values, in any order, as a
+/// map of values compares (a database's JSON type gives keys back in its own
+/// order).
+#[derive(Clone, Debug, Default)]
 pub struct Other(Option<Box<str>>);
+
+impl PartialEq for Other {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0 || self.to_value() == other.to_value()
+    }
+}
 
 impl Other {
     pub fn is_empty(&self) -> bool {
@@ -197,11 +205,17 @@ impl<'de> Deserialize<'de> for Opaque {
 /// where a rule reads it: a node's inputs and outputs (parameters, artifacts
 /// with their keys) are most of a rich node's size and almost never read.
 /// Reading checks that the text parses as a `T`, so input a typed read would
-/// refuse is refused as before.
-#[derive(Clone, Debug, PartialEq)]
+/// refuse is refused as before. Equality is the values', keys in any order.
+#[derive(Clone, Debug)]
 pub struct Lazy<T> {
     text: Opaque,
     parsed: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> PartialEq for Lazy<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text || self.text.to_value() == other.text.to_value()
+    }
 }
 
 impl<T: serde::de::DeserializeOwned + Serialize> Lazy<T> {
@@ -792,6 +806,26 @@ mod tests {
         assert_eq!(node.other.to_value()["resourcesDuration"]["cpu"], 1);
         let bare: NodeStatus = serde_json::from_str(r#"{"id": "n"}"#).unwrap();
         assert!(bare.other.is_empty());
+    }
+
+    #[test]
+    fn kept_text_compares_as_values_in_any_order() {
+        let read = |text: &str| serde_json::from_str::<NodeStatus>(text).unwrap();
+        let a = read(
+            r#"{"id": "n", "podIP": "1", "x": {"a": 1, "b": 2}, "outputs": {"exitCode": "1", "result": "r"}}"#,
+        );
+        let b = read(
+            r#"{"id": "n", "x": {"b": 2, "a": 1}, "podIP": "1", "outputs": {"result": "r", "exitCode": "1"}}"#,
+        );
+        assert_eq!(a, b);
+        let c = read(
+            r#"{"id": "n", "x": {"b": 2, "a": 1}, "podIP": "2", "outputs": {"result": "r", "exitCode": "1"}}"#,
+        );
+        assert_ne!(a, c);
+        let d = read(
+            r#"{"id": "n", "x": {"b": 2, "a": 1}, "podIP": "1", "outputs": {"result": "s", "exitCode": "1"}}"#,
+        );
+        assert_ne!(a, d);
     }
 
     #[test]
