@@ -27,6 +27,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub async fn database(
     client: &kube::Client,
     configmap: &str,
+    max_row_size: usize,
     shutdown: &CancellationToken,
 ) -> Option<Arc<dyn ArgoDatabase>> {
     let mut delay = BACKOFF_START;
@@ -54,7 +55,7 @@ pub async fn database(
     match Sql::connect(&persistence).await {
         Ok(database) => {
             info!(%configmap, database = persistence.target(), archive = persistence.archive, node_status_offload = persistence.node_status_offload, "using Argo's database");
-            Some(Arc::new(database))
+            Some(Arc::new(database.with_max_row_size(max_row_size)))
         }
         Err(e) => {
             error!(%configmap, database = persistence.target(), error = %e, "Argo's database settings are wrong: archived retries and offloaded nodes are not served");

@@ -342,7 +342,9 @@ impl Controller {
         if ctx.database.is_none()
             && let Some(configmap) = &options.argo_configmap
         {
-            ctx.database = argo_config::database(&ctx.client(), configmap, &shutdown).await;
+            let max_row_size = ctx.config.max_nodes_size;
+            ctx.database =
+                argo_config::database(&ctx.client(), configmap, max_row_size, &shutdown).await;
         }
         let engine = ctx.engine.clone();
         let clients = workers::Clients {

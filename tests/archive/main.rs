@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         offload_version_and_bytes_equal_argos,
         offloaded_nodes_written_by_argo_are_read_by_rewind,
         rows_over_a_megabyte_are_read_again_and_again,
+        rows_over_max_nodes_size_are_refused_naming_their_size,
         load_persistence_reads_argos_configmap_and_secrets,
         tls_settings_are_honoured,
         a_fixture_stops_cleanly_and_leaves_nothing,

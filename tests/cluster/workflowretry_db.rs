@@ -3,7 +3,8 @@
 //! archived retry reads the row Argo archived, a database that is down keeps the request
 //! pending with a clear message and nothing deleted, a corrupt archived row fails the request
 //! clearly with nothing deleted, and a live workflow whose nodes Argo
-//! offloaded is hydrated, reset and offloaded again so that Argo reads back its own result.
+//! offloaded is hydrated, reset and offloaded again so that Argo reads back its own result
+//! (after a retry refused for a row over --max-nodes-size, with nothing deleted).
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::sync::Arc;
@@ -286,9 +287,46 @@ async fn offloaded_live_retry_on(
     let mut offloaded = created.clone();
     offloaded.status.nodes = None;
     offloaded.status.offload_node_status_version = Some(version.clone());
-    let before = workflows
+    workflows
         .replace(&dag.name, &PostParams::default(), &offloaded)
         .await?;
+
+    // A row over --max-nodes-size is read but not parsed: the retry fails naming its size,
+    // and no pod is touched.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
+    let selector = ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, dag.name));
+    let pods_before = pods.list(&selector).await?.items.len();
+    let small: Arc<dyn ArgoDatabase> = Arc::new(
+        Sql::connect(&db.persistence())
+            .await?
+            .with_max_row_size(100),
+    );
+    let controller = ctl::start_with_archive(
+        &cluster,
+        &namespace,
+        ctl::options(50, 50, true),
+        Some(small),
+    )
+    .await?;
+    ctl::request_retry(&cluster, &namespace, &dag.name, "too-large").await?;
+    let (_, refused) = ctl::wait_finished(&workflows, &dag.name, "too-large", FINISH).await?;
+    controller.stop().await?;
+    ensure!(
+        refused.phase == RetryPhase::Failed
+            && refused
+                .message
+                .contains(&format!("offloaded nodes of workflow {uid}"))
+            && refused.message.contains("bytes of JSON")
+            && refused.message.contains("--max-nodes-size"),
+        "expected Failed naming the row's size and --max-nodes-size: {refused:?}"
+    );
+    let pods_after = pods.list(&selector).await?.items.len();
+    ensure!(
+        pods_after == pods_before,
+        "a refused retry deleted pods: {pods_before} before, {pods_after} after"
+    );
+
+    let before = workflows.get(&dag.name).await?;
     let mut hydrated = before.clone();
     hydrated.status.nodes = created.status.nodes.clone();
     hydrated.status.offload_node_status_version = None;

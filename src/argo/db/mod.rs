@@ -103,6 +103,20 @@ pub enum DbError {
         target: String,
     },
 
+    #[error(
+        "{what} in Argo's database: {size} bytes of JSON, over the {limit} rewind reads \
+         (--max-nodes-size); a retry needs about three times its JSON in memory: raise \
+         --max-nodes-size together with the controller's memory limit (3 × the size plus \
+         64 MiB), then retry"
+    )]
+    RowTooLarge {
+        /// What the row holds: "archived workflow UID", "offloaded nodes of workflow UID (version V)".
+        what: String,
+        size: usize,
+        limit: usize,
+        target: String,
+    },
+
     #[error("Argo's persistence config in ConfigMap {configmap}: {problem}")]
     Config { configmap: String, problem: String },
 
@@ -129,6 +143,7 @@ impl DbError {
             DbError::CorruptArchivedWorkflow { .. }
             | DbError::CorruptOffloadedNodes { .. }
             | DbError::OffloadedNodesMissing { .. }
+            | DbError::RowTooLarge { .. }
             | DbError::Config { .. }
             | DbError::Settings { .. } => false,
         }
@@ -141,6 +156,7 @@ impl DbError {
             | DbError::CorruptArchivedWorkflow { target, .. }
             | DbError::CorruptOffloadedNodes { target, .. }
             | DbError::OffloadedNodesMissing { target, .. }
+            | DbError::RowTooLarge { target, .. }
             | DbError::Settings { target, .. } => Some(target),
             DbError::Config { .. } => None,
         }

@@ -63,6 +63,10 @@ pub struct Sql {
     instance_id: String,
     table_name: String,
     target: String,
+    /// The largest row rewind parses (`--max-nodes-size`): a retry needs
+    /// about three times its JSON in memory, so a larger one is refused, the
+    /// row read but never parsed.
+    max_row_size: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -195,7 +199,28 @@ impl Sql {
             instance_id: p.instance_id.clone(),
             table_name: p.table_name.clone(),
             target,
+            max_row_size: crate::argo::plan::compress::DEFAULT_MAX_NODES_SIZE,
         })
+    }
+
+    /// Refuses rows over `limit` bytes (`--max-nodes-size`; 64 MiB by default).
+    pub fn with_max_row_size(mut self, limit: usize) -> Self {
+        self.max_row_size = limit;
+        self
+    }
+
+    /// A row's read as [`DbError`] says it, for `what` it holds.
+    fn row<T>(&self, what: impl FnOnce() -> String, row: Row<T>) -> Result<Option<T>, DbError> {
+        match row {
+            Row::Missing => Ok(None),
+            Row::TooLarge(size) => Err(DbError::RowTooLarge {
+                what: what(),
+                size,
+                limit: self.max_row_size,
+                target: self.target.clone(),
+            }),
+            Row::Parsed(parsed) => Ok(Some(parsed)),
+        }
     }
 
     fn db_error(&self, what: String) -> impl FnOnce(sqlx::Error) -> DbError + '_ {
@@ -217,6 +242,7 @@ impl Sql {
             source,
         };
         let binds = [self.cluster_name.as_str(), self.instance_id.as_str(), uid];
+        let max = self.max_row_size;
         let read = match &self.pool {
             // A copy of the text only where PostgreSQL's stand-in for NUL must be put back.
             Pool::Postgres(pool) => {
@@ -225,6 +251,7 @@ impl Sql {
                     "SELECT workflow::text FROM argo_archived_workflows \
                      WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
                     binds,
+                    max,
                     |text| {
                         if text.contains(POSTGRES_NULL_REPLACEMENT) {
                             serde_json::from_str::<Workflow>(
@@ -242,11 +269,13 @@ impl Sql {
                 "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
                      WHERE clustername = ? AND instanceid = ? AND uid = ?",
                 binds,
+                max,
                 |text| serde_json::from_str::<Workflow>(text),
             )
             .await,
         };
-        let Some(parsed) = read.map_err(self.db_error(what()))? else {
+        let read = read.map_err(self.db_error(what()))?;
+        let Some(parsed) = self.row(|| format!("archived workflow {uid}"), read)? else {
             return Ok(None);
         };
         let mut wf = parsed.map_err(corrupt)?;
@@ -288,13 +317,18 @@ impl Sql {
         let binds = [self.cluster_name.as_str(), uid, version];
         // Straight into node statuses: no value tree of them in between.
         let parse = |text: &str| serde_json::from_str::<Nodes>(text);
+        let max = self.max_row_size;
         let read = match &self.pool {
-            Pool::Postgres(pool) => parse_row(pool, &sql, binds, parse).await,
-            Pool::MySql(pool) => parse_row(pool, &sql, binds, parse).await,
+            Pool::Postgres(pool) => parse_row(pool, &sql, binds, max, parse).await,
+            Pool::MySql(pool) => parse_row(pool, &sql, binds, max, parse).await,
         };
-        read.map_err(self.db_error(what()))?
-            .ok_or_else(missing)?
-            .map_err(corrupt)
+        let read = read.map_err(self.db_error(what()))?;
+        self.row(
+            || format!("the offloaded nodes of workflow {uid} (version {version})"),
+            read,
+        )?
+        .ok_or_else(missing)?
+        .map_err(corrupt)
     }
 
     /// Writes nodes as Argo's offload repo Save does (an insert; an existing
@@ -348,15 +382,25 @@ impl Sql {
     }
 }
 
+/// A row as [`parse_row`] read it.
+enum Row<T> {
+    Missing,
+    /// Over the size given, in bytes: not parsed.
+    TooLarge(usize),
+    Parsed(T),
+}
+
 /// Runs `sql` with its text parameters and parses the first column of its
 /// row, if there is one, from the row's own bytes: no copy of the text
-/// (megabytes for a large workflow), on either database.
+/// (megabytes for a large workflow), on either database; a row over `max`
+/// bytes is not parsed.
 async fn parse_row<DB, T>(
     pool: &sqlx::Pool<DB>,
     sql: &str,
     binds: [&str; 3],
+    max: usize,
     parse: impl FnOnce(&str) -> T,
-) -> Result<Option<T>, sqlx::Error>
+) -> Result<Row<T>, sqlx::Error>
 where
     DB: sqlx::Database,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
@@ -370,13 +414,16 @@ where
     }
     let mut connection = pool.acquire().await?;
     let Some(row) = query.fetch_optional(&mut *connection).await? else {
-        return Ok(None);
+        return Ok(Row::Missing);
     };
     let text: &str = row.try_get(0)?;
     // The buffer holds the row itself (8 MiB for 20,000 nodes): closed, the
     // connection lets it go once the row is parsed.
     release(connection, text.len()).await;
-    Ok(Some(parse(text)))
+    if text.len() > max {
+        return Ok(Row::TooLarge(text.len()));
+    }
+    Ok(Row::Parsed(parse(text)))
 }
 
 /// Gives `connection` back to its pool, unless it just read or wrote a row of

@@ -375,8 +375,10 @@ pub struct Tuning {
     /// naming them and deleting none, or delete them anyway and say so.
     #[arg(long, value_enum, default_value_t = OnSettleTimeout::Fail, env = "REWIND_ON_SETTLE_TIMEOUT")]
     on_settle_timeout: OnSettleTimeout,
-    /// The most bytes a workflow's status.compressedNodes may inflate to; a retry of one
-    /// that inflates further fails (a decompression bomb, or a workflow beyond Argo's sizes).
+    /// The most bytes of JSON rewind reads for a workflow's nodes: status.compressedNodes
+    /// inflated, or a row of Argo's database (offloaded nodes, an archived workflow). A
+    /// retry of a larger one fails, saying so: a retry needs about three times its nodes'
+    /// JSON in memory, and a decompression bomb stops here.
     #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
     max_nodes_size: usize,
     #[command(flatten)]
