@@ -18,12 +18,11 @@
 //! table's row as read, and archived retries (the retry benchmark's rows measure those).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
 
 use anyhow::{Context as _, ensure};
 use plotters::prelude::*;
-use rewind::testenv::bench::{cli, usage};
+use rewind::testenv::bench::{child, cli};
 use rewind::testenv::shapes::{Shape, workflow_json};
 
 #[path = "../tests/support/font.rs"]
@@ -173,37 +172,20 @@ struct Point {
 
 /// `rewind plan -f file` by `binary`.
 fn run(binary: &Path, file: &Path) -> anyhow::Result<Point> {
-    let started = Instant::now();
-    let mut child = Command::new(binary)
-        .args(["plan", "-f"])
-        .arg(file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {} plan", binary.display()))?;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
-    let mut rusage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child, once; both pointers are to live locals.
-    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut rusage) };
-    let seconds = started.elapsed().as_secs_f64();
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        std::io::Read::read_to_string(&mut pipe, &mut stderr)?;
-    }
+    let mut command = Command::new(binary);
+    command.args(["plan", "-f"]).arg(file);
+    let finished = child::run_measured(command)?;
     let what = format!("{} plan -f {}", binary.display(), file.display());
+    let offloaded = finished.stderr.contains(OFFLOAD_REFUSED);
     ensure!(
-        pid > 0 && libc::WIFEXITED(status),
-        "{what} did not exit: {stderr}"
-    );
-    let offloaded = stderr.contains(OFFLOAD_REFUSED);
-    ensure!(
-        libc::WEXITSTATUS(status) == 0 || offloaded,
-        "{what} failed: {stderr}"
+        finished.success || (offloaded && finished.status == "exit status 1"),
+        "{what} failed ({}): {}",
+        finished.status,
+        finished.stderr
     );
     Ok(Point {
-        peak: usage::of_rusage(&rusage).peak_rss_bytes as f64 / f64::from(1 << 20),
-        seconds,
+        peak: finished.usage.peak_rss_bytes as f64 / f64::from(1 << 20),
+        seconds: finished.wall.as_secs_f64(),
         offloaded,
     })
 }

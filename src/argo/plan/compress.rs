@@ -336,13 +336,13 @@ pub fn decode_nodes(
 /// 20,000 rich nodes, 18 MiB); `None` on any failure, which [`decode_nodes`]
 /// words as Go would.
 fn decode_streamed(raw: &[u8], version: ArgoVersion, limit: usize) -> Option<Nodes> {
-    let decoder: Box<dyn Read + '_> = match (version, Algorithm::detect(raw)) {
-        (ArgoVersion::V4, Algorithm::Zstd) => Box::new(zstd::stream::read::Decoder::new(raw).ok()?),
-        (ArgoVersion::V4, Algorithm::Brotli) => Box::new(brotli::Decompressor::new(raw, 64 * 1024)),
-        (_, Algorithm::Gzip) => Box::new(flate2::read::MultiGzDecoder::new(raw)),
-        (ArgoVersion::V3_7, _) => return None,
-    };
-    let mut limited = decoder.take((limit as u64).saturating_add(1));
+    let algorithm = Algorithm::detect(raw);
+    if version == ArgoVersion::V3_7 && algorithm != Algorithm::Gzip {
+        return None;
+    }
+    let mut limited = decoder(raw, algorithm)
+        .ok()?
+        .take((limit as u64).saturating_add(1));
     let nodes = serde_json::from_reader::<_, Option<Nodes>>(std::io::BufReader::with_capacity(
         64 * 1024,
         &mut limited,
@@ -352,21 +352,24 @@ fn decode_streamed(raw: &[u8], version: ArgoVersion, limit: usize) -> Option<Nod
     (limited.limit() > 0).then(|| nodes.unwrap_or_default())
 }
 
+/// The reader of `content`'s inflated bytes.
+fn decoder(content: &[u8], algorithm: Algorithm) -> std::io::Result<Box<dyn Read + '_>> {
+    Ok(match algorithm {
+        Algorithm::Zstd => Box::new(zstd::stream::read::Decoder::new(content)?),
+        Algorithm::Gzip => Box::new(flate2::read::MultiGzDecoder::new(content)),
+        Algorithm::Brotli => Box::new(brotli::Decompressor::new(content, 64 * 1024)),
+    })
+}
+
 /// v4's `file.DecompressContent`, stopping past `limit` bytes.
 pub fn decompress(content: &[u8], limit: usize) -> Result<Vec<u8>, CompressError> {
     let failed = |e: std::io::Error| CompressError::Decompress(e.to_string());
     match Algorithm::detect(content) {
-        Algorithm::Zstd => {
-            let decoder = zstd::stream::read::Decoder::new(content).map_err(failed)?;
+        Algorithm::Gzip => gunzip(content, limit),
+        algorithm => {
+            let decoder = decoder(content, algorithm).map_err(failed)?;
             inflate(decoder, content.len(), limit, failed)
         }
-        Algorithm::Gzip => gunzip(content, limit),
-        Algorithm::Brotli => inflate(
-            brotli::Decompressor::new(content, 64 * 1024),
-            content.len(),
-            limit,
-            failed,
-        ),
     }
 }
 
@@ -402,14 +405,15 @@ fn gunzip(content: &[u8], limit: usize) -> Result<Vec<u8>, CompressError> {
     if !content.starts_with(GZIP_MAGIC) || content.get(2).is_some_and(|&cm| cm != 8) {
         return Err(CompressError::Decompress("gzip: invalid header".into()));
     }
-    let decoder = flate2::read::MultiGzDecoder::new(content);
-    inflate(decoder, content.len(), limit, |e| {
+    let word = |e: std::io::Error| {
         CompressError::Inflate(match e.kind() {
             std::io::ErrorKind::UnexpectedEof => "unexpected EOF".into(),
             _ if e.to_string().contains("checksum") => "gzip: invalid checksum".into(),
             _ => format!("flate: corrupt input: {e}"),
         })
-    })
+    };
+    let decoder = decoder(content, Algorithm::Gzip).map_err(word)?;
+    inflate(decoder, content.len(), limit, word)
 }
 
 /// Go's `json.Unmarshal` message for a node map that failed to decode, where
