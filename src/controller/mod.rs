@@ -357,6 +357,10 @@ impl Controller {
             ),
         };
         let mut tasks = tokio::task::JoinSet::new();
+        // Every send stops the moment work does (a lost Lease, a shutdown),
+        // not as each request's task withdraws its work: the workers' gate
+        // refuses whatever a shut queue holds (rule 3's Lease).
+        tasks.spawn(engine.queue.shut_down_when(shutdown.clone()));
         let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
             tasks.spawn(workers::run(
@@ -377,7 +381,6 @@ impl Controller {
             ));
         }
         watch::run(ctx, writers, state, shutdown.clone()).await;
-        engine.queue.shutdown();
         while tasks.join_next().await.is_some() {}
     }
 }

@@ -196,8 +196,17 @@ pub struct Recreated {
 #[derive(Clone, Debug, Default)]
 pub struct Tracker {
     plan: BTreeSet<String>,
-    /// Plan pods by name: `Some(uid)` as first seen, `None` once seen gone.
-    seen: BTreeMap<String, Option<String>>,
+    /// Plan pods by name, as the lists showed them.
+    seen: BTreeMap<String, Seen>,
+}
+
+/// A plan pod as the lists showed it.
+#[derive(Clone, Debug, PartialEq)]
+enum Seen {
+    /// Listed, with the UID it had when first seen.
+    Present(String),
+    /// Seen gone; with the UID it had, if a list showed it before.
+    Gone(Option<String>),
 }
 
 impl Tracker {
@@ -208,20 +217,37 @@ impl Tracker {
         }
     }
 
+    /// True when `pod` is a plan pod seen gone, as it was before: a list at
+    /// an older revision (the workflow's, read again after someone wrote
+    /// it) shows it as history. A UID is never reused, so it is no
+    /// recreated pod, and it stays gone.
+    fn is_history(&self, pod: &Listed) -> bool {
+        matches!(self.seen.get(&pod.name), Some(Seen::Gone(Some(uid))) if *uid == pod.uid)
+    }
+
     pub fn plan(&self) -> &BTreeSet<String> {
         &self.plan
     }
 
     /// True when `pod`, with this UID, is a plan pod the last list showed.
     pub fn holds(&self, pod: &str, uid: &str) -> bool {
-        matches!(self.seen.get(pod), Some(Some(seen)) if seen == uid)
+        matches!(self.seen.get(pod), Some(Seen::Present(seen)) if seen == uid)
+    }
+
+    /// Plan pods no list has shown gone yet.
+    pub fn left(&self) -> BTreeSet<String> {
+        self.plan
+            .iter()
+            .filter(|name| !matches!(self.seen.get(*name), Some(Seen::Gone(_))))
+            .cloned()
+            .collect()
     }
 
     /// True when the last list showed every plan pod gone.
     pub fn all_seen_gone(&self) -> bool {
         self.plan
             .iter()
-            .all(|name| matches!(self.seen.get(name), Some(None)))
+            .all(|name| matches!(self.seen.get(name), Some(Seen::Gone(_))))
     }
 
     /// Adds pods a re-plan found (after the workflow changed under us).
@@ -237,6 +263,17 @@ impl Tracker {
         listed: &[Listed],
         allow_bulk: bool,
     ) -> Result<Assessment, Recreated> {
+        let current: Vec<Listed>;
+        let listed = if listed.iter().any(|p| self.is_history(p)) {
+            current = listed
+                .iter()
+                .filter(|p| !self.is_history(p))
+                .cloned()
+                .collect();
+            &current[..]
+        } else {
+            listed
+        };
         let assessment = assess(workflow, &self.plan, listed, allow_bulk);
         let uids: BTreeMap<&str, &str> = listed
             .iter()
@@ -258,8 +295,8 @@ impl Tracker {
             .collect();
         for &(name, uid) in &now {
             let came_back = match (self.seen.get(name), uid) {
-                (Some(None), Some(_)) => true,
-                (Some(Some(before)), Some(uid)) => before != uid,
+                (Some(Seen::Gone(_)), Some(_)) => true,
+                (Some(Seen::Present(before)), Some(uid)) => before != uid,
                 _ => false,
             };
             if came_back {
@@ -270,7 +307,13 @@ impl Tracker {
             }
         }
         for (name, uid) in now {
-            self.seen.insert(name.clone(), uid.map(str::to_owned));
+            let now = match (uid, self.seen.remove(name)) {
+                (Some(uid), _) => Seen::Present(uid.to_owned()),
+                (None, Some(Seen::Present(before))) => Seen::Gone(Some(before)),
+                (None, Some(Seen::Gone(before))) => Seen::Gone(before),
+                (None, None) => Seen::Gone(None),
+            };
+            self.seen.insert(name.clone(), now);
         }
         Ok(assessment)
     }
@@ -962,6 +1005,27 @@ mod tests {
         let mut t = Tracker::new(names(&["a"]));
         t.assess("wf", &[pod("wf", "a", "Failed")], true).unwrap();
         let mut again = pod("wf", "a", "Failed");
+        again.uid = "new".into();
+        assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
+    }
+
+    /// Issue 47, finding 4: after a conflict the workflow is read again and
+    /// its pods listed at its revision, older than some deletes: those pods
+    /// show under their own UIDs. They are history, not recreated, and stay
+    /// gone; the same name under a new UID still stops the request.
+    #[test]
+    fn tracker_takes_a_deleted_pod_in_an_older_list_as_history() {
+        let mut t = Tracker::new(names(&["a", "b"]));
+        let both = [pod("wf", "a", "Failed"), pod("wf", "b", "Failed")];
+        t.assess("wf", &both, true).unwrap();
+        assert!(t.assess("wf", &[], true).unwrap().gone == names(&["a", "b"]));
+        let older = t
+            .assess("wf", &[pod("wf", "a", "Failed")], true)
+            .expect("a pod seen gone, listed at an older revision, is not recreated");
+        assert_eq!(older.gone, names(&["a", "b"]));
+        assert!(older.work.is_empty(), "{:?}", older.work);
+        assert!(t.all_seen_gone());
+        let mut again = pod("wf", "b", "Failed");
         again.uid = "new".into();
         assert_eq!(t.assess("wf", &[again], true).unwrap_err().uid, "new");
     }

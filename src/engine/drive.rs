@@ -38,7 +38,9 @@ use crate::engine::assess::{
 use crate::engine::fault;
 use crate::engine::pods::{PodEvent, list_workflow_pods, watch_pods};
 use crate::engine::queue::Class;
-use crate::engine::workers::{Done, Outcome, RequestKey, WorkError, WorkItem};
+use crate::engine::workers::{
+    Done, Outcome, READ_TIMEOUT, RequestKey, Unsent, WorkError, WorkItem,
+};
 
 /// How a deletion goes about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +49,8 @@ pub struct DriveConfig {
     pub allow_bulk: bool,
     /// Split a bulk delete into this many DeleteCollections by node.
     pub bulk_parallelism: usize,
-    /// How often to look again at plan pods terminating gracefully.
+    /// How often to look again at plan pods terminating gracefully, when no
+    /// watch follows them (and the least time between two lists).
     pub terminating_poll: Duration,
     /// How often the sink hears of progress while requests are out.
     pub tick: Duration,
@@ -99,10 +102,27 @@ pub const HELD_NOTE_AFTER: Duration = Duration::from_secs(10);
 /// item, so not at every tick).
 const SILENCE: Duration = Duration::from_secs(10);
 
-/// How long [`Deletion::stop`] waits for sends already under way: one
-/// delete answers in milliseconds, and one the budget still holds is refused
-/// at its send, so only an answer the API server is slow to give waits here.
-const STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a deletion that waits only for terminating pods, and follows
+/// them on its watch, goes without listing them again: the watch says when
+/// one goes, and lists are due anyway when the note names them and at the
+/// bound. A list of a large workflow's pods is tens of pages; twice a second
+/// for a held pod it took a tenant's whole read budget.
+const HELD_RELIST: Duration = Duration::from_secs(30);
+
+/// Bulk requests in a row a deletion lets go unsent for want of a timely
+/// proof (its list failed, or the send could not follow it within
+/// `MAX_PROOF_AGE`: a namespace's long write line, slow answers) before it
+/// deletes the rest one by one, each preconditioned on its UID and so exact
+/// however late it is sent. Without a bound such a request lists and
+/// re-proves without end, spending a read for every pass.
+const UNPROVEN_BULK_LIMIT: usize = 3;
+
+/// How long [`Deletion::stop`] waits for sends already under way: as long
+/// as a send may last ([`READ_TIMEOUT`], past which kube gives it up), and a
+/// little more for its answer to reach the request. A DeleteCollection of
+/// thousands of pods takes tens of seconds; a stop that gave up before it
+/// ended would say "deleted nothing more" while the API server still deletes.
+const STOP_WAIT: Duration = READ_TIMEOUT.saturating_add(Duration::from_secs(5));
 
 impl Default for DriveConfig {
     fn default() -> Self {
@@ -416,6 +436,9 @@ pub struct Deletion {
     pod_nodes: BTreeMap<String, String>,
     /// Pods this deletion's requests removed.
     removed: usize,
+    /// Bulk requests in a row not sent because they could not be proved in
+    /// time (see [`UNPROVEN_BULK_LIMIT`]).
+    unproven: usize,
     note: Option<String>,
     /// How long the list took that last found every plan pod gone.
     confirm_took: Duration,
@@ -455,6 +478,7 @@ impl Deletion {
             progress: Progress::default(),
             pod_nodes: BTreeMap::new(),
             removed: 0,
+            unproven: 0,
             note: None,
             confirm_took: Duration::ZERO,
             revision: None,
@@ -648,8 +672,10 @@ impl Deletion {
             work.dedup();
             let bulk = work.iter().any(|w| matches!(w, DeleteWork::Bulk { .. }));
             let shows_removals = bulk && sink.shows_removals();
-            // Argo's labels are followed on the same watch, not by listing again.
-            let mut events = if shows_removals || !self.settling.is_empty() {
+            let held = !assessment.terminating.is_empty();
+            // Argo's labels, and pods that stay terminating, are followed on
+            // the same watch, not by listing again.
+            let mut events = if shows_removals || !self.settling.is_empty() || held {
                 tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     watch = self.watch() => watch,
@@ -670,8 +696,13 @@ impl Deletion {
             debug!(items = pending, "delete work queued");
             // Without a watch, pods waiting for Argo are looked at again as
             // terminating ones are.
-            let wait_terminating = !assessment.terminating.is_empty()
-                || (!self.settling.is_empty() && events.is_none());
+            let wait_terminating = held || (!self.settling.is_empty() && events.is_none());
+            let mut relist_at = Instant::now()
+                + if held && events.is_some() {
+                    self.held_relist()
+                } else {
+                    self.config.terminating_poll
+                };
             // At the bound, the next list ends the wait (see `settle`).
             let settle_bound = self
                 .settling_since
@@ -684,9 +715,10 @@ impl Deletion {
                 let outcome = tokio::select! {
                     _ = stop.cancelled() => return Err(DeleteError::Stopped.into()),
                     o = self.outcomes.recv(), if pending > 0 => o.ok_or(DeleteError::Stopped)?,
-                    // Pods on a node shut down gracefully; look again shortly
-                    // (only then: pods waiting for Argo follow the watch).
-                    _ = tokio::time::sleep(self.config.terminating_poll), if pending == 0 && wait_terminating => break,
+                    // Pods on a node shut down gracefully: look again shortly,
+                    // or, while the watch follows them, when one goes, when the
+                    // note is due and at the bound (see `held_relist`).
+                    _ = tokio::time::sleep_until(relist_at), if pending == 0 && wait_terminating => break,
                     _ = tokio::time::sleep_until(next_tick) => {
                         next_tick = Instant::now() + self.config.tick;
                         sink.tick(&self.count()).await?;
@@ -702,10 +734,14 @@ impl Deletion {
                         if pending == 0 && !self.settling.is_empty() && settle_bound.is_some() => break,
                     event = async { events.as_mut()?.next().await }, if events.is_some() => {
                         match event {
-                            Some(PodEvent::Removed { name, uid })
-                                if shows_removals && self.tracker.holds(&name, &uid) =>
-                            {
-                                self.progress.seen_removed(name);
+                            Some(PodEvent::Removed { name, uid }) => {
+                                // A held pod went: list at once to confirm it.
+                                if assessment.terminating.contains(&name) {
+                                    relist_at = Instant::now();
+                                }
+                                if shows_removals && self.tracker.holds(&name, &uid) {
+                                    self.progress.seen_removed(name);
+                                }
                             }
                             Some(PodEvent::Settled { name, uid })
                                 if self.settling.get(&name) == Some(&uid) =>
@@ -723,7 +759,10 @@ impl Deletion {
                                 pending += 1;
                             }
                             Some(_) => {}
-                            None => events = None,
+                            None => {
+                                events = None;
+                                relist_at = relist_at.min(Instant::now() + self.config.terminating_poll);
+                            }
                         }
                         continue;
                     }
@@ -734,6 +773,28 @@ impl Deletion {
                 self.answered(outcome)?;
             }
         }
+    }
+
+    /// How long a wait on terminating pods that the watch follows goes
+    /// before the next list: until the note is due to name them, until the
+    /// bound, or [`HELD_RELIST`], whichever comes first.
+    fn held_relist(&self) -> Duration {
+        let now = Instant::now();
+        let first = self
+            .terminating_since
+            .values()
+            .min()
+            .copied()
+            .unwrap_or(now);
+        [
+            first + self.config.held_note_after(),
+            first + self.config.terminating_timeout,
+        ]
+        .into_iter()
+        .filter(|at| *at > now)
+        .map(|at| at - now)
+        .fold(HELD_RELIST, Duration::min)
+        .max(self.config.terminating_poll)
     }
 
     /// Whether the answers this deletion waits for can no longer come: the
@@ -929,9 +990,17 @@ impl Deletion {
     /// fresh list before it is sent. Past etcd's compaction (410) there is no
     /// such list; a fresh one records the plan pods, as it did before.
     async fn list(&mut self, at: Option<String>) -> Result<(Vec<Listed>, bool), DeleteError> {
-        let (client, plan) = (&self.engine.client, self.tracker.plan());
-        let listed =
-            async |at| list_workflow_pods(client, &self.namespace, &self.workflow, plan, at).await;
+        // Plan pods seen gone are looked for again only by the list that
+        // finds the rest gone too: it confirms the whole plan.
+        let left = self.tracker.left();
+        let wanted = match left.is_empty() {
+            true => self.tracker.plan(),
+            false => &left,
+        };
+        let client = &self.engine.client;
+        let listed = async |at| {
+            list_workflow_pods(client, &self.namespace, &self.workflow, wanted, at).await
+        };
         let snapshot = match listed(at.as_deref()).await {
             Err(error) if at.is_some() && fault::api_code(&error) == Some(410) => {
                 warn!(
@@ -1032,15 +1101,39 @@ impl Deletion {
         match outcome.result? {
             Done::Unfinished => self.progress.cut_short(work),
             // Not sent: the next list decides anew.
-            Done::Stale => {}
+            Done::Stale(Unsent::ProofFailed | Unsent::ProofExpired) => self.unproven(),
+            Done::Stale(_) => {}
             done => {
                 if let Done::Deleted(n) = done {
                     self.removed += n;
+                }
+                if matches!(work, DeleteWork::Bulk { .. }) {
+                    self.unproven = 0;
                 }
                 self.progress.answered(self.tracker.plan(), work);
             }
         }
         Ok(())
+    }
+
+    /// Counts a bulk request not sent for want of a timely proof; at
+    /// [`UNPROVEN_BULK_LIMIT`] in a row, the rest goes one by one.
+    fn unproven(&mut self) {
+        self.unproven += 1;
+        if self.unproven < UNPROVEN_BULK_LIMIT || !self.config.allow_bulk {
+            return;
+        }
+        self.config.allow_bulk = false;
+        self.note = Some(format!(
+            "{} bulk deletes in a row could not be proved exact in time (their proof list failed or the send came too late after it); rewind deletes the rest one by one",
+            self.unproven
+        ));
+        warn!(
+            namespace = self.namespace,
+            workflow = self.workflow,
+            unproven = self.unproven,
+            "bulk deletes could not be proved in time; deleting one by one"
+        );
     }
 }
 

@@ -21,6 +21,8 @@ use workers::{Outcomes, Queue};
 pub trait Observer: Send + Sync {
     /// Pods removed (deleted, or released from Argo's finalizer).
     fn pods_deleted(&self, _n: usize) {}
+    /// Delete work not sent at its turn, and why.
+    fn unsent(&self, _why: workers::Unsent) {}
 }
 
 /// Counts nothing.

@@ -104,11 +104,47 @@ pub enum Done {
     /// the connection broke. Some of its pods may be gone. It is not sent
     /// again as it was: the request lists the pods again and decides anew.
     Unfinished,
-    /// A bulk request not sent: right before the send, its selectors took a
-    /// pod its proof did not show (by UID), or the send could not follow the
-    /// re-proof within [`MAX_PROOF_AGE`]. Nothing was deleted; the request
-    /// lists the pods again and decides anew.
-    Stale,
+    /// Not sent, for the reason given (a bulk request's proof, mostly).
+    /// Nothing was deleted; the request lists the pods again and decides anew.
+    Stale(Unsent),
+}
+
+/// Why a worker's request was not sent at its turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsent {
+    /// The list that would re-prove a bulk request failed.
+    ProofFailed,
+    /// Right before the send, a bulk request's selectors took a pod its
+    /// proof did not show (by UID).
+    ProofChanged,
+    /// A bulk request's pods were all gone already.
+    NothingLeft,
+    /// A bulk request's send could not follow its re-proof's start within
+    /// [`MAX_PROOF_AGE`].
+    ProofExpired,
+    /// Its request stopped, or the Lease was lost.
+    Unwanted,
+}
+
+impl Unsent {
+    pub const ALL: [Unsent; 5] = [
+        Unsent::ProofFailed,
+        Unsent::ProofChanged,
+        Unsent::NothingLeft,
+        Unsent::ProofExpired,
+        Unsent::Unwanted,
+    ];
+
+    /// Its metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unsent::ProofFailed => "proof_failed",
+            Unsent::ProofChanged => "proof_changed",
+            Unsent::NothingLeft => "nothing_left",
+            Unsent::ProofExpired => "proof_expired",
+            Unsent::Unwanted => "unwanted",
+        }
+    }
 }
 
 /// An item that failed for good (after retries, or at once for errors that
@@ -160,8 +196,8 @@ impl Outcomes {
 /// Attempts per item before a transient error is reported as a failure.
 const MAX_ATTEMPTS: u32 = 8;
 
-/// Whose turn it is to take an item: one worker at a time leases an item and waits for its
-/// bulk slot, so items start in the queue's order. Each then waits for its own write token
+/// Whose turn it is to take an item: one worker at a time leases an item and, for a bulk
+/// delete, takes its place in the line for a slot, so items start in the queue's order. Each then waits for its own write token
 /// in its namespace's flow (see [`Budget::take_write_token`]).
 pub type Turn = Arc<tokio::sync::Mutex<()>>;
 
@@ -192,10 +228,11 @@ pub fn delete_client(mut config: kube::Config, budget: &Budget) -> Result<Client
 /// server's own request timeout (60 s by default, when it answers 504), so
 /// only a connection nobody answers on any more (a stalled proxy, a dead
 /// server) ends here, as [`Done::Unfinished`] for a bulk delete.
-const READ_TIMEOUT: Duration = Duration::from_secs(90);
+pub const READ_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// How long a bulk request may wait between the list that re-proved it and
-/// its send (its budget admission: a pause ordered by a 429, a slot). Past
+/// How long a bulk request's send may follow the start of the list that
+/// re-proved it (the list's answer, its budget admission: a pause ordered by
+/// a 429, a slot). Past
 /// it the proof is too old to trust and the request is not sent
 /// ([`Done::Stale`]). A resend after a 429 or 503 always waits longer than
 /// this (Retry-After is at least a second), so it is never sent either.
@@ -348,6 +385,9 @@ pub struct BulkSlots {
     shared: Arc<Semaphore>,
     spare: Arc<Semaphore>,
     in_flight: Arc<Mutex<HashMap<Arc<str>, usize>>>,
+    /// Bulk deletes waiting for a slot, in the order they were leased (a
+    /// fair mutex serves its waiters in the order they first asked).
+    line: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl BulkSlots {
@@ -357,12 +397,33 @@ impl BulkSlots {
             shared: Arc::new(Semaphore::new(limit.clamp(1, Semaphore::MAX_PERMITS))),
             spare: Arc::new(Semaphore::new(1)),
             in_flight: Arc::default(),
+            line: Arc::default(),
+        }
+    }
+
+    /// Takes a place in the line for a slot now (in the workers' turn, so
+    /// bulk deletes start in the queue's order); the future returned waits
+    /// for the slot from that place, outside the turn. A bulk delete that
+    /// waited for its slot in the turn held up every worker: while the slots
+    /// were busy (tens of seconds at 8,000 pods), other users' single
+    /// deletes, finalizer releases and pod GC all waited too.
+    async fn line_up(&self, asker: Arc<str>) -> impl Future<Output = BulkSlot> + use<> {
+        let mut place = Box::pin(self.line.clone().lock_owned());
+        // Polled once so the place is taken here, not when awaited.
+        let now = futures::poll!(place.as_mut());
+        let slots = self.clone();
+        async move {
+            let _place = match now {
+                std::task::Poll::Ready(place) => place,
+                std::task::Poll::Pending => place.await,
+            };
+            slots.acquire(asker).await
         }
     }
 
     /// Waits for a slot for a DeleteCollection of `asker`'s. Only one worker
-    /// waits at a time (the workers' turn), so whether the asker has one in
-    /// flight cannot change while it waits, except by one ending.
+    /// waits at a time (the one first in line), so whether the asker has one
+    /// in flight cannot change while it waits, except by one ending.
     async fn acquire(&self, asker: Arc<str>) -> BulkSlot {
         let idle = !self.lock().contains_key(&asker);
         let permit = tokio::select! {
@@ -421,15 +482,19 @@ pub async fn run(
                 break;
             };
             let leased = std::time::Instant::now();
-            // Waited for in the turn, so the next bulk delete to start is the
+            // In line in the turn, so the next bulk delete to start is the
             // queue's next (its turns between requests), not any worker's.
             let bulk_slot = match &lease.item.work {
                 DeleteWork::Bulk { pods, .. } if pods.len() > SMALL_BULK => {
-                    Some(clients.bulk_slots.acquire(lease.request.lane()).await)
+                    Some(clients.bulk_slots.line_up(lease.request.lane()).await)
                 }
                 _ => None,
             };
             (lease, bulk_slot, leased)
+        };
+        let bulk_slot = match bulk_slot {
+            Some(slot) => Some(slot.await),
+            None => None,
         };
         // The token is the item's namespace's and asker's, at its class's priority: a
         // tenant's deletes take that tenant's turns, and a retry's go before background work
@@ -468,8 +533,10 @@ pub async fn run(
                 queue.requeue(lease);
             }
             result => {
-                if let Ok(Done::Deleted(n)) = result {
-                    observer.pods_deleted(n);
+                match result {
+                    Ok(Done::Deleted(n)) => observer.pods_deleted(n),
+                    Ok(Done::Stale(why)) => observer.unsent(why),
+                    _ => {}
                 }
                 queue.forget(&lease.item);
                 let Lease { item, owners, .. } = &lease;
@@ -516,6 +583,10 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
             // since then may already be selected (docs/DESIGN.md, rule 3).
             // A failed proof list sent nothing: the delete is stale, not cut short (which
             // would count it as partly done and turn bulk deletes off for the request).
+            // The proof's age counts from the list's start: the API server takes its
+            // snapshot somewhere between the send and the answer, and an answer can be
+            // slow to arrive (a congested network, a paused process).
+            let proving = tokio::time::Instant::now();
             let now = match selected(
                 &clients.client,
                 &item.namespace,
@@ -527,20 +598,20 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
                 Ok(now) => now,
                 Err(e) => {
                     warn!(namespace = item.namespace, work = %describe(&item.work), error = %fault::explain(&e), "listing a bulk delete's pods to prove it failed; not sent, its pods will be listed again");
-                    return Ok(Done::Stale);
+                    return Ok(Done::Stale(Unsent::ProofFailed));
                 }
             };
             if let Some((pod, uid)) = now.iter().find(|(_, uid)| !uids.contains(uid)) {
                 warn!(namespace = item.namespace, pod, uid, work = %describe(&item.work), "a bulk delete would take a pod its proof did not show; not sent");
-                return Ok(Done::Stale);
+                return Ok(Done::Stale(Unsent::ProofChanged));
             }
             // Its pods went meanwhile (an earlier leader's delete landing):
             // nothing to send; the request's next list confirms them gone.
             if now.is_empty() {
-                return Ok(Done::Stale);
+                return Ok(Done::Stale(Unsent::NothingLeft));
             }
             let gate = Gate {
-                send_by: Some(tokio::time::Instant::now() + MAX_PROOF_AGE),
+                send_by: Some(proving + MAX_PROOF_AGE),
                 ..gate
             };
             let delete = delete_collection(
@@ -582,12 +653,12 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
         None => sent,
         Some(NotSent::Unwanted) => {
             debug!(namespace = item.namespace, work = %describe(&item.work), "delete not sent: its request stopped or the Lease was lost");
-            Ok(Done::Stale)
+            Ok(Done::Stale(Unsent::Unwanted))
         }
         Some(NotSent::Ungated) => sent,
         Some(refusal @ NotSent::ProofExpired { .. }) => {
             warn!(namespace = item.namespace, error = %refusal, "bulk delete not sent; its pods will be listed again");
-            Ok(Done::Stale)
+            Ok(Done::Stale(Unsent::ProofExpired))
         }
     }
 }

@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PatchParams, PostParams};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::argo::db::{ArgoDatabase, DbError};
 use crate::argo::offload::{self, OffloadError};
@@ -81,6 +81,12 @@ pub enum ArchivedError {
         #[source]
         source: kube::Error,
     },
+    /// Worth trying again: another writer (Argo's controller adding its own)
+    /// kept changing the finalizers between the read and the patch.
+    #[error(
+        "removing finalizer {CREATING} from the created workflow {name}: its finalizers changed at each of {RELEASE_ATTEMPTS} tries; trying again later"
+    )]
+    FinalizersChanging { name: String },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error(transparent)]
@@ -105,7 +111,7 @@ impl ArchivedError {
             ArchivedError::Offload(e) => e.is_transient(),
             ArchivedError::Delete(e) => e.is_transient(),
             ArchivedError::Api { source, .. } => fault::is_transient(source),
-            ArchivedError::Record { .. } => true,
+            ArchivedError::Record { .. } | ArchivedError::FinalizersChanging { .. } => true,
             _ => false,
         }
     }
@@ -190,6 +196,9 @@ struct Job<'r, 'a> {
     started: Instant,
     /// The archived workflow as first read, until it is planned.
     archived: Option<Workflow>,
+    /// Why [`CREATING`] stays on the created workflow, when removing it
+    /// failed for a reason trying again does not fix: the message says so.
+    unreleased: Option<String>,
 }
 
 impl<'r, 'a> Job<'r, 'a> {
@@ -207,6 +216,7 @@ impl<'r, 'a> Job<'r, 'a> {
             workflows,
             started: Instant::now(),
             archived: None,
+            unreleased: None,
         })
     }
 
@@ -365,12 +375,13 @@ impl<'r, 'a> Job<'r, 'a> {
         );
         self.status.status.workflow_uid = Some(created);
         self.status.status.message = format!(
-            "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s)",
+            "created workflow {name} after deleting {} leftover pods (read {:.1}s, plan {:.1}s, delete {:.1}s, create {:.1}s){}",
             self.status.status.pods_deleted,
             seconds(timings.read_seconds),
             seconds(timings.plan_seconds),
             seconds(timings.delete_seconds),
             seconds(timings.create_seconds),
+            self.unreleased.as_deref().unwrap_or_default(),
         );
     }
 
@@ -396,7 +407,20 @@ impl<'r, 'a> Job<'r, 'a> {
                 source,
             });
         }
-        self.release(name, created).await
+        match self.release(name, created).await {
+            // The workflow is created and recorded: the request succeeded,
+            // and says what is left to do by hand. (Failed, its TTL would
+            // later delete the one object that could release it.)
+            Err(e) if !e.is_transient() => {
+                warn!(workflowretry = self.status.name(), workflow = name, error = %e, "the created workflow keeps its finalizer");
+                self.unreleased = Some(format!(
+                    "; it keeps finalizer {CREATING}, which rewind could not remove ({e}): remove it with `kubectl edit workflow -n {} {name}` once rewind's permissions are mended, or the workflow cannot be deleted",
+                    self.namespace
+                ));
+                Ok(())
+            }
+            released => released,
+        }
     }
 
     /// Removes [`CREATING`] from workflow `name` if it is still workflow
@@ -431,6 +455,11 @@ impl<'r, 'a> Job<'r, 'a> {
                 Ok(_) | Err(Some(404)) => return Ok(()),
                 // A `test` failed: the finalizers changed since the read.
                 Err(Some(422)) if attempt < RELEASE_ATTEMPTS => attempt += 1,
+                Err(Some(422)) => {
+                    return Err(ArchivedError::FinalizersChanging {
+                        name: name.to_owned(),
+                    });
+                }
                 Err(_) => return sent.map(drop).map_err(api(what())),
             }
         }
@@ -498,7 +527,10 @@ impl<'r, 'a> Job<'r, 'a> {
             copy_offloaded(self.database, self.uid, &done, namespace, version).await?;
         }
         self.status.status.workflow_uid = Some(done);
-        self.status.status.message = format!("created workflow {name}");
+        self.status.status.message = format!(
+            "created workflow {name}{}",
+            self.unreleased.as_deref().unwrap_or_default()
+        );
         Ok(())
     }
 }

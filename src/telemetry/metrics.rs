@@ -21,6 +21,7 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::engine::budget::{Bucket, BudgetConfig, BudgetObserver, Priority, Verb};
 use crate::engine::queue::QueueDepths;
+use crate::engine::workers::Unsent;
 use crate::telemetry::process::ProcessCollector;
 
 /// The `result` label values of `rewind_retry_duration_seconds` (what
@@ -130,6 +131,12 @@ struct PriorityLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    /// See `engine::workers::Unsent`.
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -313,6 +320,7 @@ pub struct Metrics {
     pause_seconds: Family<BucketLabels, Counter<f64, AtomicU64>>,
     in_flight: Gauge,
     pods_deleted: Counter,
+    deletes_unsent: Family<ReasonLabels, Counter>,
     retry_duration: Family<ResultLabels, Histogram>,
     step_seconds: Family<StepLabels, Histogram>,
     in_progress: Family<StepLabels, Gauge>,
@@ -440,6 +448,17 @@ impl Metrics {
             "Pods deleted (or released from Argo's finalizer) for retries and pod GC",
             Counter::default(),
         );
+        let deletes_unsent = register(
+            registry,
+            "deletes_unsent",
+            "Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), whose pods were gone (nothing_left), or whose request had stopped (unwanted)",
+            at_zero(
+                Family::default(),
+                &Unsent::ALL.map(|why| ReasonLabels {
+                    reason: why.as_str(),
+                }),
+            ),
+        );
         let retry_duration: Family<ResultLabels, Histogram> = register(
             registry,
             "retry_duration_seconds",
@@ -529,6 +548,7 @@ impl Metrics {
             pause_seconds,
             in_flight,
             pods_deleted,
+            deletes_unsent,
             retry_duration,
             step_seconds,
             in_progress,
@@ -677,6 +697,14 @@ impl Drop for StepTimer<'_> {
 impl crate::engine::Observer for Metrics {
     fn pods_deleted(&self, n: usize) {
         self.pods_deleted.inc_by(n as u64);
+    }
+
+    fn unsent(&self, why: Unsent) {
+        self.deletes_unsent
+            .get_or_create(&ReasonLabels {
+                reason: why.as_str(),
+            })
+            .inc();
     }
 }
 
@@ -848,6 +876,7 @@ mod tests {
             "api_pauses",
             "api_pause_seconds",
             "pods_deleted",
+            "deletes_unsent",
             "leader_changes",
             "request_panics",
             "stranded_nodes",
@@ -911,6 +940,8 @@ mod tests {
                 "# TYPE rewind_api_requests_in_flight gauge",
                 "# HELP rewind_pods_deleted Pods deleted (or released from Argo's finalizer) for retries and pod GC.",
                 "# TYPE rewind_pods_deleted counter",
+                "# HELP rewind_deletes_unsent Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), whose pods were gone (nothing_left), or whose request had stopped (unwanted).",
+                "# TYPE rewind_deletes_unsent counter",
                 "# HELP rewind_retry_duration_seconds Seconds from picking up a retry request to its end, by result.",
                 "# TYPE rewind_retry_duration_seconds histogram",
                 "# HELP rewind_retry_step_seconds Seconds each step of a retry took, by kind (live, archived) and step (read, plan, delete, confirm, commit, create).",

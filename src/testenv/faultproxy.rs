@@ -66,6 +66,7 @@ pub struct Matcher {
     method: Option<Method>,
     path_suffix: String,
     watch: Option<bool>,
+    query_contains: Option<String>,
 }
 
 impl Matcher {
@@ -74,6 +75,7 @@ impl Matcher {
             method: Some(method),
             path_suffix: path_suffix.into(),
             watch: None,
+            query_contains: None,
         }
     }
 
@@ -83,6 +85,7 @@ impl Matcher {
             method: None,
             path_suffix: path_suffix.into(),
             watch: None,
+            query_contains: None,
         }
     }
 
@@ -92,10 +95,23 @@ impl Matcher {
         self
     }
 
+    /// Only requests whose query, percent-decoded, contains `text`: a list by its
+    /// selectors, say.
+    pub fn query_contains(mut self, text: impl Into<String>) -> Self {
+        self.query_contains = Some(text.into());
+        self
+    }
+
     pub fn matches(&self, method: &Method, uri: &Uri) -> bool {
         self.method.as_ref().is_none_or(|m| m == method)
             && uri.path().ends_with(&self.path_suffix)
             && self.watch.is_none_or(|w| w == is_watch(uri))
+            && self.query_contains.as_ref().is_none_or(|text| {
+                let query = uri.query().unwrap_or_default();
+                form_urlencoded::parse(query.as_bytes()).any(|(key, value)| {
+                    key.contains(text.as_str()) || value.contains(text.as_str())
+                })
+            })
     }
 }
 
@@ -110,6 +126,9 @@ pub enum Fault {
     TooManyRequests { retry_after_seconds: u32 },
     /// Answers 500 InternalError and does not forward (an API server or etcd failure).
     InternalError,
+    /// Answers a Status with this code and does not forward: a 422 from a failed JSON
+    /// patch `test`, a 403 from a missing RBAC rule.
+    Refuse(StatusCode),
     /// Forwards a watch's first `after_events` events, then nothing more, keeping the
     /// connection open until the client gives up.
     StallWatch { after_events: usize },
@@ -134,6 +153,12 @@ pub enum Fault {
     /// reset or an API server restart, where the client cannot tell whether its write was
     /// done.
     LoseAnswer,
+    /// Forwards the request, reads the API server's whole answer, and gives it to the
+    /// client only once the test cancels this token: a list whose snapshot is older than
+    /// its arrival (a slow network, a client paused), the world changing meanwhile.
+    HoldAnswerUntil(CancellationToken),
+    /// As [`Fault::HoldAnswerUntil`], for this long.
+    HoldAnswer(Duration),
 }
 
 /// A fault applied to matching requests, the next `times` of them or all.
@@ -418,6 +443,7 @@ impl State {
         let faults = self.faults_for(request.method(), request.uri());
         let mut stream = StreamFaults::default();
         let mut lose_answer = false;
+        let mut hold_answer = None;
         for fault in faults {
             match fault {
                 Fault::Hold(duration) => tokio::time::sleep(duration).await,
@@ -432,12 +458,25 @@ impl State {
                         None,
                     );
                 }
+                Fault::Refuse(code) => {
+                    return status(code, "the fault proxy refused this request", None);
+                }
                 Fault::StaleList { resource_version } if !watch => {
                     let uri = at_resource_version(request.uri(), &resource_version);
                     *request.uri_mut() = uri;
                 }
                 Fault::StaleList { .. } => {}
                 Fault::LoseAnswer => lose_answer = true,
+                Fault::HoldAnswerUntil(release) => hold_answer = Some(release),
+                Fault::HoldAnswer(duration) => {
+                    let release = CancellationToken::new();
+                    let expiry = release.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(duration).await;
+                        expiry.cancel();
+                    });
+                    hold_answer = Some(release);
+                }
                 Fault::StallWatch { after_events } => stream.stall_after = Some(after_events),
                 Fault::CutWatch { after_events } => stream.cut_after = Some(after_events),
                 Fault::DropEvents { containing } => stream.drop.push(containing),
@@ -462,6 +501,18 @@ impl State {
                 Err::<Frame<Bytes>, BoxError>("fault proxy: the answer was lost".into())
             });
             return Response::from_parts(parts, StreamBody::new(broken).boxed_unsync());
+        }
+        if let Some(release) = hold_answer {
+            let (parts, body) = response.into_parts();
+            let answer = match body.collect().await {
+                Ok(answer) => answer.to_bytes(),
+                Err(error) => return status(StatusCode::BAD_GATEWAY, &error.to_string(), None),
+            };
+            release.cancelled().await;
+            return Response::from_parts(
+                parts,
+                Full::new(answer).map_err(|e| match e {}).boxed_unsync(),
+            );
         }
         if !watch || stream.is_empty() {
             return response.map(|body| body.map_err(BoxError::from).boxed_unsync());
@@ -655,6 +706,8 @@ fn too_many_requests(retry_after_seconds: u32) -> Response<Body> {
 fn status(code: StatusCode, message: &str, retry_after: Option<u32>) -> Response<Body> {
     let reason = match code {
         StatusCode::TOO_MANY_REQUESTS => "TooManyRequests",
+        StatusCode::UNPROCESSABLE_ENTITY => "Invalid",
+        StatusCode::FORBIDDEN => "Forbidden",
         _ => "InternalError",
     };
     let body = serde_json::json!({

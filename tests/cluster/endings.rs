@@ -13,6 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use rewind::argo::workflow::{Workflow, labels};
 use rewind::protocol::crd::{CREATED_BY, WorkflowRetry};
 use rewind::protocol::request::RetryPhase;
+use rewind::testenv::faultproxy::Matcher;
 use rewind::testenv::localcluster::LocalCluster;
 use rewind::testenv::workload::FailedDag;
 
@@ -273,5 +274,62 @@ pub async fn a_pod_that_will_not_go_is_named_then_fails_its_retry_and_frees_its_
         pods.patch(pod, &PatchParams::default(), &Patch::Merge(&release))
             .await?;
     }
+    Ok(())
+}
+
+/// Issue 47, finding 7: a plan pod held by someone else's finalizer is followed on the
+/// request's watch, not by listing the workflow's pods twice a second (on a large workflow
+/// each list is tens of pages, above a tenant's read budget): while it waits the request
+/// lists them at most once a second, here a handful of times in all, and once the finalizer
+/// goes it goes on at once and ends Succeeded.
+pub async fn a_held_pod_is_followed_on_the_watch_not_by_lists(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    const HELD_FOR: Duration = Duration::from_secs(8);
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin, &namespace);
+    let (held, _) = workflow_with_a_held_pod(&cluster, &namespace, "wf").await?;
+    let lists = Matcher::new(http::Method::GET, format!("/namespaces/{namespace}/pods"))
+        .watch(false)
+        .query_contains(format!("{}=wf", labels::WORKFLOW));
+    let mut options = ctl::options(50, 50, true);
+    options.retry.terminating_timeout = Duration::from_secs(60);
+    let (proxy, controller, _) =
+        ctl::start_behind_proxy(&cluster, &namespace, [], options, None).await?;
+    let token = "held-1";
+    ctl::request_retry(&cluster, &namespace, "wf", token).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while pods.get(&held).await?.metadata.deletion_timestamp.is_none() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the request did not delete {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let since = std::time::Instant::now();
+    tokio::time::sleep(HELD_FOR).await;
+    let listed = proxy
+        .seen_matching(&lists)
+        .iter()
+        .filter(|s| s.at >= since)
+        .count();
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    pods.patch(&held, &PatchParams::default(), &Patch::Merge(&release))
+        .await?;
+    let released = std::time::Instant::now();
+    let (_, status) = ctl::wait_finished(&workflows, "wf", token, Duration::from_secs(30)).await?;
+    let went_on = released.elapsed();
+    controller.stop().await?;
+    tracing::info!(listed, ?HELD_FOR, ?went_on, "lists while one pod was held");
+    ensure!(
+        listed as u64 <= HELD_FOR.as_secs(),
+        "the request listed the workflow's pods {listed} times in {HELD_FOR:?} while one pod was held"
+    );
+    ensure!(
+        status.phase == RetryPhase::Succeeded && went_on < Duration::from_secs(5),
+        "once the held pod went, the request ended {status:?} after {went_on:?}"
+    );
     Ok(())
 }

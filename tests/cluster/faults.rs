@@ -10,6 +10,7 @@ use anyhow::{Context as _, bail, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt as _;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -18,7 +19,7 @@ use rewind::argo::workflow::{Workflow, labels};
 use rewind::engine::assess::bulk_selectors;
 use rewind::protocol::crd::WorkflowRetry;
 use rewind::protocol::request::{RetryPhase, RetryStatus, annotations};
-use rewind::testenv::faultproxy::{Fault, FaultProxy, Matcher, Rule};
+use rewind::testenv::faultproxy::{Fault, FaultProxy, Matcher, Rule, Seen};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Options, Role};
 use rewind::testenv::workload::{FailedDag, through_transient};
 use serde_json::Value;
@@ -44,6 +45,31 @@ async fn short_timeout_cluster(namespace: &str) -> anyhow::Result<LocalCluster> 
     .await?;
     cluster.create_namespace(namespace).await?;
     Ok(cluster)
+}
+
+/// The list that re-proves a bulk delete of `namespace`'s pods: only it selects on the
+/// completed label.
+fn proof_list(namespace: &str) -> Matcher {
+    Matcher::new(http::Method::GET, format!("/namespaces/{namespace}/pods"))
+        .watch(false)
+        .query_contains(labels::COMPLETED)
+}
+
+/// Asks retry `token` of `workflow` and waits (30 s at most) until a request `matcher` takes
+/// has reached `proxy`.
+async fn ask_until_seen(
+    proxy: &FaultProxy,
+    cluster: &LocalCluster,
+    namespace: &str,
+    workflow: &str,
+    token: &str,
+    matcher: &Matcher,
+) -> anyhow::Result<Seen> {
+    let since = std::time::Instant::now();
+    ctl::request_retry(cluster, namespace, workflow, token).await?;
+    Ok(proxy
+        .wait_for(matcher, since, Duration::from_secs(30))
+        .await?)
 }
 
 /// One request of the audit log, with when it ended.
@@ -717,15 +743,18 @@ pub async fn a_reset_whose_answer_is_lost_ends_succeeded(
     };
     dag.create(&admin, &namespace, 16, || ()).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
-    let proxy = FaultProxy::start(&cluster).await?;
     let reset = Matcher::new(
         http::Method::PUT,
         format!("/namespaces/{namespace}/workflows/{}", dag.name),
     );
-    proxy.add(Rule::new(reset.clone(), Fault::LoseAnswer).times(1));
-    let config = proxy.config(&cluster, Role::Controller).await?;
-    let (controller, _) =
-        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(reset.clone(), Fault::LoseAnswer).times(1)],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
     let token = "retry-1";
     ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
     let (_, status) =
@@ -773,19 +802,18 @@ pub async fn a_failed_proof_list_sends_nothing_and_keeps_bulk_deletes(
     let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
     let pods_path = format!("/namespaces/{namespace}/pods");
     let list = Matcher::new(http::Method::GET, pods_path.clone()).watch(false);
-    let proxy = FaultProxy::start(&cluster).await?;
     // The request's own list is held until the proof's list is set to fail.
     let release = CancellationToken::new();
-    proxy.add(Rule::new(list.clone(), Fault::HoldUntil(release.clone())).times(1));
-    let config = proxy.config(&cluster, Role::Controller).await?;
-    let (controller, _) =
-        ctl::start_as(config, &namespace, ctl::options(50, 50, true), None).await?;
-    let since = std::time::Instant::now();
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(list.clone(), Fault::HoldUntil(release.clone())).times(1)],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
     let token = "retry-1";
-    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
-    proxy
-        .wait_for(&list, since, Duration::from_secs(30))
-        .await?;
+    ask_until_seen(&proxy, &cluster, &namespace, &dag.name, token, &list).await?;
     proxy.add(Rule::new(list.clone(), Fault::InternalError).times(1));
     release.cancel();
     let (_, status) =
@@ -811,6 +839,381 @@ pub async fn a_failed_proof_list_sends_nothing_and_keeps_bulk_deletes(
         !status.message.contains("cut short"),
         "nothing was sent, yet the request says a bulk delete was cut short: {}",
         status.message
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 1 (rule 3): the list that re-proves a bulk delete is answered late (its
+/// answer held after the API server made it), and meanwhile a plan pod is replaced under its
+/// name, failed and labelled completed as Argo labels a fast failure. The proof shows the old
+/// pod; counted from its arrival it looked fresh and the DeleteCollection took the new pod.
+/// Counted from the list's start it is too old: nothing is sent, the next list sees the new
+/// UID and the request stops, naming it, with the new pod kept.
+pub async fn a_proof_answered_late_sends_nothing_and_keeps_a_recreated_pod(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 10,
+        succeeded: 2,
+    };
+    let created = dag.create(&admin, &namespace, 16, || ()).await?;
+    let plan = ctl::expected_plan(&created)?;
+    let replaced = plan.pods_to_delete.last().context("a plan")?.clone();
+    let (mut replacement, _) = dag
+        .pods(&created)
+        .into_iter()
+        .find(|(p, _)| p.metadata.name.as_ref() == Some(&replaced))
+        .context("the fixture has the plan pod")?;
+    replacement.metadata.owner_references = None;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(admin, &namespace);
+    let proof = proof_list(&namespace);
+    let release = CancellationToken::new();
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(proof.clone(), Fault::HoldAnswerUntil(release.clone())).times(1)],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
+    let token = "retry-1";
+    ask_until_seen(&proxy, &cluster, &namespace, &dag.name, token, &proof).await?;
+    // The API server has answered the proof (a local list takes milliseconds) before the
+    // pod is replaced.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let old_uid = pods
+        .get(&replaced)
+        .await?
+        .uid()
+        .context("a pod has a UID")?;
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    pods.delete(&replaced, &dp).await?;
+    while pods.get_opt(&replaced).await?.is_some() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let new_uid = pods
+        .create(&PostParams::default(), &replacement)
+        .await?
+        .uid()
+        .context("a pod has a UID")?;
+    pods.patch_status(
+        &replaced,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"phase": "Failed"}})),
+    )
+    .await?;
+    // The answer arrives well past MAX_PROOF_AGE (500 ms) after the list was sent.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    release.cancel();
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    controller.stop().await?;
+    let now = pods.get_opt(&replaced).await?;
+    ensure!(
+        now.as_ref().and_then(|p| p.uid()).as_deref() == Some(new_uid.as_str()),
+        "the bulk delete's proof was older than its age when it was sent and took {replaced} \
+         recreated (UID {new_uid}, replacing {old_uid}); the pod is now {:?}",
+        now.map(|p| p.uid())
+    );
+    ensure!(
+        status.phase == RetryPhase::Failed
+            && status.message.contains(&replaced)
+            && status.message.contains("recreated"),
+        "expected the retry to stop naming the recreated pod {replaced}, its status is {status:?}"
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 5: every list that would re-prove a bulk delete answers 700 ms late (a
+/// slow network), so no proof is fresh enough to send on. Without a bound the request listed,
+/// re-proved and refused without end. After three proofs in a row come too late it deletes
+/// the rest one by one (each preconditioned on its UID, exact however late) and ends
+/// Succeeded; its progress says why and the metric counts the refusals.
+pub async fn bulk_deletes_never_proved_in_time_go_one_by_one(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 10,
+        succeeded: 2,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
+    let pods_path = format!("/namespaces/{namespace}/pods");
+    let proof = proof_list(&namespace);
+    let (proxy, controller, metrics) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(
+            proof.clone(),
+            Fault::HoldAnswer(Duration::from_millis(700)),
+        )],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let finished = ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(30)).await;
+    let exposition = metrics.encode(rewind::engine::queue::QueueDepths::default());
+    controller.stop().await?;
+    let proofs = proxy.seen_matching(&proof).len();
+    let (_, status) = finished.with_context(|| {
+        format!("with every proof late, the request did not end ({proofs} proof lists sent)")
+    })?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the request ended {status:?}"
+    );
+    let deletes: Vec<String> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == http::Method::DELETE)
+        .map(|s| s.uri.path().to_owned())
+        .collect();
+    let bulk = deletes.iter().filter(|p| p.ends_with(&pods_path)).count();
+    ensure!(
+        bulk == 0 && deletes.len() == dag.failed && proofs == 3,
+        "expected 3 late proofs, then {} single deletes and no DeleteCollection; {proofs} proofs, {bulk} DeleteCollections and {} single deletes were sent",
+        dag.failed,
+        deletes.len() - bulk
+    );
+    ensure!(
+        exposition.contains(r#"rewind_deletes_unsent_total{reason="proof_expired"} 3"#),
+        "the metric does not count the 3 late proofs:\n{exposition}"
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 6: a request stops (the workflow runs again, retried by someone else)
+/// while its DeleteCollection is under way and slow to answer (held 8 s on its way, as a
+/// DeleteCollection of thousands of pods lasts tens of seconds). The request must not say it
+/// "deleted nothing more" while its delete can still land: it waited 5 s, reported, and the
+/// delete then removed the pods.
+pub async fn a_stopped_request_reports_after_its_delete_under_way_ends(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 1,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let selector = format!("{}={}", labels::WORKFLOW, dag.name);
+    let bulk = Matcher::new(
+        http::Method::DELETE,
+        format!("/namespaces/{namespace}/pods"),
+    );
+    let held = Duration::from_secs(8);
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(bulk.clone(), Fault::Hold(held)).times(1)],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
+    let token = "retry-1";
+    let sent = ask_until_seen(&proxy, &cluster, &namespace, &dag.name, token, &bulk).await?;
+    let reopen = serde_json::json!({"metadata": {"labels": {labels::COMPLETED: null, labels::PHASE: "Running"}}});
+    workflows
+        .patch_metadata(&dag.name, &PatchParams::default(), &Patch::Merge(&reopen))
+        .await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    let at_end = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    // Past the held delete's arrival at the API server.
+    tokio::time::sleep(
+        (sent.at + held + Duration::from_secs(2))
+            .saturating_duration_since(std::time::Instant::now()),
+    )
+    .await;
+    let later = ctl::pod_names(&cluster, &namespace, &selector).await?;
+    controller.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Failed && status.message.contains("deleted nothing more"),
+        "expected the request to stop as the workflow ran again, it ended {status:?}"
+    );
+    ensure!(
+        at_end == later,
+        "the request said it deleted nothing more while its DeleteCollection was still under way: {} pods when it ended, {} once the delete landed",
+        at_end.len(),
+        later.len()
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 9 (rule 7): an archived retry created and recorded its workflow, and
+/// then removing `rewind.dev/creating` from it failed: for `wf-a` five 422s in a row (its
+/// finalizers kept changing), for `wf-b` a 403 at every try (rewind's patch permission
+/// lost). Both WorkflowRetries ended Failed, though their workflows were created, and their
+/// TTL would later delete the one object that could release the finalizer. Now the first is
+/// tried again and released; the second ends Succeeded saying the finalizer stays and how to
+/// remove it.
+pub async fn an_archived_create_recorded_never_ends_failed_for_its_finalizer(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let mut rows = BTreeMap::new();
+    let mut uids = Vec::new();
+    for name in ["wf-a", "wf-b"] {
+        let dag = FailedDag {
+            name: name.into(),
+            failed: 2,
+            succeeded: 1,
+        };
+        let row = dag.create(&admin, &namespace, 8, || ()).await?;
+        let uid = row
+            .metadata
+            .uid
+            .clone()
+            .context("a created workflow has a UID")?;
+        workflows.delete(name, &DeleteParams::background()).await?;
+        while workflows.get_opt(name).await?.is_some() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rows.insert(uid.clone(), row);
+        uids.push(uid);
+    }
+    let patch = |name: &str| {
+        Matcher::new(
+            http::Method::PATCH,
+            format!("/namespaces/{namespace}/workflows/{name}"),
+        )
+    };
+    let rules = [
+        Rule::new(
+            patch("wf-a"),
+            Fault::Refuse(http::StatusCode::UNPROCESSABLE_ENTITY),
+        )
+        .times(5),
+        Rule::new(patch("wf-b"), Fault::Refuse(http::StatusCode::FORBIDDEN)),
+    ];
+    let archive: Arc<dyn ArgoDatabase> = Arc::new(Rows(rows));
+    let (_proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        rules,
+        ctl::options(50, 50, true),
+        Some(archive),
+    )
+    .await?;
+    let retries: Api<WorkflowRetry> = Api::namespaced(admin.clone(), &namespace);
+    for (name, uid) in ["retry-a", "retry-b"].into_iter().zip(&uids) {
+        retries
+            .create(&PostParams::default(), &archived(name, uid))
+            .await?;
+    }
+    let a = crate::support::workflowretry::wait_finished(&retries, "retry-a").await;
+    let b = crate::support::workflowretry::wait_finished(&retries, "retry-b").await;
+    controller.stop().await?;
+    let finalizers = |w: Option<Workflow>| w.map(|w| w.finalizers().to_vec());
+    let (a_wf, b_wf) = (
+        finalizers(workflows.get_opt("wf-a").await?),
+        finalizers(workflows.get_opt("wf-b").await?),
+    );
+    let (a_phase, a_message) = crate::support::workflowretry::phase_and_message(&a?);
+    ensure!(
+        a_phase == Some(RetryPhase::Succeeded) && a_wf == Some(vec![]),
+        "after five 422s on its release, retry-a ended {a_phase:?} ({a_message}); wf-a's finalizers: {a_wf:?}"
+    );
+    let (b_phase, b_message) = crate::support::workflowretry::phase_and_message(&b?);
+    ensure!(
+        b_phase == Some(RetryPhase::Succeeded)
+            && b_message.contains("rewind.dev/creating")
+            && b_message.contains("kubectl edit workflow")
+            && b_wf == Some(vec!["rewind.dev/creating".to_owned()]),
+        "with its release forbidden, retry-b ended {b_phase:?} ({b_message}); wf-b's finalizers: {b_wf:?}"
+    );
+    Ok(())
+}
+
+/// Issue 47, finding 8: while every bulk slot is busy (two DeleteCollections slow to answer,
+/// as one of thousands of pods is for tens of seconds), a third bulk delete waits for a slot.
+/// It waited holding the workers' turn, so another user's small retry, which needs no slot,
+/// waited for a slow DeleteCollection to end; now it waits in a line of its own and the small
+/// retry goes at once.
+pub async fn a_bulk_delete_waiting_for_a_slot_holds_up_no_other_work(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    for (name, failed) in [("wf-a", 30), ("wf-b", 30), ("wf-c", 30), ("wf-d", 3)] {
+        let dag = FailedDag {
+            name: name.into(),
+            failed,
+            succeeded: 1,
+        };
+        dag.create(&admin, &namespace, 16, || ()).await?;
+    }
+    let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
+    let bulk = Matcher::new(
+        http::Method::DELETE,
+        format!("/namespaces/{namespace}/pods"),
+    );
+    let held = Duration::from_secs(10);
+    // One slot, and the spare: wf-a's and wf-b's DeleteCollections take both.
+    let mut options = ctl::options(50, 50, true);
+    options.max_bulk_in_flight = 1;
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(bulk.clone(), Fault::Hold(held)).times(2)],
+        options,
+        None,
+    )
+    .await?;
+    let since = std::time::Instant::now();
+    ctl::request_retry(&cluster, &namespace, "wf-a", "retry-a").await?;
+    ctl::request_retry(&cluster, &namespace, "wf-b", "retry-b").await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while proxy.seen_matching(&bulk).len() < 2 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the two DeleteCollections were not sent"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ctl::request_retry(&cluster, &namespace, "wf-c", "retry-c").await?;
+    // wf-c's bulk delete is leased and waits for a slot.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = std::time::Instant::now();
+    ctl::request_retry(&cluster, &namespace, "wf-d", "retry-d").await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, "wf-d", "retry-d", Duration::from_secs(60)).await?;
+    let took = asked.elapsed();
+    let held_until = since.elapsed();
+    for (name, token) in [
+        ("wf-a", "retry-a"),
+        ("wf-b", "retry-b"),
+        ("wf-c", "retry-c"),
+    ] {
+        let (_, status) =
+            ctl::wait_finished(&workflows, name, token, Duration::from_secs(60)).await?;
+        ensure!(
+            status.phase == RetryPhase::Succeeded,
+            "{name}'s retry ended {status:?}"
+        );
+    }
+    controller.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded && took < Duration::from_secs(4),
+        "the small retry took {took:?} (ending {status:?}) while a bulk delete waited for a slot \
+         ({held_until:?} into the {held:?} the slots were held)"
     );
     Ok(())
 }

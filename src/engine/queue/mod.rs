@@ -303,6 +303,25 @@ where
         self.shared.changed.notify_waiters();
     }
 
+    /// Shuts the queue down the moment `stop` is cancelled (a lost Lease,
+    /// a shutdown): a leased item is no longer [`WorkQueue::wanted`], so its
+    /// send is refused, whether or not its owners have withdrawn it yet.
+    pub fn shut_down_when(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static
+    where
+        K: Send + 'static,
+        R: Send + 'static,
+        R::Lane: Send,
+    {
+        let queue = self.clone();
+        async move {
+            stop.cancelled().await;
+            queue.shutdown();
+        }
+    }
+
     pub fn stats(&self) -> QueueStats {
         let mut state = self.state();
         state.fire_timers(Instant::now());

@@ -305,6 +305,27 @@ async fn shutdown_wakes_every_waiting_worker() {
     assert!(q.next().await.is_none());
 }
 
+/// Issue 47, finding 10: a lost Lease stops every send at once, not as each
+/// owner withdraws its work.
+#[tokio::test(start_paused = true)]
+async fn a_stop_makes_every_item_unwanted_at_once() {
+    let q = WorkQueue::new(config());
+    q.add("gc", Class::Background, 1);
+    q.add("retry", Class::Interactive, 2);
+    let leased = take(&q);
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(q.shut_down_when(stop.clone()));
+    tokio::task::yield_now().await;
+    assert!(q.wanted(&leased.item) && q.wanted(&1));
+    stop.cancel();
+    tokio::task::yield_now().await;
+    assert!(
+        !q.wanted(&leased.item) && !q.wanted(&1),
+        "items still wanted after the stop"
+    );
+    assert!(q.next().await.is_none());
+}
+
 #[tokio::test(start_paused = true)]
 async fn concurrent_workers_finish_every_item_and_never_share_one() {
     let q: Queue = WorkQueue::new(QueueConfig::default());

@@ -15,7 +15,10 @@
 //! - no pod is removed but the plans' own (by UID, from a watch begun before the requests);
 //! - each workflow is reset (live) or created (archived) at most once, exactly once if a
 //!   request on it succeeded, and then it is the planner's and its plan pods are gone;
-//! - a user's own annotation on the workflow survives.
+//! - a user's own annotation on the workflow survives;
+//! - each request's last written status agrees with what landed: the WorkflowRetry whose
+//!   archived create landed ended Succeeded, whether or not the answers to its writes came
+//!   back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -382,6 +385,7 @@ impl Mixed<'_> {
                     .await?,
             );
         }
+        failures.extend(self.answers_agree(namespace, &requests).await?);
         let now = workflows
             .get_metadata_opt(LIVE)
             .await
@@ -518,6 +522,45 @@ impl Mixed<'_> {
             }
         }
         Ok(failures)
+    }
+
+    /// Each request's last written status agrees with what landed (issue 47): the
+    /// WorkflowRetry that created the archived workflow (named in its
+    /// `rewind.dev/created-by`) ended Succeeded, whether or not the answers to its create,
+    /// its status writes and its finalizer's release came back. (That a reset live workflow
+    /// has a request that succeeded, [`Mixed::check_end`] checks; which one reset it the
+    /// workflow does not keep: a later request's answer marks its own token observed.)
+    async fn answers_agree(
+        &self,
+        namespace: &str,
+        requests: &[(String, Option<RetryPhase>, String)],
+    ) -> Result<Vec<String>, TrialError> {
+        let admin = self.bench.cluster.admin_client();
+        let created = Api::<Workflow>::namespaced(admin.clone(), namespace)
+            .get_metadata_opt(ARCHIVED)
+            .await
+            .map_err(kube("reading the archived workflow"))?;
+        let Some(creator) = created
+            .as_ref()
+            .and_then(|w| w.annotations().get(crate::protocol::crd::CREATED_BY))
+        else {
+            return Ok(Vec::new());
+        };
+        let objects = Api::<WorkflowRetry>::namespaced(admin, namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube("listing the WorkflowRetries"))?;
+        let Some(object) = objects.iter().find(|o| o.uid().as_ref() == Some(creator)) else {
+            return Ok(Vec::new());
+        };
+        let name = format!("WorkflowRetry {} on ", object.name_any());
+        Ok(requests
+            .iter()
+            .filter(|(n, phase, _)| n.starts_with(&name) && *phase != Some(RetryPhase::Succeeded))
+            .map(|(n, phase, message)| {
+                format!("request {n} created {ARCHIVED}, yet ended {phase:?}: {message}")
+            })
+            .collect())
     }
 
     /// What the requests left on the objects, said when one did not end: the live workflow's

@@ -6,10 +6,11 @@ use std::time::Duration;
 use http::Method;
 use tokio_util::sync::CancellationToken;
 
+use crate::argo::workflow::labels;
 use crate::testenv::faultproxy::{Fault, Matcher, Rule};
 use crate::testenv::trials::Target;
 
-use super::{LEASE, LIVE};
+use super::{ARCHIVED, LEASE, LIVE};
 
 /// How a request is asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,11 +55,20 @@ pub enum FaultKind {
     StaleWorkflowLists { times: usize },
     /// The Lease's requests held past its duration: the leader cannot renew.
     HoldLease { hold: Duration },
+    /// The workflows' writes (status patch, reset, archived create, finalizer release) and
+    /// the WorkflowRetries' status writes land, and their answers are lost.
+    LoseWriteAnswers { times: usize },
+    /// The lists that re-prove bulk deletes fail (500).
+    FailProofLists { times: usize },
+    /// The lists that re-prove bulk deletes answer late, past a proof's age.
+    LateProofs { hold: Duration, times: usize },
+    /// Lists of pods (any page) fail (500).
+    FailPodLists { times: usize },
 }
 
 impl FaultKind {
     /// Every kind's name, for the coverage of a run.
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 14] = [
         "throttle-deletes",
         "hold-workflow-writes",
         "throttle-status",
@@ -69,6 +79,10 @@ impl FaultKind {
         "stale-pod-lists",
         "stale-workflow-lists",
         "hold-lease",
+        "lose-write-answers",
+        "fail-proof-lists",
+        "late-proofs",
+        "fail-pod-lists",
     ];
 
     pub fn name(&self) -> &'static str {
@@ -83,6 +97,10 @@ impl FaultKind {
             FaultKind::StalePodLists { .. } => 7,
             FaultKind::StaleWorkflowLists { .. } => 8,
             FaultKind::HoldLease { .. } => 9,
+            FaultKind::LoseWriteAnswers { .. } => 10,
+            FaultKind::FailProofLists { .. } => 11,
+            FaultKind::LateProofs { .. } => 12,
+            FaultKind::FailPodLists { .. } => 13,
         };
         Self::NAMES[i]
     }
@@ -119,8 +137,21 @@ impl FaultKind {
             8 => FaultKind::StaleWorkflowLists {
                 times: rng.usize(1..=2),
             },
-            _ => FaultKind::HoldLease {
+            9 => FaultKind::HoldLease {
                 hold: lease + seconds(rng, 1, 3),
+            },
+            10 => FaultKind::LoseWriteAnswers {
+                times: rng.usize(1..=3),
+            },
+            11 => FaultKind::FailProofLists {
+                times: rng.usize(1..=3),
+            },
+            12 => FaultKind::LateProofs {
+                hold: Duration::from_millis(rng.u64(600..1500)),
+                times: rng.usize(1..=4),
+            },
+            _ => FaultKind::FailPodLists {
+                times: rng.usize(1..=3),
             },
         }
     }
@@ -227,6 +258,33 @@ impl FaultKind {
                 )
                 .times(1),
             ],
+            FaultKind::LoseWriteAnswers { times } => [
+                Matcher::new(Method::PATCH, format!("/workflows/{LIVE}")),
+                Matcher::new(Method::PUT, format!("/workflows/{LIVE}")),
+                Matcher::new(Method::POST, "/workflows"),
+                Matcher::new(Method::PATCH, format!("/workflows/{ARCHIVED}")),
+                Matcher::new(Method::PATCH, "/status"),
+            ]
+            .into_iter()
+            .map(|m| Rule::new(m, Fault::LoseAnswer).times(*times))
+            .collect(),
+            FaultKind::FailProofLists { times } => vec![
+                Rule::new(
+                    get("/pods", false).query_contains(labels::COMPLETED),
+                    Fault::InternalError,
+                )
+                .times(*times),
+            ],
+            FaultKind::LateProofs { hold, times } => vec![
+                Rule::new(
+                    get("/pods", false).query_contains(labels::COMPLETED),
+                    Fault::HoldAnswer(*hold),
+                )
+                .times(*times),
+            ],
+            FaultKind::FailPodLists { times } => {
+                vec![Rule::new(get("/pods", false), Fault::InternalError).times(*times)]
+            }
         }
     }
 }

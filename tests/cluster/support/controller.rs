@@ -14,6 +14,7 @@ use rewind::argo::workflow::{Workflow, labels};
 use rewind::controller::{Controller, Options};
 use rewind::protocol::request::{self, RetryStatus, annotations};
 use rewind::retry::Scope;
+use rewind::testenv::faultproxy::{FaultProxy, Rule};
 use rewind::testenv::localcluster::{CONTROLLER_NAME, LocalCluster, Role};
 use rewind::testenv::workload::{FailedDag, through_transient};
 use serde_json::Value;
@@ -33,6 +34,28 @@ pub async fn start(
     options: Options,
 ) -> anyhow::Result<Running> {
     start_with_archive(cluster, namespace, options, None).await
+}
+
+/// [`start_as`] with the controller's API requests going through a fault proxy that
+/// applies `rules` (more can be added to it while the controller runs).
+pub async fn start_behind_proxy(
+    cluster: &LocalCluster,
+    namespace: &str,
+    rules: impl IntoIterator<Item = Rule>,
+    options: Options,
+    archive: Option<std::sync::Arc<dyn rewind::argo::db::ArgoDatabase>>,
+) -> anyhow::Result<(
+    FaultProxy,
+    Running,
+    std::sync::Arc<rewind::telemetry::metrics::Metrics>,
+)> {
+    let proxy = FaultProxy::start(cluster).await?;
+    for rule in rules {
+        proxy.add(rule);
+    }
+    let config = proxy.config(cluster, Role::Controller).await?;
+    let (running, metrics) = start_as(config, namespace, options, archive).await?;
+    Ok((proxy, running, metrics))
 }
 
 /// [`start`], serving archived retries from `archive`.
