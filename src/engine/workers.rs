@@ -122,16 +122,20 @@ pub enum Unsent {
     /// A bulk request's send could not follow its re-proof's start within
     /// [`MAX_PROOF_AGE`].
     ProofExpired,
+    /// A bulk request the API server throttled (429 or 503) is not resent
+    /// as is: its proof is older than [`MAX_PROOF_AGE`] by then.
+    Throttled,
     /// Its request stopped, or the Lease was lost.
     Unwanted,
 }
 
 impl Unsent {
-    pub const ALL: [Unsent; 5] = [
+    pub const ALL: [Unsent; 6] = [
         Unsent::ProofFailed,
         Unsent::ProofChanged,
         Unsent::NothingLeft,
         Unsent::ProofExpired,
+        Unsent::Throttled,
         Unsent::Unwanted,
     ];
 
@@ -142,6 +146,7 @@ impl Unsent {
             Unsent::ProofChanged => "proof_changed",
             Unsent::NothingLeft => "nothing_left",
             Unsent::ProofExpired => "proof_expired",
+            Unsent::Throttled => "throttled",
             Unsent::Unwanted => "unwanted",
         }
     }
@@ -249,6 +254,9 @@ struct Gate {
     item: WorkItem,
     /// A bulk request's: until when its proof holds (see [`MAX_PROOF_AGE`]).
     send_by: Option<tokio::time::Instant>,
+    /// Sends it let through: past the first, a send is kube's resend after a
+    /// 429 or 503.
+    passed: std::cell::Cell<u32>,
 }
 
 tokio::task_local! {
@@ -262,11 +270,19 @@ impl Gate {
         if let Some(deadline) = self.send_by
             && now > deadline
         {
+            // Throttled, it was proved in time: a new proof may well be too.
+            if self.passed.get() > 0 {
+                return Some(NotSent::Throttled);
+            }
             return Some(NotSent::ProofExpired {
                 late: now - deadline,
             });
         }
-        (!self.queue.wanted(&self.item)).then_some(NotSent::Unwanted)
+        if !self.queue.wanted(&self.item) {
+            return Some(NotSent::Unwanted);
+        }
+        self.passed.set(self.passed.get() + 1);
+        None
     }
 }
 
@@ -275,6 +291,10 @@ impl Gate {
 pub enum NotSent {
     #[error("bulk delete not sent: admitted {late:?} after its proof expired; list the pods again")]
     ProofExpired { late: Duration },
+    #[error(
+        "bulk delete not sent again: the API server throttled it (429 or 503) and its proof is too old now; list the pods again"
+    )]
+    Throttled,
     #[error("delete not sent: its request stopped or the Lease was lost")]
     Unwanted,
     #[error("delete not sent: it was made outside a delete worker's gate (a bug in rewind)")]
@@ -569,6 +589,7 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
         queue: queue.clone(),
         item: item.clone(),
         send_by: None,
+        passed: std::cell::Cell::new(0),
     };
     let sent = match &item.work {
         DeleteWork::Bulk {
@@ -659,6 +680,10 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
         Some(refusal @ NotSent::ProofExpired { .. }) => {
             warn!(namespace = item.namespace, error = %refusal, "bulk delete not sent; its pods will be listed again");
             Ok(Done::Stale(Unsent::ProofExpired))
+        }
+        Some(refusal @ NotSent::Throttled) => {
+            debug!(namespace = item.namespace, error = %refusal, "bulk delete not sent again; its pods will be listed again");
+            Ok(Done::Stale(Unsent::Throttled))
         }
     }
 }

@@ -451,7 +451,7 @@ impl Metrics {
         let deletes_unsent = register(
             registry,
             "deletes_unsent",
-            "Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), whose pods were gone (nothing_left), or whose request had stopped (unwanted)",
+            "Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), one the API server throttled, not resent on its old proof (throttled), whose pods were gone (nothing_left), or whose request had stopped (unwanted)",
             at_zero(
                 Family::default(),
                 &Unsent::ALL.map(|why| ReasonLabels {
@@ -940,7 +940,7 @@ mod tests {
                 "# TYPE rewind_api_requests_in_flight gauge",
                 "# HELP rewind_pods_deleted Pods deleted (or released from Argo's finalizer) for retries and pod GC.",
                 "# TYPE rewind_pods_deleted counter",
-                "# HELP rewind_deletes_unsent Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), whose pods were gone (nothing_left), or whose request had stopped (unwanted).",
+                "# HELP rewind_deletes_unsent Delete work not sent at its turn, by reason: a bulk delete whose proof failed, changed or expired (proof_failed, proof_changed, proof_expired), one the API server throttled, not resent on its old proof (throttled), whose pods were gone (nothing_left), or whose request had stopped (unwanted).",
                 "# TYPE rewind_deletes_unsent counter",
                 "# HELP rewind_retry_duration_seconds Seconds from picking up a retry request to its end, by result.",
                 "# TYPE rewind_retry_duration_seconds histogram",
