@@ -360,7 +360,7 @@ impl Controller {
         // Every send stops the moment work does (a lost Lease, a shutdown),
         // not as each request's task withdraws its work: the workers' gate
         // refuses whatever a shut queue holds (rule 3's Lease).
-        tasks.spawn(engine.queue.shut_down_when(shutdown.clone()));
+        let stop_sends = tasks.spawn(engine.queue.shut_down_when(shutdown.clone()));
         let turn = workers::Turn::default();
         for _ in 0..options.workers.max(1) {
             tasks.spawn(workers::run(
@@ -381,6 +381,10 @@ impl Controller {
             ));
         }
         watch::run(ctx, writers, state, shutdown.clone()).await;
+        // A watch can also end on its own, `shutdown` not cancelled: the
+        // workers end with the queue all the same.
+        engine.queue.shutdown();
+        stop_sends.abort();
         while tasks.join_next().await.is_some() {}
     }
 }

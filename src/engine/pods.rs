@@ -45,10 +45,10 @@ pub struct Snapshot {
 /// one), so the succeeded ones are listed only when a pod of `wanted` is
 /// missing from the first list: a list that confirms the plan gone always
 /// reads them, one that finds pods still to delete (or held) need not page
-/// through a large workflow's succeeded pods. That second list is read from the API server's cache at
-/// the first's revision or later: succeeded is a final phase, so a plan pod in
-/// neither list was gone at one of the two revisions, which is all one list
-/// could say. Full pods would carry their spec and status too, several times
+/// through a large workflow's succeeded pods. That second list is read from
+/// the API server's cache at the first's revision or later: succeeded is a
+/// final phase, so a plan pod in neither list was gone at one of the two
+/// revisions, which is all one list could say. Full pods would carry their spec and status too, several times
 /// the bytes to send and decode.
 ///
 /// With `at`, both lists show the pods exactly as they were at that revision

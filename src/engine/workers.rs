@@ -202,8 +202,9 @@ impl Outcomes {
 const MAX_ATTEMPTS: u32 = 8;
 
 /// Whose turn it is to take an item: one worker at a time leases an item and, for a bulk
-/// delete, takes its place in the line for a slot, so items start in the queue's order. Each then waits for its own write token
-/// in its namespace's flow (see [`Budget::take_write_token`]).
+/// delete, takes its place in the line for a slot, so items start in the queue's order. Each
+/// then waits for its own write token in its namespace's flow (see
+/// [`Budget::take_write_token`]).
 pub type Turn = Arc<tokio::sync::Mutex<()>>;
 
 /// Queued items per buffer in front of kube's HTTP service, as in [`crate::engine::budget::client`].
