@@ -19,14 +19,14 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::argo::db::ArgoDatabase;
 use crate::argo::workflow::Workflow;
 use crate::argoapi::{self, ArgoApi};
 use crate::controller::leader::{LeaderError, LeaseConfig, Role};
 use crate::controller::watch::State;
-use crate::engine::Engine;
+use crate::engine::{Engine, drive};
 use crate::engine::budget::{self, Budget, BudgetConfig};
 use crate::engine::queue::{QueueConfig, WorkQueue};
 use crate::engine::workers::{self, Outcomes};
@@ -380,11 +380,25 @@ impl Controller {
                 shutdown.clone(),
             ));
         }
+        // Counted from the stop itself, not from the requests' end: the pod's
+        // grace period runs from its SIGTERM.
+        let shutdown_at = shutdown.clone();
+        let mut leave_by = tokio::spawn(async move {
+            shutdown_at.cancelled().await;
+            tokio::time::sleep(drive::LEAVING_WAIT).await;
+        });
         watch::run(ctx, writers, state, shutdown.clone()).await;
         // A watch can also end on its own, `shutdown` not cancelled: the
         // workers end with the queue all the same.
         engine.queue.shutdown();
         stop_sends.abort();
-        while tasks.join_next().await.is_some() {}
+        tokio::select! {
+            _ = async { while tasks.join_next().await.is_some() {} } => {}
+            _ = &mut leave_by => {
+                warn!("stopping with deletes still under way; they may still land, and the next leader lists their pods again");
+                tasks.shutdown().await;
+            }
+        }
+        leave_by.abort();
     }
 }

@@ -124,6 +124,14 @@ const UNPROVEN_BULK_LIMIT: usize = 3;
 /// ended would say "deleted nothing more" while the API server still deletes.
 const STOP_WAIT: Duration = READ_TIMEOUT.saturating_add(Duration::from_secs(5));
 
+/// How long sends under way are waited for once the controller itself stops
+/// (a SIGTERM, a lost Lease), by [`Deletion::stop`] and by the controller for
+/// its delete workers. Their requests stay pending and the next leader
+/// proves their pods again, so nothing reported depends on the wait; the
+/// whole stop must fit in the pod's grace period (the chart's 30 s, less the
+/// reports' and the Lease's own time).
+pub const LEAVING_WAIT: Duration = Duration::from_secs(10);
+
 impl Default for DriveConfig {
     fn default() -> Self {
         DriveConfig {
@@ -579,21 +587,30 @@ impl Deletion {
     /// Ends the deletion before its end: its queued work is withdrawn and the
     /// sends already under way are waited for (up to [`STOP_WAIT`]), so a
     /// request that then says it deleted nothing more has told the truth.
-    /// Dropping a deletion withdraws its work too, without waiting.
-    pub async fn stop(self) {
+    /// Once `shutdown` (the controller's own stop) is cancelled the wait is
+    /// [`LEAVING_WAIT`] at most. Dropping a deletion withdraws its work too,
+    /// without waiting.
+    pub async fn stop(self, shutdown: &CancellationToken) {
         let leased = self.engine.queue.withdraw(&self.key);
         if leased.is_empty() {
             return;
         }
         let released = self.engine.queue.released(&leased);
-        if tokio::time::timeout(STOP_WAIT, released).await.is_err() {
-            warn!(
-                namespace = self.namespace,
-                workflow = self.workflow,
-                sends = leased.len(),
-                "the request stopped with deletes still under way; they may still land"
-            );
-        }
+        let leaving = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(LEAVING_WAIT).await;
+        };
+        let why = tokio::select! {
+            _ = released => return,
+            _ = tokio::time::sleep(STOP_WAIT) => "the request stopped with deletes still under way; they may still land",
+            _ = leaving => "the controller stopped with deletes still under way; they may still land, and the next leader lists the pods again",
+        };
+        warn!(
+            namespace = self.namespace,
+            workflow = self.workflow,
+            sends = leased.len(),
+            "{why}"
+        );
     }
 
     /// Pods this deletion's requests removed (some may have gone otherwise).

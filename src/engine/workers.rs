@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use crate::argo::workflow::labels;
 use crate::engine::Observer;
 use crate::engine::assess::DeleteWork;
-use crate::engine::budget::{Budget, Priority, on_behalf_of, with_priority};
+use crate::engine::budget::{Budget, Priority, admitted_at, on_behalf_of, with_priority};
 use crate::engine::fault::{self, api_code, is_transient};
 use crate::engine::pods::{delete_collection, selected};
 use crate::engine::queue::{Class, Lease, Request, WorkQueue};
@@ -605,18 +605,21 @@ async fn execute(clients: &Clients, queue: &Queue, item: &WorkItem) -> Result<Do
             // since then may already be selected (docs/DESIGN.md, rule 3).
             // A failed proof list sent nothing: the delete is stale, not cut short (which
             // would count it as partly done and turn bulk deletes off for the request).
-            // The proof's age counts from the list's start: the API server takes its
-            // snapshot somewhere between the send and the answer, and an answer can be
-            // slow to arrive (a congested network, a paused process).
-            let proving = tokio::time::Instant::now();
-            let now = match selected(
+            // The proof's age counts from the list's send (once the budget let it go):
+            // the API server takes its snapshot somewhere between the send and the
+            // answer, and an answer can be slow to arrive (a congested network, a paused
+            // process). Counted from before the list's wait for its read turn, a busy
+            // cluster's proofs all expired and its retries deleted one pod at a time.
+            let asked = tokio::time::Instant::now();
+            let (listed, sent) = admitted_at(selected(
                 &clients.client,
                 &item.namespace,
                 label_selector,
                 field_selector,
-            )
-            .await
-            {
+            ))
+            .await;
+            let proving = sent.unwrap_or(asked);
+            let now = match listed {
                 Ok(now) => now,
                 Err(e) => {
                     warn!(namespace = item.namespace, work = %describe(&item.work), error = %fault::explain(&e), "listing a bulk delete's pods to prove it failed; not sent, its pods will be listed again");

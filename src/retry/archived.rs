@@ -283,7 +283,7 @@ impl<'r, 'a> Job<'r, 'a> {
         deletion.plan(planned.pods_to_delete.iter().cloned(), &planned.pod_nodes);
         self.status.status.pods_total = deletion.count().total as u64;
         if let Err(e) = deletion.run(&mut Progress(self.status), stop).await {
-            deletion.stop().await;
+            deletion.stop(stop).await;
             return Err(e);
         }
         self.status.status.pods_deleted = deletion.count().deleted as u64;

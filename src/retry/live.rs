@@ -158,7 +158,7 @@ pub async fn run(
         let mut job = Job::new(ctx, target);
         let result = job.run(shutdown).await;
         if let Some(deletion) = job.deletion.take() {
-            deletion.stop().await;
+            deletion.stop(shutdown).await;
         }
         drop(job.admitted.take());
         let grace = async {

@@ -1056,6 +1056,64 @@ pub async fn a_stopped_request_reports_after_its_delete_under_way_ends(
     Ok(())
 }
 
+/// Issue 47, finding 6's other half: a controller told to stop (SIGTERM) while a
+/// DeleteCollection's answer had not come waited for it up to 95 s, past the chart's 30 s
+/// grace period, so the kubelet killed it before it released its Lease. Now it leaves within
+/// 10 s of the stop, the request stays pending, and the next controller finishes it.
+pub async fn a_controller_told_to_stop_leaves_within_its_grace_period(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 1,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
+    let bulk = Matcher::new(
+        http::Method::DELETE,
+        format!("/namespaces/{namespace}/pods"),
+    );
+    let answer = CancellationToken::new();
+    let _answer_at_end = answer.clone().drop_guard();
+    let (proxy, controller, _) = ctl::start_behind_proxy(
+        &cluster,
+        &namespace,
+        [Rule::new(bulk.clone(), Fault::HoldAnswerUntil(answer.clone())).times(1)],
+        ctl::options(50, 50, true),
+        None,
+    )
+    .await?;
+    let token = "retry-1";
+    ask_until_seen(&proxy, &cluster, &namespace, &dag.name, token, &bulk).await?;
+    let asked_to_stop = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(40), controller.stop())
+        .await
+        .context("the controller, told to stop with a delete's answer outstanding, had not stopped after 40 s (the chart's grace period is 30 s)")??;
+    let took = asked_to_stop.elapsed();
+    answer.cancel();
+    ensure!(
+        took < Duration::from_secs(20),
+        "the controller took {took:?} to stop with a delete's answer outstanding; the chart's grace period is 30 s"
+    );
+    let status = ctl::status_of(&workflows.get(&dag.name).await?, token)?;
+    ensure!(
+        status.as_ref().is_none_or(|s| !s.phase.is_finished()),
+        "a request stopped by the controller's own stop must stay pending, it says {status:?}"
+    );
+    let next = ctl::start(&cluster, &namespace, ctl::options(50, 50, true)).await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(60)).await?;
+    next.stop().await?;
+    ensure!(
+        status.phase == RetryPhase::Succeeded,
+        "the next controller should have finished the retry, it ended {status:?}"
+    );
+    Ok(())
+}
+
 /// Issue 47, finding 9 (rule 7): an archived retry created and recorded its workflow, and
 /// then removing `rewind.dev/creating` from it failed: for `wf-a` five 422s in a row (its
 /// finalizers kept changing), for `wf-b` a 403 at every try (rewind's patch permission
@@ -1361,6 +1419,40 @@ pub async fn a_throttled_bulk_delete_is_proved_again_not_given_up(
     ensure!(
         exposition.contains(r#"rewind_deletes_unsent_total{reason="throttled"} 3"#),
         "the metric does not count the 3 throttled bulk deletes:\n{exposition}"
+    );
+    Ok(())
+}
+
+/// Issue 45's load, in small: a proof list that waited for its read token past a proof's age
+/// (here a read budget of one a second; under 100 namespaces' load, their reads' turns) made
+/// every proof stale before the list was even sent, and after three the retry deleted its
+/// pods one by one: under load a 200-pod retry took 91 s instead of 3. A proof dates from its
+/// list's send, so the retry deletes in bulk.
+pub async fn a_proof_list_that_waited_for_its_read_turn_still_deletes_in_bulk(
+    cluster: Arc<LocalCluster>,
+    namespace: String,
+) -> anyhow::Result<()> {
+    let admin = cluster.admin_client();
+    let dag = FailedDag {
+        name: "wf".into(),
+        failed: 20,
+        succeeded: 1,
+    };
+    dag.create(&admin, &namespace, 16, || ()).await?;
+    let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
+    let mut options = ctl::options(50, 50, true);
+    options.budget.reads = rewind::engine::budget::Rate::new(1, 1).expect("non-zero rate");
+    let (proxy, controller, _) =
+        ctl::start_behind_proxy(&cluster, &namespace, [], options, None).await?;
+    let token = "retry-1";
+    ctl::request_retry(&cluster, &namespace, &dag.name, token).await?;
+    let (_, status) =
+        ctl::wait_finished(&workflows, &dag.name, token, Duration::from_secs(90)).await?;
+    controller.stop().await?;
+    let (bulk, single) = deletes_sent(&proxy, &namespace);
+    ensure!(
+        status.phase == RetryPhase::Succeeded && bulk >= 1 && single == 0,
+        "with proofs waiting a second for their read token the retry should still delete in bulk; it ended {status:?} with {bulk} DeleteCollections and {single} single deletes"
     );
     Ok(())
 }

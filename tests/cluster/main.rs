@@ -177,6 +177,8 @@ fn main() -> ExitCode {
         faults::a_proof_answered_late_sends_nothing_and_keeps_a_recreated_pod,
         faults::bulk_deletes_never_proved_in_time_go_one_by_one,
         faults::a_stopped_request_reports_after_its_delete_under_way_ends,
+        faults::a_controller_told_to_stop_leaves_within_its_grace_period,
+        faults::a_proof_list_that_waited_for_its_read_turn_still_deletes_in_bulk,
         faults::an_archived_create_recorded_never_ends_failed_for_its_finalizer,
         faults::a_bulk_delete_waiting_for_a_slot_holds_up_no_other_work,
         faults::a_throttled_bulk_delete_is_proved_again_not_given_up,

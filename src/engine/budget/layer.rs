@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
+use http_body_util::Either;
 use kube::client::ClientBuilder;
 use kube::client::retry::RetryPolicy;
 use tower::buffer::BufferLayer;
 use tower::retry::RetryLayer;
 use tower::{Layer, Service, ServiceExt};
+use tower_http::timeout::TimeoutBody;
 
 use super::{Budget, Verb};
 
@@ -121,8 +123,10 @@ where
 /// Watches stay open by design; kube's watcher bounds their silence itself.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Bounds the wait for each non-watch answer by [`ANSWER_TIMEOUT`]. kube's `read_timeout`
-/// would cut idle watches too, so the client sets none and this layer bounds the rest.
+/// Bounds each non-watch answer by [`ANSWER_TIMEOUT`]: the wait for its status and headers,
+/// and then each silence in its body (a list whose connection stalls after its first bytes).
+/// kube's `read_timeout`, a bound on the connection, would cut idle watches too, so the client
+/// sets none and this layer bounds the rest.
 #[derive(Clone)]
 pub struct AnswerWithin<S> {
     pub(super) inner: S,
@@ -133,9 +137,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>, Error = tower::BoxError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<Either<TimeoutBody<ResBody>, ResBody>>;
     type Error = tower::BoxError;
-    type Future = BoxFuture<'static, Result<Response<ResBody>, tower::BoxError>>;
+    type Future = BoxFuture<'static, Result<Self::Response, tower::BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -146,10 +150,12 @@ where
         let answer = self.inner.call(request);
         Box::pin(async move {
             if watch {
-                return answer.await;
+                return Ok(answer.await?.map(Either::Right));
             }
             match tokio::time::timeout(ANSWER_TIMEOUT, answer).await {
-                Ok(answer) => answer,
+                Ok(answer) => {
+                    Ok(answer?.map(|body| Either::Left(TimeoutBody::new(ANSWER_TIMEOUT, body))))
+                }
                 Err(elapsed) => Err(Box::new(elapsed) as tower::BoxError),
             }
         })

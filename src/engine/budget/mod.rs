@@ -331,6 +331,7 @@ impl Budget {
         };
         let waited = start.elapsed();
         observer.token_wait(bucket, waited);
+        let _ = ADMITTED.try_with(|at| at.set(Some(tokio::time::Instant::now())));
         if slot.is_some() {
             observer.in_flight(self.in_flight());
         }
@@ -403,6 +404,21 @@ enum Line {
 tokio::task_local! {
     /// Set while a task spends a [`WriteToken`]: its next write takes no token from the bucket.
     static PREPAID: Cell<bool>;
+    /// Set while a task runs [`admitted_at`]: when the budget last let one of its requests go.
+    static ADMITTED: Cell<Option<tokio::time::Instant>>;
+}
+
+/// Runs `work` and returns, with its output, when the budget let its last request go (`None`
+/// if none went). An answer reflects the API server no earlier than that: a list answers
+/// from a snapshot taken after its send, so a proof made from it dates from then, not from
+/// before the wait for a turn and a token, which under many tenants' load is the longer part.
+pub async fn admitted_at<F: Future>(work: F) -> (F::Output, Option<tokio::time::Instant>) {
+    ADMITTED
+        .scope(Cell::new(None), async {
+            let output = work.await;
+            (output, ADMITTED.with(Cell::get))
+        })
+        .await
 }
 
 /// A write token taken before the request that spends it is chosen; see

@@ -785,7 +785,7 @@ async fn askers_in_one_namespace_take_turns() {
 #[tokio::test(start_paused = true)]
 async fn an_answer_that_never_comes_ends_the_request_but_a_silent_watch_stays_open() {
     let never = tower::service_fn(|_: Request<()>| async {
-        std::future::pending::<Result<Response<()>, tower::BoxError>>().await
+        std::future::pending::<Result<Response<Silent>, tower::BoxError>>().await
     });
     let service = layer::AnswerWithin { inner: never };
     let get = tokio::spawn(
@@ -801,10 +801,52 @@ async fn an_answer_that_never_comes_ends_the_request_but_a_silent_watch_stays_op
     tokio::time::sleep(layer::ANSWER_TIMEOUT - Duration::from_secs(1)).await;
     assert!(!get.is_finished(), "ended before its bound");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let error = get.await.unwrap().expect_err("no answer came");
+    let Err(error) = get.await.unwrap() else {
+        panic!("no answer came, yet the request succeeded")
+    };
     assert!(error.is::<tokio::time::error::Elapsed>(), "{error}");
     assert!(!watch.is_finished(), "a watch has no such bound");
     watch.abort();
+}
+
+/// A body that sends its first bytes and then nothing, its connection kept open.
+type Silent = http_body_util::StreamBody<
+    futures::stream::BoxStream<'static, Result<hyper::body::Frame<bytes::Bytes>, Infallible>>,
+>;
+
+fn silent_after_first_bytes() -> Silent {
+    use futures::StreamExt as _;
+    let first = hyper::body::Frame::data(bytes::Bytes::from_static(b"{\"items\":["));
+    http_body_util::StreamBody::new(
+        futures::stream::once(async { Ok(first) })
+            .chain(futures::stream::pending())
+            .boxed(),
+    )
+}
+
+/// A list whose answer began and then went silent (a stalled proxy, a half-open connection)
+/// ends with an error after the bound, as an answer that never began does; a watch's body
+/// may stay silent as long as it likes.
+#[tokio::test(start_paused = true)]
+async fn an_answer_s_body_gone_silent_ends_the_request_but_a_watch_s_stays_open() {
+    use http_body_util::BodyExt as _;
+    let stalls = tower::service_fn(|_: Request<()>| async {
+        Ok::<_, tower::BoxError>(Response::new(silent_after_first_bytes()))
+    });
+    let service = layer::AnswerWithin { inner: stalls };
+    let list = service.clone().oneshot(request(Method::GET, "/api/v1/pods"));
+    let mut list = std::pin::pin!(list.await.expect("its headers came").into_body().collect());
+    let early = tokio::time::timeout(layer::ANSWER_TIMEOUT - Duration::from_secs(1), &mut list);
+    assert!(early.await.is_err(), "ended before its bound");
+    let late = tokio::time::timeout(Duration::from_secs(2), list).await;
+    let Ok(Err(error)) = late else {
+        panic!("the body never ended, yet it did not fail: {late:?}")
+    };
+    assert!(error.is::<tower_http::timeout::TimeoutError>(), "{error}");
+    let watch = service.oneshot(request(Method::GET, "/api/v1/pods?watch=true"));
+    let watch = watch.await.expect("its headers came").into_body().collect();
+    let silent = tokio::time::timeout(layer::ANSWER_TIMEOUT * 10, watch).await;
+    assert!(silent.is_err(), "a watch has no such bound");
 }
 
 /// A retry's write that comes while a thousand reports of many namespaces wait goes out next;
