@@ -55,6 +55,14 @@ fn proof_list(namespace: &str) -> Matcher {
         .query_contains(labels::COMPLETED)
 }
 
+/// A DeleteCollection of `namespace`'s pods.
+fn bulk_delete(namespace: &str) -> Matcher {
+    Matcher::new(
+        http::Method::DELETE,
+        format!("/namespaces/{namespace}/pods"),
+    )
+}
+
 /// Asks retry `token` of `workflow` and waits (30 s at most) until a request `matcher` takes
 /// has reached `proxy`.
 async fn ask_until_seen(
@@ -1013,10 +1021,7 @@ pub async fn a_stopped_request_reports_after_its_delete_under_way_ends(
     dag.create(&admin, &namespace, 16, || ()).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
     let selector = format!("{}={}", labels::WORKFLOW, dag.name);
-    let bulk = Matcher::new(
-        http::Method::DELETE,
-        format!("/namespaces/{namespace}/pods"),
-    );
+    let bulk = bulk_delete(&namespace);
     let held = Duration::from_secs(8);
     let (proxy, controller, _) = ctl::start_behind_proxy(
         &cluster,
@@ -1072,10 +1077,7 @@ pub async fn a_controller_told_to_stop_leaves_within_its_grace_period(
     };
     dag.create(&admin, &namespace, 16, || ()).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin.clone(), &namespace);
-    let bulk = Matcher::new(
-        http::Method::DELETE,
-        format!("/namespaces/{namespace}/pods"),
-    );
+    let bulk = bulk_delete(&namespace);
     let answer = CancellationToken::new();
     let _answer_at_end = answer.clone().drop_guard();
     let (proxy, controller, _) = ctl::start_behind_proxy(
@@ -1220,10 +1222,7 @@ pub async fn a_bulk_delete_waiting_for_a_slot_holds_up_no_other_work(
         dag.create(&admin, &namespace, 16, || ()).await?;
     }
     let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
-    let bulk = Matcher::new(
-        http::Method::DELETE,
-        format!("/namespaces/{namespace}/pods"),
-    );
+    let bulk = bulk_delete(&namespace);
     let held = Duration::from_secs(10);
     // One slot, and the spare: wf-a's and wf-b's DeleteCollections take both.
     let mut options = ctl::options(50, 50, true);
@@ -1390,10 +1389,7 @@ pub async fn a_throttled_bulk_delete_is_proved_again_not_given_up(
     };
     dag.create(&admin, &namespace, 16, || ()).await?;
     let workflows: Api<Workflow> = Api::namespaced(admin, &namespace);
-    let bulk = Matcher::new(
-        http::Method::DELETE,
-        format!("/namespaces/{namespace}/pods"),
-    );
+    let bulk = bulk_delete(&namespace);
     let throttled = Fault::TooManyRequests {
         retry_after_seconds: 1,
     };

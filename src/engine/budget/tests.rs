@@ -834,7 +834,9 @@ async fn an_answer_s_body_gone_silent_ends_the_request_but_a_watch_s_stays_open(
         Ok::<_, tower::BoxError>(Response::new(silent_after_first_bytes()))
     });
     let service = layer::AnswerWithin { inner: stalls };
-    let list = service.clone().oneshot(request(Method::GET, "/api/v1/pods"));
+    let list = service
+        .clone()
+        .oneshot(request(Method::GET, "/api/v1/pods"));
     let mut list = std::pin::pin!(list.await.expect("its headers came").into_body().collect());
     let early = tokio::time::timeout(layer::ANSWER_TIMEOUT - Duration::from_secs(1), &mut list);
     assert!(early.await.is_err(), "ended before its bound");
