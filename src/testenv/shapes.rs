@@ -57,7 +57,7 @@ pub fn workflow_json(nodes: usize, shape: Shape) -> (Vec<u8>, usize) {
 fn pod_node(i: usize, shape: Shape) -> (String, Value) {
     let hash = 1_000_000_000 + i * 7919;
     let id = format!("{WORKFLOW}-{hash}");
-    let failed = i % 10 == 0;
+    let failed = i.is_multiple_of(10);
     let mut node = json!({
         "id": id, "name": format!("{WORKFLOW}.task-{i:05}"), "displayName": format!("task-{i:05}"),
         "type": "Pod", "templateName": "work", "templateScope": format!("local/{WORKFLOW}"),

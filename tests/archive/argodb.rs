@@ -19,9 +19,18 @@ fn helper(line: Line) -> &'static ArgoDbTool {
     }]
 }
 
-/// One request; Argo's error is an error.
+/// One request; Argo's error is an error. A MySQL deadlock is tried again, up to five times,
+/// as Argo's controller requeues a workflow whose archiving failed: the tests write rows side
+/// by side, and InnoDB may roll one of two archiving transactions back (error 1213, "try
+/// restarting transaction").
 pub fn one(line: Line, request: Value) -> anyhow::Result<Answer> {
-    Ok(helper(line).one(request)?)
+    let mut tries = 0;
+    loop {
+        match helper(line).one(request.clone()) {
+            Err(e) if tries < 4 && e.to_string().contains("Error 1213") => tries += 1,
+            answer => return Ok(answer?),
+        }
+    }
 }
 
 /// A request on `db`'s `argo` database.

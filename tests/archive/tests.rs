@@ -381,9 +381,9 @@ pub async fn rows_over_a_megabyte_are_read_again_and_again(env: Arc<Env>) -> any
     Ok(())
 }
 
-/// A row over `--max-nodes-size` is read but not parsed: the retry fails naming the row's
-/// size and the flag, instead of the controller taking three times the row in memory.
-/// At the limit exactly, it is read.
+/// A row over `--max-nodes-size` is neither read nor parsed (its size comes first): the
+/// retry fails naming the row's size and the flag, instead of the controller taking three
+/// times the row in memory. At the limit exactly, it is read.
 pub async fn rows_over_max_nodes_size_are_refused_naming_their_size(
     env: Arc<Env>,
 ) -> anyhow::Result<()> {

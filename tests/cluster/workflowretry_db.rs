@@ -291,7 +291,7 @@ async fn offloaded_live_retry_on(
         .replace(&dag.name, &PostParams::default(), &offloaded)
         .await?;
 
-    // A row over --max-nodes-size is read but not parsed: the retry fails naming its size,
+    // A row over --max-nodes-size is neither read nor parsed: the retry fails naming its size,
     // and no pod is touched.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &namespace);
     let selector = ListParams::default().labels(&format!("{}={}", labels::WORKFLOW, dag.name));

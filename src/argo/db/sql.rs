@@ -63,9 +63,9 @@ pub struct Sql {
     instance_id: String,
     table_name: String,
     target: String,
-    /// The largest row rewind parses (`--max-nodes-size`): a retry needs
-    /// about three times its JSON in memory, so a larger one is refused, the
-    /// row read but never parsed.
+    /// The largest row rewind reads (`--max-nodes-size`): a retry needs
+    /// about three times its JSON in memory, so a larger one is refused by
+    /// its size, which the database tells without sending the row.
     max_row_size: usize,
 }
 
@@ -248,8 +248,12 @@ impl Sql {
             Pool::Postgres(pool) => {
                 parse_row(
                     pool,
-                    "SELECT workflow::text FROM argo_archived_workflows \
-                     WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
+                    &Sized::Postgres.select(
+                        "workflow::text",
+                        "argo_archived_workflows \
+                         WHERE clustername = $1 AND instanceid = $2 AND uid = $3",
+                        max,
+                    ),
                     binds,
                     max,
                     |text| {
@@ -264,15 +268,21 @@ impl Sql {
                 )
                 .await
             }
-            Pool::MySql(pool) => parse_row(
-                pool,
-                "SELECT CAST(workflow AS CHAR CHARACTER SET utf8mb4) FROM argo_archived_workflows \
+            Pool::MySql(pool) => {
+                parse_row(
+                    pool,
+                    &Sized::MySql.select(
+                        "CAST(workflow AS CHAR CHARACTER SET utf8mb4)",
+                        "argo_archived_workflows \
                      WHERE clustername = ? AND instanceid = ? AND uid = ?",
-                binds,
-                max,
-                |text| serde_json::from_str::<Workflow>(text),
-            )
-            .await,
+                        max,
+                    ),
+                    binds,
+                    max,
+                    |text| serde_json::from_str::<Workflow>(text),
+                )
+                .await
+            }
         };
         let read = read.map_err(self.db_error(what()))?;
         let Some(parsed) = self.row(|| format!("archived workflow {uid}"), read)? else {
@@ -303,21 +313,28 @@ impl Sql {
             target: self.target.clone(),
             source,
         };
+        let max = self.max_row_size;
         let sql = match &self.pool {
-            Pool::Postgres(_) => format!(
-                "SELECT nodes::text FROM {} WHERE clustername = $1 AND uid = $2 AND version = $3",
-                self.table_name
+            Pool::Postgres(_) => Sized::Postgres.select(
+                "nodes::text",
+                &format!(
+                    "{} WHERE clustername = $1 AND uid = $2 AND version = $3",
+                    self.table_name
+                ),
+                max,
             ),
-            Pool::MySql(_) => format!(
-                "SELECT CAST(nodes AS CHAR CHARACTER SET utf8mb4) FROM {} \
-                 WHERE clustername = ? AND uid = ? AND version = ?",
-                self.table_name
+            Pool::MySql(_) => Sized::MySql.select(
+                "CAST(nodes AS CHAR CHARACTER SET utf8mb4)",
+                &format!(
+                    "{} WHERE clustername = ? AND uid = ? AND version = ?",
+                    self.table_name
+                ),
+                max,
             ),
         };
         let binds = [self.cluster_name.as_str(), uid, version];
         // Straight into node statuses: no value tree of them in between.
         let parse = |text: &str| serde_json::from_str::<Nodes>(text);
-        let max = self.max_row_size;
         let read = match &self.pool {
             Pool::Postgres(pool) => parse_row(pool, &sql, binds, max, parse).await,
             Pool::MySql(pool) => parse_row(pool, &sql, binds, max, parse).await,
@@ -385,15 +402,36 @@ impl Sql {
 /// A row as [`parse_row`] read it.
 enum Row<T> {
     Missing,
-    /// Over the size given, in bytes: not parsed.
+    /// Over the size given, in bytes: neither sent nor parsed.
     TooLarge(usize),
     Parsed(T),
 }
 
-/// Runs `sql` with its text parameters and parses the first column of its
-/// row, if there is one, from the row's own bytes: no copy of the text
-/// (megabytes for a large workflow), on either database; a row over `max`
-/// bytes is not parsed.
+/// How each database measures a text in bytes, for [`Sized::select`].
+enum Sized {
+    Postgres,
+    MySql,
+}
+
+impl Sized {
+    /// `SELECT` of `value`'s size in bytes and of `value` itself only when at
+    /// most `max` bytes, `from` the table and condition given: a row over
+    /// `--max-nodes-size` is refused by its size alone, never sent (a
+    /// gigabyte row would otherwise be read whole, and held, to be refused).
+    /// `max` is the controller's own setting, never a user's text.
+    fn select(&self, value: &str, from: &str, max: usize) -> String {
+        let length = match self {
+            Sized::Postgres => format!("octet_length({value})::bigint"),
+            Sized::MySql => format!("LENGTH({value})"),
+        };
+        format!("SELECT {length}, CASE WHEN {length} <= {max} THEN {value} END FROM {from}")
+    }
+}
+
+/// Runs `sql` (a [`Sized::select`]) with its text parameters and parses its
+/// row's value, if there is one, from the row's own bytes: no copy of the
+/// text (megabytes for a large workflow), on either database; a row over
+/// `max` bytes is neither sent nor parsed.
 async fn parse_row<DB, T>(
     pool: &sqlx::Pool<DB>,
     sql: &str,
@@ -404,6 +442,7 @@ async fn parse_row<DB, T>(
 where
     DB: sqlx::Database,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Decode<'q, DB> + sqlx::Type<DB>,
     for<'q> DB::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
@@ -416,13 +455,16 @@ where
     let Some(row) = query.fetch_optional(&mut *connection).await? else {
         return Ok(Row::Missing);
     };
-    let text: &str = row.try_get(0)?;
+    let size: Option<i64> = row.try_get(0)?;
+    if let Some(size) = size.and_then(|s| usize::try_from(s).ok())
+        && size > max
+    {
+        return Ok(Row::TooLarge(size));
+    }
+    let text: &str = row.try_get(1)?;
     // The buffer holds the row itself (8 MiB for 20,000 nodes): closed, the
     // connection lets it go once the row is parsed.
     release(connection, text.len()).await;
-    if text.len() > max {
-        return Ok(Row::TooLarge(text.len()));
-    }
     Ok(Row::Parsed(parse(text)))
 }
 
