@@ -9,7 +9,7 @@
 //! (on a real workflow) and Argo's retry call through rewind's Argo API. A quiet namespace retries a workflow of `--quiet-pods` failed
 //! pods by annotation: [`IDLE_ASKS`] times on the idle controller, [`DURING_ASKS`] times
 //! evenly spaced during the load, and once as the load stops. The controller is the release binary with its defaults but for `--qps` and
-//! `--burst`, serving every namespace. Measured: each quiet retry from its ask to its end;
+//! `--burst` (and `--bulk-parallelism`, given), serving every namespace. Measured: each quiet retry from its ask to its end;
 //! each real retry from its WorkflowRetry's creation to its end; how long after the load every
 //! request had ended; the backlog (asked, not ended) and the controller's RSS each second; the
 //! controller's writes in the API server's audit log (busiest second against qps + burst, by
@@ -71,8 +71,19 @@ struct Args {
     burst: u32,
     read_qps: u32,
     read_burst: u32,
+    /// The controller's `--bulk-parallelism`; above 1 every workflow's pods are spread over
+    /// `NODES` nodes, so a bulk delete has parts to split into.
+    #[serde(default = "one")]
+    bulk_parallelism: usize,
     out: String,
 }
+
+fn one() -> usize {
+    1
+}
+
+/// The nodes the pods ran on with `--bulk-parallelism` above 1 (as a node pool's might).
+const NODES: usize = 8;
 
 /// The flags `cargo bench` passes (with `--bench`); `None` when `cargo test` runs this
 /// binary, which then only checks the committed results.
@@ -91,6 +102,7 @@ fn args() -> anyhow::Result<Option<Args>> {
         burst: 30,
         read_qps: 50,
         read_burst: 100,
+        bulk_parallelism: 1,
         out: "tenants".into(),
     };
     let mut it = std::env::args().skip(1).filter(|a| a != "--bench");
@@ -113,14 +125,15 @@ fn args() -> anyhow::Result<Option<Args>> {
             "--burst" => args.burst = value()?.parse()?,
             "--read-qps" => args.read_qps = value()?.parse()?,
             "--read-burst" => args.read_burst = value()?.parse()?,
+            "--bulk-parallelism" => args.bulk_parallelism = value()?.parse()?,
             "--out" => args.out = value()?,
             other => bail!(
-                "unknown flag {other}; flags: --tenants --seconds --real-every --aligned --mix --quiet-pods --qps --burst --read-qps --read-burst --out"
+                "unknown flag {other}; flags: --tenants --seconds --real-every --aligned --mix --quiet-pods --qps --burst --read-qps --read-burst --bulk-parallelism --out"
             ),
         }
     }
     ensure!(
-        args.tenants > 0 && args.seconds > 0 && args.real_every > 0,
+        args.tenants > 0 && args.seconds > 0 && args.real_every > 0 && args.bulk_parallelism > 0,
         "counts must be positive"
     );
     Ok(Some(args))
@@ -197,9 +210,14 @@ async fn main() -> anyhow::Result<()> {
         args.tenants
     );
     cluster.create_namespace(QUIET).await?;
+    let nodes: Vec<String> = if args.bulk_parallelism > 1 {
+        (0..NODES).map(|n| format!("node-{n}")).collect()
+    } else {
+        Vec::new()
+    };
     futures::stream::iter(tenants.iter())
         .map(|tenant| {
-            let (cluster, admin) = (&cluster, admin.clone());
+            let (cluster, admin, nodes) = (&cluster, admin.clone(), &nodes);
             async move {
                 cluster.create_namespace(tenant).await?;
                 for r in 0..reals {
@@ -208,7 +226,7 @@ async fn main() -> anyhow::Result<()> {
                         failed: REAL_PODS,
                         succeeded: 1,
                     };
-                    real.create(&admin, tenant, 6, || ()).await?;
+                    real.create_on(&admin, tenant, nodes, 6, || ()).await?;
                 }
                 anyhow::Ok(())
             }
@@ -224,7 +242,7 @@ async fn main() -> anyhow::Result<()> {
             failed: args.quiet_pods,
             succeeded: 2,
         };
-        quiet.create(&admin, QUIET, 16, || ()).await?;
+        quiet.create_on(&admin, QUIET, &nodes, 16, || ()).await?;
     }
 
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_rewind"));
@@ -259,6 +277,8 @@ async fn main() -> anyhow::Result<()> {
                 args.read_qps.to_string(),
                 "--read-burst".into(),
                 args.read_burst.to_string(),
+                "--bulk-parallelism".into(),
+                args.bulk_parallelism.to_string(),
                 "--argo-configmap".into(),
                 String::new(),
             ],
@@ -717,11 +737,11 @@ fn markdown(r: &Results) -> String {
     let slowest = r.quiet_during_seconds.iter().copied().fold(0.0, f64::max);
     format!(
         "# Many tenants at once ({date})\n\n\
-         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e}{al}{mx} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb} --out {out}`\n\n\
+         `cargo bench --features testenv --bench tenants -- --tenants {t} --seconds {s} --real-every {e}{al}{mx} --quiet-pods {q} --qps {qps} --burst {b} --read-qps {rq} --read-burst {rb}{bp} --out {out}`\n\n\
          {t} namespaces each asked a retry a second for {s} s ({asked} in all; {how}): one in {e} named a real \
          failed workflow of {REAL_PODS} pods ({real} such; {when}), the others a workflow that does not exist. A quiet namespace \
          retried a {q}-pod workflow by annotation {ia} times on the idle controller, {da} times during the load (evenly spaced) and once as it stopped. \
-         The controller: the release binary, its defaults but for its budget: writes {qps} QPS, burst {b}; reads {rq} QPS, burst {rb}.\n\n\
+         The controller: the release binary, its defaults but for its budget: writes {qps} QPS, burst {b}; reads {rq} QPS, burst {rb}{bpt}.\n\n\
          | measure | value |\n|---|---:|\n\
          | quiet retry, idle controller, median | {idle:.2} s |\n\
          | quiet retry during the load, median / slowest | {during:.2} / {slowest:.2} s ({rd:.2}x idle) |\n\
@@ -760,6 +780,19 @@ fn markdown(r: &Results) -> String {
         b = a.burst,
         rq = a.read_qps,
         rb = a.read_burst,
+        bp = if a.bulk_parallelism > 1 {
+            format!(" --bulk-parallelism {}", a.bulk_parallelism)
+        } else {
+            String::new()
+        },
+        bpt = if a.bulk_parallelism > 1 {
+            format!(
+                "; `--bulk-parallelism {}`, every workflow's pods spread over {NODES} nodes",
+                a.bulk_parallelism
+            )
+        } else {
+            String::new()
+        },
         out = a.out,
         asked = r.asked,
         real = r.real_asked,
