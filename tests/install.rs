@@ -94,6 +94,8 @@ const EVERYTHING: &[&str] = &[
     "--set",
     "controller.podGC=60s",
     "--set",
+    "controller.maxNodesSize=134217728",
+    "--set",
     "controller.bulkDelete=false",
     "--set",
     "controller.alwaysOffloadNodeStatus=true",

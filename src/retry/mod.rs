@@ -61,6 +61,24 @@ pub struct RetryConfig {
     pub max_open_per_namespace: usize,
 }
 
+/// What the controller needs beside a retry's nodes (docs/operating.md, "Memory sizing": 3 ×
+/// the largest workflow's nodes JSON plus this).
+pub const MEMORY_BESIDE_NODES: u64 = 64 << 20;
+
+/// The most a derived `--max-nodes-size` may be: past a gigabyte of nodes JSON (a million
+/// nodes) a limit is a decompression bomb's bound, whatever memory the pod was given (without a
+/// limit, the downward API gives the node's whole allocatable memory).
+const MAX_DERIVED_NODES_SIZE: u64 = 1 << 30;
+
+/// The most bytes of nodes JSON a retry may read under a memory limit of `limit` bytes, by the
+/// sizing rule above (a retry peaks at about three times its nodes' JSON): at least 1 MiB, at
+/// most [`MAX_DERIVED_NODES_SIZE`]. 320 MiB (the chart's limit) gives 85.3 MiB.
+pub fn max_nodes_size_within(limit: u64) -> usize {
+    let size =
+        (limit.saturating_sub(MEMORY_BESIDE_NODES) / 3).clamp(1 << 20, MAX_DERIVED_NODES_SIZE);
+    usize::try_from(size).unwrap_or(usize::MAX)
+}
+
 /// WorkflowRetry objects served at once per namespace by default: a namespace's burst waits
 /// in the controller at a few dozen bytes each, not a task each (docs/operating.md, "Many
 /// tenants").
@@ -205,4 +223,22 @@ pub async fn plan_off_thread(
     options: RetryOptions,
 ) -> Result<plan::Plan, plan::PlanError> {
     crate::argo::off_thread(move || plan::plan_retry_owned(wf, &options)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodes_a_retry_may_read_follow_the_memory_limit() {
+        const MIB: u64 = 1 << 20;
+        // The chart's limit: (320 - 64) / 3 MiB.
+        assert_eq!(max_nodes_size_within(320 * MIB), (256 * MIB / 3) as usize);
+        // A retry of that size peaks at about three times it, beside the rest: within the limit.
+        assert!(3 * max_nodes_size_within(320 * MIB) as u64 + MEMORY_BESIDE_NODES <= 320 * MIB);
+        // A limit too small for the rule still reads a small workflow; a node's whole memory
+        // (no limit set) still bounds a decompression bomb.
+        assert_eq!(max_nodes_size_within(32 * MIB), MIB as usize);
+        assert_eq!(max_nodes_size_within(256 << 30), 1 << 30);
+    }
 }

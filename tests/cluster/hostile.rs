@@ -6,7 +6,6 @@
 //! admission check of who may create a WorkflowRetry is `admission`.)
 
 use std::io::Write as _;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -302,6 +301,9 @@ pub async fn workflowretry_fields_past_their_bounds_are_refused_and_at_them_serv
 
 /// `compressedNodes` that inflate to a gibibyte from about a megabyte: the request fails
 /// naming the limit, no pod is deleted, and the controller's peak memory stays far below it.
+/// The controller runs as the chart runs it, given its memory limit (96 MiB here) and no
+/// `--max-nodes-size`: the limit it names is the one derived from that memory, (96 - 64) / 3
+/// MiB.
 pub async fn a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_small(
     cluster: Arc<LocalCluster>,
     namespace: String,
@@ -325,7 +327,18 @@ pub async fn a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_
     let before = ctl::pod_names(&cluster, &namespace, "").await?;
 
     let log = cluster.dir().join(format!("{namespace}-controller.log"));
-    let mut child = spawn_controller(&cluster, &[&namespace, &other], &log)?;
+    const MEMORY_LIMIT: u64 = 96 << 20;
+    let mut child = process::spawn_controller(
+        &cluster,
+        &[&namespace, &other],
+        &log,
+        &[
+            "--argo-configmap",
+            "",
+            "--memory-limit",
+            &MEMORY_LIMIT.to_string(),
+        ],
+    )?;
     let pid = child.id().context("the controller's pid")?;
     wait_ready(&log).await?;
     let idle = peak_rss_kib(pid)?;
@@ -341,11 +354,16 @@ pub async fn a_compressed_nodes_bomb_fails_its_request_and_the_controller_stays_
         message = status.message,
         "the bomb's request ended"
     );
+    let derived = rewind::retry::max_nodes_size_within(MEMORY_LIMIT);
     ensure!(
-        status.phase == RetryPhase::Failed && status.message.contains("--max-nodes-size"),
-        "expected Failed naming --max-nodes-size, got {status:?}"
+        status.phase == RetryPhase::Failed
+            && status.message.contains("--max-nodes-size")
+            && status
+                .message
+                .contains(&format!("more than {derived} bytes")),
+        "expected Failed naming --max-nodes-size at {derived} bytes, got {status:?}"
     );
-    // The cap is 64 MiB of inflated bytes; the gibibyte never is.
+    // The cap is about 11 MiB of inflated bytes; the gibibyte never is.
     ensure!(
         peak < 256 * 1024,
         "the controller's peak RSS reached {peak} KiB (idle {idle} KiB)"
@@ -374,15 +392,6 @@ fn bomb(inflated: usize) -> anyhow::Result<String> {
     let member = encoder.finish()?;
     let blob = member.repeat(inflated / MEMBER);
     Ok(base64::engine::general_purpose::STANDARD.encode(blob))
-}
-
-/// The real binary, serving `namespaces`, logging to `log`.
-fn spawn_controller(
-    cluster: &LocalCluster,
-    namespaces: &[&str],
-    log: &Path,
-) -> anyhow::Result<tokio::process::Child> {
-    process::spawn_controller(cluster, namespaces, log, &["--argo-configmap", ""])
 }
 
 /// A thousand WorkflowRetries naming one live workflow, created at once in one namespace,

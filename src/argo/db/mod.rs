@@ -105,9 +105,9 @@ pub enum DbError {
 
     #[error(
         "{what} in Argo's database: {size} bytes of JSON, over the {limit} rewind reads \
-         (--max-nodes-size); a retry needs about three times its JSON in memory: raise \
-         --max-nodes-size together with the controller's memory limit (3 × the size plus \
-         64 MiB), then retry"
+         (--max-nodes-size); a retry needs about three times its JSON in memory: raise the \
+         controller's memory limit to 3 × the size plus 64 MiB (--max-nodes-size follows it \
+         unless set; if set, raise it too), then retry"
     )]
     RowTooLarge {
         /// What the row holds: "archived workflow UID", "offloaded nodes of workflow UID (version V)".

@@ -203,7 +203,7 @@ impl Sql {
         })
     }
 
-    /// Refuses rows over `limit` bytes (`--max-nodes-size`; 64 MiB by default).
+    /// Refuses rows over `limit` bytes (`--max-nodes-size`; 64 MiB by default here).
     pub fn with_max_row_size(mut self, limit: usize) -> Self {
         self.max_row_size = limit;
         self

@@ -74,7 +74,7 @@ pub enum CompressError {
     /// Past the cap: a decompression bomb, or a workflow larger than any
     /// Argo compresses (its compressed nodes must fit etcd's 1.5 MiB).
     #[error(
-        "the workflow's compressedNodes inflate to more than {limit} bytes, rewind's limit (--max-nodes-size); nothing was deleted; if the workflow is genuine, raise --max-nodes-size"
+        "the workflow's compressedNodes inflate to more than {limit} bytes, rewind's limit (--max-nodes-size); nothing was deleted; if the workflow is genuine, raise the controller's memory limit to 3 × its nodes plus 64 MiB (--max-nodes-size follows it unless set; if set, raise it too)"
     )]
     TooLarge { limit: usize },
 }

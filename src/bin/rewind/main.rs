@@ -378,9 +378,10 @@ pub struct Tuning {
     /// The most bytes of JSON rewind reads for a workflow's nodes: status.compressedNodes
     /// inflated, or a row of Argo's database (offloaded nodes, an archived workflow). A
     /// retry of a larger one fails, saying so: a retry needs about three times its nodes'
-    /// JSON in memory, and a decompression bomb stops here.
-    #[arg(long, default_value_t = DEFAULT_MAX_NODES_SIZE, env = "REWIND_MAX_NODES_SIZE")]
-    max_nodes_size: usize,
+    /// JSON in memory, and a decompression bomb stops here. Unset: (--memory-limit - 64 MiB)
+    /// / 3 (85.3 MiB under the chart's 320 MiB), or 67108864 (64 MiB) without a memory limit
+    #[arg(long, value_name = "BYTES", env = "REWIND_MAX_NODES_SIZE")]
+    max_nodes_size: Option<usize>,
     #[command(flatten)]
     compression: CompressionArgs,
 }
@@ -435,7 +436,7 @@ impl Tuning {
                 argo_version: self.argo_version,
                 max_workflow_size: self.max_workflow_size,
                 always_offload_node_status: self.always_offload_node_status,
-                max_nodes_size: self.max_nodes_size,
+                max_nodes_size: self.max_nodes_size.unwrap_or(DEFAULT_MAX_NODES_SIZE),
                 max_pods_in_flight: self.max_pods_in_flight,
                 max_open_per_namespace: self.max_open_per_namespace.get(),
                 terminating_timeout: self.terminating_timeout,
@@ -630,7 +631,7 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             "--argo-configmap is empty: archived retries and offloaded nodes are not served"
         );
     }
-    let options = Options {
+    let mut options = Options {
         leader_election: args.leader.lease(),
         argo_configmap: Some(args.argo_configmap).filter(|c| !c.is_empty()),
         argo_api: args.argo_api.options()?,
@@ -640,6 +641,16 @@ async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         },
         ..args.tuning.options(scope, Some(args.http_addr))
     };
+    if args.tuning.max_nodes_size.is_none()
+        && let Some(limit) = args.memory_limit
+    {
+        options.retry.max_nodes_size = rewind::retry::max_nodes_size_within(limit);
+        tracing::info!(
+            memory_limit = limit,
+            max_nodes_size = options.retry.max_nodes_size,
+            "--max-nodes-size follows --memory-limit: a retry reads at most this many bytes of nodes JSON"
+        );
+    }
     let controller = Controller::new(config, options).context("building the Kubernetes client")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
