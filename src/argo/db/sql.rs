@@ -274,7 +274,7 @@ impl Sql {
                     &Sized::MySql.select(
                         "CAST(workflow AS CHAR CHARACTER SET utf8mb4)",
                         "argo_archived_workflows \
-                     WHERE clustername = ? AND instanceid = ? AND uid = ?",
+                         WHERE clustername = ? AND instanceid = ? AND uid = ?",
                         max,
                     ),
                     binds,
